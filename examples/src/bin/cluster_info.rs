@@ -1,0 +1,58 @@
+//! Prints this task's place in the cluster described by `TF_CONFIG`, then exits.
+//!
+//! The smallest program `cargo xtask run-cluster` can start: it shows what each process of a
+//! cluster sees. The `--fail-as` and `--linger-ms` flags let tests exercise the launcher's
+//! failure handling with a real process.
+//!
+//! ```text
+//! $ cargo xtask run-cluster --example cluster_info --workers 2
+//! [worker:0] task=worker:0 rank=0 world_size=2 chief=true address=127.0.0.1:40123 pid=812
+//! [worker:1] task=worker:1 rank=1 world_size=2 chief=false address=127.0.0.1:40125 pid=813
+//! ```
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use lockstep_cluster::{ClusterResolver, TaskId, TfConfigResolver};
+
+/// Print this task's role, rank and world size, as `TF_CONFIG` describes them.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Exit with status 3 when this process is the given task (e.g. worker:1).
+    #[arg(long, value_name = "TASK")]
+    fail_as: Option<TaskId>,
+    /// Stay alive this long after printing (milliseconds), so a launcher's shutdown can be seen.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    linger_ms: u64,
+}
+
+fn main() -> anyhow::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    let args = Args::parse();
+    let cluster = TfConfigResolver::from_env()
+        .and_then(|resolver| resolver.resolve())
+        .context("reading the cluster from TF_CONFIG")?;
+    let rank = cluster
+        .rank()
+        .map_or_else(|| "none".to_owned(), |r| r.to_string());
+    let address = cluster.spec().address(cluster.task()).unwrap_or("local");
+    println!(
+        "task={} rank={rank} world_size={} chief={} address={address} pid={}",
+        cluster.task(),
+        cluster.world_size(),
+        cluster.is_chief(),
+        std::process::id(),
+    );
+    if args.fail_as.as_ref() == Some(cluster.task()) {
+        tracing::error!(task = %cluster.task(), "failing on request (--fail-as)");
+        return Ok(ExitCode::from(3));
+    }
+    std::thread::sleep(Duration::from_millis(args.linger_ms));
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,84 @@
+//! Building an example binary with cargo and finding the executable it produced.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context as _, bail};
+
+/// The package that holds the example binaries.
+const EXAMPLES_PACKAGE: &str = "lockstep-examples";
+
+/// The workspace root, where `cargo` must run.
+pub(crate) fn workspace_root() -> PathBuf {
+    let xtask_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    xtask_dir.parent().unwrap_or(xtask_dir).to_path_buf()
+}
+
+/// Builds `example` with the cargo profile `profile` and returns the executable's path.
+///
+/// Cargo's JSON messages name the artifact, so this works whatever `CARGO_TARGET_DIR` or the
+/// profile's output folder is. Compiler diagnostics still reach the terminal, rendered.
+pub(crate) fn build_example(example: &str, profile: &str) -> anyhow::Result<PathBuf> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = Command::new(cargo)
+        .current_dir(workspace_root())
+        .args([
+            "build",
+            "--profile",
+            profile,
+            "--package",
+            EXAMPLES_PACKAGE,
+            "--bin",
+            example,
+        ])
+        .arg("--message-format=json-render-diagnostics")
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo build")?;
+    if !output.status.success() {
+        bail!(
+            "building example `{example}` ({profile} profile) failed with {}; \
+             examples are the binaries of the `{EXAMPLES_PACKAGE}` package",
+            output.status
+        );
+    }
+    find_executable(&String::from_utf8_lossy(&output.stdout), example)
+        .with_context(|| format!("cargo built `{example}` but reported no executable for it"))
+}
+
+/// Picks the executable of binary target `name` out of cargo's JSON message stream.
+fn find_executable(messages: &str, name: &str) -> Option<PathBuf> {
+    messages
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == name)
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_executable_is_read_from_the_artifact_message() {
+        let messages = concat!(
+            r#"{"reason":"compiler-artifact","target":{"name":"lockstep_cluster"},"executable":null}"#,
+            "\nnot json\n",
+            r#"{"reason":"compiler-artifact","target":{"name":"cluster_info"},"executable":"/t/release/cluster_info"}"#,
+            "\n",
+            r#"{"reason":"build-finished","success":true}"#,
+        );
+        assert_eq!(
+            find_executable(messages, "cluster_info"),
+            Some(PathBuf::from("/t/release/cluster_info"))
+        );
+        assert_eq!(find_executable(messages, "other"), None);
+    }
+
+    #[test]
+    fn the_workspace_root_holds_the_workspace_manifest() {
+        assert!(workspace_root().join("Cargo.toml").is_file());
+        assert!(workspace_root().join("xtask").is_dir());
+    }
+}

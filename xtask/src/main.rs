@@ -1,0 +1,52 @@
+//! `cargo xtask`: the project's automation, written in Rust so it needs nothing but cargo.
+//!
+//! - `cargo xtask run-cluster`: build an example and start it as a local cluster on
+//!   127.0.0.1, one process per task, each with its own `TF_CONFIG`.
+//!
+//! Dependencies: `clap` for the command line, `ctrlc` to turn Ctrl-C and SIGTERM into an
+//! orderly shutdown, `nix` to signal whole process groups, `serde_json` to read cargo's
+//! build messages, `lockstep-cluster` to write each task's `TF_CONFIG`.
+
+mod build_example;
+mod cluster_plan;
+mod ports;
+mod run_cluster;
+mod supervise;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Lockstep's project automation.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start a local cluster on 127.0.0.1: one process of an example per task.
+    RunCluster(run_cluster::RunClusterArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let result = match Cli::parse().command {
+        Command::RunCluster(args) => run_cluster::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

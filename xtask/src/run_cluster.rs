@@ -1,0 +1,99 @@
+//! `cargo xtask run-cluster`: a local cluster on 127.0.0.1, one process per task.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+use crate::build_example::build_example;
+use crate::cluster_plan::{Shape, plan};
+use crate::ports::ReservedPorts;
+use crate::supervise::{Outcome, Supervisor};
+
+/// The example run when `--example` is not given.
+const DEFAULT_EXAMPLE: &str = "cluster_info";
+
+/// Options of `cargo xtask run-cluster`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct RunClusterArgs {
+    /// Number of worker tasks.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Add a chief task (rank 0); without it worker:0 is the chief.
+    #[arg(long)]
+    chief: bool,
+    /// Add an evaluator task, outside the collective group.
+    #[arg(long)]
+    evaluator: bool,
+    /// Number of parameter-server tasks.
+    #[arg(long, default_value_t = 0)]
+    ps: usize,
+    /// The example binary to run in every task.
+    #[arg(long, default_value = DEFAULT_EXAMPLE)]
+    example: String,
+    /// Cargo profile to build the example with.
+    #[arg(long, default_value = "release")]
+    profile: String,
+    /// Stop every task and fail if the cluster runs longer than this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    timeout_secs: Option<u64>,
+    /// Seconds a task gets between SIGTERM and SIGKILL when the cluster is stopped.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    grace_secs: u64,
+    /// Arguments passed to every task, after `--`.
+    #[arg(last = true)]
+    example_args: Vec<String>,
+}
+
+/// Builds the example, starts the cluster and waits for it.
+pub(crate) fn run(args: &RunClusterArgs) -> anyhow::Result<()> {
+    let shape = Shape {
+        workers: args.workers,
+        chief: args.chief,
+        ps: args.ps,
+        evaluator: args.evaluator,
+    };
+    let reserved =
+        ReservedPorts::reserve(shape.tasks().len()).context("reserving ports on 127.0.0.1")?;
+    let planned = plan(shape, &reserved.ports().context("reading reserved ports")?)?;
+    let executable = build_example(&args.example, &args.profile)?;
+
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&interrupted);
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
+        .context("installing the Ctrl-C handler")?;
+
+    let commands = planned
+        .into_iter()
+        .map(|(task, config)| {
+            let mut command = Command::new(&executable);
+            command
+                .args(&args.example_args)
+                .env("TF_CONFIG", config.to_json());
+            (task, command)
+        })
+        .collect::<Vec<_>>();
+    let count = commands.len();
+    tracing::info!(example = %args.example, tasks = count, "starting local cluster");
+    let deadline = args
+        .timeout_secs
+        .map(|s| Instant::now() + Duration::from_secs(s));
+    reserved.release();
+    let supervisor = Supervisor::start(commands, Duration::from_secs(args.grace_secs))?;
+    match supervisor.wait(&interrupted, deadline) {
+        Outcome::Succeeded => {
+            tracing::info!(tasks = count, "every task finished successfully");
+            Ok(())
+        }
+        Outcome::Failed { task, status } => {
+            bail!("task {task} failed ({status}); stopped the other tasks of the cluster")
+        }
+        Outcome::Interrupted => bail!("interrupted; stopped all {count} tasks"),
+        Outcome::TimedOut => bail!(
+            "the cluster ran past --timeout-secs {}; stopped all {count} tasks",
+            args.timeout_secs.unwrap_or_default()
+        ),
+    }
+}
