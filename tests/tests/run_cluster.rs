@@ -1,5 +1,10 @@
 //! `cargo xtask run-cluster` started as a user starts it, with real processes on 127.0.0.1.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test helper that meets an error must fail the test loudly"
+)]
+
 use std::io::{BufRead as _, BufReader, Read as _};
 use std::path::Path;
 use std::process::Command;
@@ -102,7 +107,7 @@ fn a_chief_takes_rank_zero_and_parameter_servers_have_none() {
 
 #[test]
 fn a_failing_task_fails_the_run_names_the_task_and_stops_the_others() {
-    // worker:1 exits with status 3 at once; the others would linger for ten minutes.
+    // worker:1 exits with status 3 once everyone is up; the others would linger ten minutes.
     let out = run(&[
         "--workers",
         "3",
@@ -111,6 +116,8 @@ fn a_failing_task_fails_the_run_names_the_task_and_stops_the_others() {
         "--",
         "--fail-as",
         "worker:1",
+        "--fail-after-ms",
+        "2000",
         "--linger-ms",
         "600000",
     ]);

@@ -1,6 +1,11 @@
 //! Property tests: valid specs round-trip through JSON unchanged, and no input — arbitrary
 //! text, arbitrary JSON, mangled configs, odd environment values — makes a parser panic.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test helper that meets an error must fail the test loudly"
+)]
+
 use std::collections::HashSet;
 
 use lockstep_cluster::{

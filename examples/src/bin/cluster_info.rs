@@ -24,6 +24,9 @@ struct Args {
     /// Exit with status 3 when this process is the given task (e.g. worker:1).
     #[arg(long, value_name = "TASK")]
     fail_as: Option<TaskId>,
+    /// With `--fail-as`: wait this long (milliseconds) before failing, so the other tasks are up.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    fail_after_ms: u64,
     /// Stay alive this long after printing (milliseconds), so a launcher's shutdown can be seen.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     linger_ms: u64,
@@ -50,6 +53,7 @@ fn main() -> anyhow::Result<ExitCode> {
         std::process::id(),
     );
     if args.fail_as.as_ref() == Some(cluster.task()) {
+        std::thread::sleep(Duration::from_millis(args.fail_after_ms));
         tracing::error!(task = %cluster.task(), "failing on request (--fail-as)");
         return Ok(ExitCode::from(3));
     }
