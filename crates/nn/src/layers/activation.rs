@@ -1,0 +1,60 @@
+use lockstep_tensor::{Tensor, ops};
+
+use super::{ForwardContext, Layer};
+use crate::error::{InLayer, NnError};
+use crate::params::ParamBuilder;
+
+/// An activation function, applied by layers that take one or by [`ActivationLayer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activation {
+    /// The identity (Keras' `None` / `"linear"`).
+    #[default]
+    Linear,
+    /// `max(x, 0)`.
+    Relu,
+    /// Softmax over the last axis.
+    Softmax,
+}
+
+impl Activation {
+    pub(crate) fn apply(self, x: Tensor, layer: &str) -> Result<Tensor, NnError> {
+        match self {
+            Self::Linear => Ok(x),
+            Self::Relu => Ok(ops::relu(&x)),
+            Self::Softmax => ops::softmax(&x).in_layer(layer),
+        }
+    }
+}
+
+/// Keras' `Activation` layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActivationLayer(pub Activation);
+
+impl Layer for ActivationLayer {
+    fn kind(&self) -> &'static str {
+        "Activation"
+    }
+
+    fn stem(&self) -> &'static str {
+        "activation"
+    }
+
+    fn build(
+        &mut self,
+        _name: &str,
+        input_shape: &[usize],
+        _params: &mut ParamBuilder,
+    ) -> Result<Vec<usize>, NnError> {
+        Ok(input_shape.to_vec())
+    }
+
+    fn forward(
+        &self,
+        name: &str,
+        x: &Tensor,
+        _params: &[Tensor],
+        _ctx: ForwardContext,
+    ) -> Result<Tensor, NnError> {
+        self.0.apply(x.clone(), name)
+    }
+}

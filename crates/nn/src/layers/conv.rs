@@ -1,0 +1,144 @@
+use lockstep_tensor::Tensor;
+use lockstep_tensor::ops::{self, Padding};
+
+use super::{Activation, ForwardContext, Layer};
+use crate::error::{InLayer, NnError};
+use crate::initializers::Initializer;
+use crate::params::ParamBuilder;
+
+/// Keras' `Conv2D` on NHWC input: `activation(conv(x, kernel) + bias)`.
+///
+/// ```
+/// use lockstep_nn::{Activation, Conv2D};
+///
+/// let conv = Conv2D::new(32, (3, 3)).activation(Activation::Relu); // valid padding, stride 1
+/// # let _ = conv;
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conv2D {
+    filters: usize,
+    kernel_size: (usize, usize),
+    strides: (usize, usize),
+    padding: Padding,
+    activation: Activation,
+    use_bias: bool,
+}
+
+impl Conv2D {
+    /// `filters` output channels, a `kernel_size` window, stride 1, valid padding, linear.
+    pub fn new(filters: usize, kernel_size: (usize, usize)) -> Self {
+        Self {
+            filters,
+            kernel_size,
+            strides: (1, 1),
+            padding: Padding::Valid,
+            activation: Activation::Linear,
+            use_bias: true,
+        }
+    }
+
+    /// Sets the strides.
+    #[must_use]
+    pub fn strides(mut self, strides: (usize, usize)) -> Self {
+        self.strides = strides;
+        self
+    }
+
+    /// Sets the padding.
+    #[must_use]
+    pub fn padding(mut self, padding: Padding) -> Self {
+        self.padding = padding;
+        self
+    }
+
+    /// Sets the activation.
+    #[must_use]
+    pub fn activation(mut self, activation: Activation) -> Self {
+        self.activation = activation;
+        self
+    }
+}
+
+/// Output size of one spatial axis, as [`ops::conv2d`] computes it.
+pub(crate) fn spatial_out(
+    input: usize,
+    window: usize,
+    stride: usize,
+    padding: Padding,
+) -> Option<usize> {
+    if window == 0 || stride == 0 {
+        return None;
+    }
+    match padding {
+        Padding::Valid => input.checked_sub(window).map(|d| d / stride + 1),
+        Padding::Same => Some(input.div_ceil(stride)),
+    }
+}
+
+impl Layer for Conv2D {
+    fn kind(&self) -> &'static str {
+        "Conv2D"
+    }
+
+    fn stem(&self) -> &'static str {
+        "conv2d"
+    }
+
+    fn build(
+        &mut self,
+        name: &str,
+        input_shape: &[usize],
+        params: &mut ParamBuilder,
+    ) -> Result<Vec<usize>, NnError> {
+        let &[h, w, c] = input_shape else {
+            return Err(NnError::Shape {
+                what: format!("layer {name} input"),
+                expected: "(None, height, width, channels)".into(),
+                got: input_shape.to_vec(),
+            });
+        };
+        let (kh, kw) = self.kernel_size;
+        let out = spatial_out(h, kh, self.strides.0, self.padding).zip(spatial_out(
+            w,
+            kw,
+            self.strides.1,
+            self.padding,
+        ));
+        let Some((oh, ow)) = out.filter(|_| self.filters > 0) else {
+            return Err(NnError::InvalidConfig {
+                layer: name.into(),
+                why: format!(
+                    "{} filters of {kh}×{kw}, strides {:?}, {:?} padding cannot apply to a {h}×{w} input",
+                    self.filters, self.strides, self.padding
+                ),
+            });
+        };
+        params.add(
+            format!("{name}/kernel"),
+            vec![kh, kw, c, self.filters],
+            Initializer::GlorotUniform,
+        );
+        if self.use_bias {
+            params.add(
+                format!("{name}/bias"),
+                vec![self.filters],
+                Initializer::Zeros,
+            );
+        }
+        Ok(vec![oh, ow, self.filters])
+    }
+
+    fn forward(
+        &self,
+        name: &str,
+        x: &Tensor,
+        params: &[Tensor],
+        _ctx: ForwardContext,
+    ) -> Result<Tensor, NnError> {
+        let mut y = ops::conv2d(x, &params[0], self.strides, self.padding).in_layer(name)?;
+        if self.use_bias {
+            y = ops::bias_add(&y, &params[1]).in_layer(name)?;
+        }
+        self.activation.apply(y, name)
+    }
+}

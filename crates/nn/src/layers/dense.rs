@@ -1,0 +1,128 @@
+use lockstep_tensor::{Tensor, ops};
+
+use super::{Activation, ForwardContext, Layer};
+use crate::error::{InLayer, NnError};
+use crate::initializers::Initializer;
+use crate::params::ParamBuilder;
+
+/// Keras' `Dense`: `activation(x · kernel + bias)` on the last axis.
+///
+/// ```
+/// use lockstep_nn::{Activation, Dense};
+///
+/// let hidden = Dense::new(256).activation(Activation::Relu);
+/// let logits = Dense::new(10);
+/// # let _ = (hidden, logits);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dense {
+    units: usize,
+    activation: Activation,
+    use_bias: bool,
+    input_dim: usize,
+}
+
+impl Dense {
+    /// A dense layer of `units` outputs, linear, with a bias.
+    pub fn new(units: usize) -> Self {
+        Self {
+            units,
+            activation: Activation::Linear,
+            use_bias: true,
+            input_dim: 0,
+        }
+    }
+
+    /// Sets the activation.
+    #[must_use]
+    pub fn activation(mut self, activation: Activation) -> Self {
+        self.activation = activation;
+        self
+    }
+
+    /// Drops the bias.
+    #[must_use]
+    pub fn without_bias(mut self) -> Self {
+        self.use_bias = false;
+        self
+    }
+}
+
+impl Layer for Dense {
+    fn kind(&self) -> &'static str {
+        "Dense"
+    }
+
+    fn stem(&self) -> &'static str {
+        "dense"
+    }
+
+    fn build(
+        &mut self,
+        name: &str,
+        input_shape: &[usize],
+        params: &mut ParamBuilder,
+    ) -> Result<Vec<usize>, NnError> {
+        let Some((&input_dim, leading)) = input_shape.split_last() else {
+            return Err(NnError::InvalidConfig {
+                layer: name.into(),
+                why: "Dense needs an input with at least one axis".into(),
+            });
+        };
+        if self.units == 0 {
+            return Err(NnError::InvalidConfig {
+                layer: name.into(),
+                why: "units must be at least 1".into(),
+            });
+        }
+        self.input_dim = input_dim;
+        params.add(
+            format!("{name}/kernel"),
+            vec![input_dim, self.units],
+            Initializer::GlorotUniform,
+        );
+        if self.use_bias {
+            params.add(format!("{name}/bias"), vec![self.units], Initializer::Zeros);
+        }
+        Ok(leading.iter().copied().chain([self.units]).collect())
+    }
+
+    fn forward(
+        &self,
+        name: &str,
+        x: &Tensor,
+        params: &[Tensor],
+        _ctx: ForwardContext,
+    ) -> Result<Tensor, NnError> {
+        let Some((&last, leading)) = x
+            .shape()
+            .split_last()
+            .filter(|(last, _)| **last == self.input_dim)
+        else {
+            return Err(NnError::Shape {
+                what: format!("layer {name} input"),
+                expected: format!("(…, {})", self.input_dim),
+                got: x.shape().to_vec(),
+            });
+        };
+        // Keras applies Dense to the last axis: fold every other axis into the rows.
+        let flat = if x.rank() == 2 {
+            x.clone()
+        } else {
+            ops::reshape(x, &[leading.iter().product(), last]).in_layer(name)?
+        };
+        let mut y = ops::matmul(&flat, &params[0]).in_layer(name)?;
+        if self.use_bias {
+            y = ops::bias_add(&y, &params[1]).in_layer(name)?;
+        }
+        if x.rank() != 2 {
+            let shape: Vec<usize> = x.shape()[..x.rank() - 1]
+                .iter()
+                .copied()
+                .chain([self.units])
+                .collect();
+            y = ops::reshape(&y, &shape).in_layer(name)?;
+        }
+        self.activation.apply(y, name)
+    }
+}

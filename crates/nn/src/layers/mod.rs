@@ -1,0 +1,66 @@
+//! Keras layers. A layer declares its variables when the model is built (knowing its input
+//! shape) and maps a batch to a batch in `forward`.
+
+mod activation;
+mod conv;
+mod dense;
+mod dropout;
+mod pooling;
+mod reshape;
+
+pub use activation::{Activation, ActivationLayer};
+pub use conv::Conv2D;
+pub use dense::Dense;
+pub use dropout::Dropout;
+pub use pooling::MaxPooling2D;
+pub use reshape::{Flatten, Reshape};
+
+use lockstep_tensor::Tensor;
+
+use crate::error::NnError;
+use crate::params::ParamBuilder;
+
+/// What a forward pass knows besides its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ForwardContext {
+    /// Training (dropout active) or inference.
+    pub training: bool,
+    /// Varies per step so dropout masks differ between steps yet repeat between runs.
+    pub step: u64,
+}
+
+/// One layer of a [`Sequential`](crate::Sequential) model.
+pub trait Layer: Send + Sync {
+    /// The Keras class name, for `summary()`: `Dense`, `Conv2D`, …
+    fn kind(&self) -> &'static str;
+
+    /// The default name stem: `dense`, `conv2d`, …
+    fn stem(&self) -> &'static str;
+
+    /// Declares variables for an input of `input_shape` (batch axis excluded) and returns the
+    /// output shape.
+    ///
+    /// # Errors
+    ///
+    /// When the input shape does not suit the layer or its settings are impossible.
+    fn build(
+        &mut self,
+        name: &str,
+        input_shape: &[usize],
+        params: &mut ParamBuilder,
+    ) -> Result<Vec<usize>, NnError>;
+
+    /// Computes the layer on a batch; `params` are the layer's own variables in declaration
+    /// order.
+    ///
+    /// # Errors
+    ///
+    /// When a tensor operation fails.
+    fn forward(
+        &self,
+        name: &str,
+        x: &Tensor,
+        params: &[Tensor],
+        ctx: ForwardContext,
+    ) -> Result<Tensor, NnError>;
+}

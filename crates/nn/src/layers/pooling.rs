@@ -1,0 +1,97 @@
+use lockstep_tensor::Tensor;
+use lockstep_tensor::ops::{self, Padding};
+
+use super::conv::spatial_out;
+use super::{ForwardContext, Layer};
+use crate::error::{InLayer, NnError};
+use crate::params::ParamBuilder;
+
+/// Keras' `MaxPooling2D`; strides default to the pool size.
+///
+/// ```
+/// use lockstep_nn::MaxPooling2D;
+///
+/// let pool = MaxPooling2D::new((2, 2));
+/// # let _ = pool;
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct MaxPooling2D {
+    pool_size: (usize, usize),
+    strides: Option<(usize, usize)>,
+    padding: Padding,
+}
+
+impl MaxPooling2D {
+    /// A `pool_size` window moved by its own size, valid padding.
+    pub fn new(pool_size: (usize, usize)) -> Self {
+        Self {
+            pool_size,
+            strides: None,
+            padding: Padding::Valid,
+        }
+    }
+
+    /// Sets the strides.
+    #[must_use]
+    pub fn strides(mut self, strides: (usize, usize)) -> Self {
+        self.strides = Some(strides);
+        self
+    }
+
+    /// Sets the padding.
+    #[must_use]
+    pub fn padding(mut self, padding: Padding) -> Self {
+        self.padding = padding;
+        self
+    }
+
+    fn stride(&self) -> (usize, usize) {
+        self.strides.unwrap_or(self.pool_size)
+    }
+}
+
+impl Layer for MaxPooling2D {
+    fn kind(&self) -> &'static str {
+        "MaxPooling2D"
+    }
+
+    fn stem(&self) -> &'static str {
+        "max_pooling2d"
+    }
+
+    fn build(
+        &mut self,
+        name: &str,
+        input_shape: &[usize],
+        _params: &mut ParamBuilder,
+    ) -> Result<Vec<usize>, NnError> {
+        let &[h, w, c] = input_shape else {
+            return Err(NnError::Shape {
+                what: format!("layer {name} input"),
+                expected: "(None, height, width, channels)".into(),
+                got: input_shape.to_vec(),
+            });
+        };
+        let (s, p) = (self.stride(), self.pool_size);
+        match (
+            spatial_out(h, p.0, s.0, self.padding),
+            spatial_out(w, p.1, s.1, self.padding),
+        ) {
+            (Some(oh), Some(ow)) => Ok(vec![oh, ow, c]),
+            _ => Err(NnError::InvalidConfig {
+                layer: name.into(),
+                why: format!("a {p:?} pool with strides {s:?} cannot apply to a {h}×{w} input"),
+            }),
+        }
+    }
+
+    fn forward(
+        &self,
+        name: &str,
+        x: &Tensor,
+        _params: &[Tensor],
+        _ctx: ForwardContext,
+    ) -> Result<Tensor, NnError> {
+        ops::max_pool2d(x, self.pool_size, self.stride(), self.padding).in_layer(name)
+    }
+}

@@ -1,0 +1,57 @@
+//! Keras-style models on [`lockstep_tensor`]: layers, `Sequential` with shape inference and
+//! `summary()`, the sparse categorical cross-entropy loss, SGD and Adam, and metrics whose
+//! state merges across replicas.
+//!
+//! One training step of the Keras guide's MLP:
+//!
+//! ```
+//! use lockstep_nn::{Activation, Adam, Dense, ForwardContext, Optimizer, Reduction, Sequential, SparseCategoricalCrossentropy};
+//! use lockstep_tensor::Tensor;
+//!
+//! let mut model = Sequential::new(&[784], vec![
+//!     Box::new(Dense::new(256).activation(Activation::Relu)),
+//!     Box::new(Dense::new(256).activation(Activation::Relu)),
+//!     Box::new(Dense::new(10)),
+//! ], 0)?;
+//! let loss_fn = SparseCategoricalCrossentropy { from_logits: true, reduction: Reduction::SumOverBatchSize };
+//! let mut adam = Adam::default();
+//!
+//! let x = Tensor::from_vec(vec![0.5; 32 * 784], &[32, 784]).unwrap();
+//! let labels = vec![3_usize; 32];
+//! let forward = model.forward(&x, ForwardContext { training: true, step: 0 })?;
+//! let loss = loss_fn.call(&forward.output, &labels)?;
+//! let grads = loss.backward().unwrap();
+//! let mut flat = vec![0.0; model.parameters().len()];
+//! model.gradients(&forward, &grads, &mut flat)?; // one buffer: one all-reduce
+//! adam.apply(model.parameters_mut().values_mut(), &flat)?;
+//! # Ok::<(), lockstep_nn::NnError>(())
+//! ```
+//!
+//! Every trainable value of a model lives in one contiguous buffer ([`Parameters`]) with a
+//! named view per variable, and gradients are gathered into a buffer of the same layout, so a
+//! collective can all-reduce a whole model's gradients in one call and a checkpoint can name
+//! every variable.
+//!
+//! Dependencies: `lockstep-tensor` for tensors and autograd; `rand_pcg` for seeded
+//! initialisers; `rayon` for parallel optimizer updates; `thiserror` for errors.
+
+mod error;
+mod initializers;
+pub mod layers;
+mod loss;
+mod metrics;
+mod model;
+mod optimizers;
+mod params;
+
+pub use error::NnError;
+pub use initializers::Initializer;
+pub use layers::{
+    Activation, ActivationLayer, Conv2D, Dense, Dropout, Flatten, ForwardContext, Layer,
+    MaxPooling2D, Reshape,
+};
+pub use loss::{Reduction, SparseCategoricalCrossentropy};
+pub use metrics::{Mean, Metric, SparseCategoricalAccuracy};
+pub use model::{Forward, Sequential};
+pub use optimizers::{Adam, Optimizer, Sgd};
+pub use params::{ParamBuilder, ParamSpec, Parameters};

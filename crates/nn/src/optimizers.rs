@@ -1,0 +1,265 @@
+//! Optimizers that update a model's flat parameter buffer from its flat gradient buffer, with
+//! Keras' update rules and defaults.
+
+use rayon::prelude::*;
+
+use crate::error::NnError;
+
+/// Values per parallel task: elementwise updates are independent, so any split gives the
+/// same bits.
+const CHUNK: usize = 1 << 14;
+
+/// An update rule with state (slots) laid out like the parameters.
+pub trait Optimizer: Send {
+    /// Applies one step: `params` and `grads` are the model's buffers.
+    ///
+    /// # Errors
+    ///
+    /// When the buffers differ in length from each other or from the optimizer's slots.
+    fn apply(&mut self, params: &mut [f32], grads: &[f32]) -> Result<(), NnError>;
+
+    /// Steps applied so far.
+    fn iterations(&self) -> u64;
+
+    /// Named state, for checkpoints: each slot is laid out like the parameters.
+    fn slots(&self) -> Vec<(&'static str, &[f32])>;
+}
+
+fn check(params: &[f32], grads: &[f32], slots: &mut [&mut Vec<f32>]) -> Result<(), NnError> {
+    if params.len() != grads.len() {
+        return Err(NnError::Length {
+            what: "parameters and gradients",
+            left: params.len(),
+            right: grads.len(),
+        });
+    }
+    for slot in slots {
+        if slot.is_empty() {
+            slot.resize(params.len(), 0.0);
+        } else if slot.len() != params.len() {
+            return Err(NnError::Length {
+                what: "optimizer slots and parameters",
+                left: slot.len(),
+                right: params.len(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Keras' `SGD`: plain, with momentum, or Nesterov momentum.
+///
+/// ```
+/// use lockstep_nn::{Optimizer, Sgd};
+///
+/// let mut sgd = Sgd::new(0.1);
+/// let mut params = [1.0_f32, 2.0];
+/// sgd.apply(&mut params, &[1.0, -1.0])?;
+/// assert_eq!(params, [0.9, 2.1]);
+/// # Ok::<(), lockstep_nn::NnError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sgd {
+    /// Step size (Keras default 0.01).
+    pub learning_rate: f32,
+    /// Momentum factor; 0 for plain SGD.
+    pub momentum: f32,
+    /// Use Nesterov momentum.
+    pub nesterov: bool,
+    velocity: Vec<f32>,
+    iterations: u64,
+}
+
+impl Sgd {
+    /// Plain SGD with this learning rate.
+    pub fn new(learning_rate: f32) -> Self {
+        Self {
+            learning_rate,
+            momentum: 0.0,
+            nesterov: false,
+            velocity: Vec::new(),
+            iterations: 0,
+        }
+    }
+
+    /// SGD with momentum, optionally Nesterov.
+    pub fn with_momentum(learning_rate: f32, momentum: f32, nesterov: bool) -> Self {
+        Self {
+            momentum,
+            nesterov,
+            ..Self::new(learning_rate)
+        }
+    }
+}
+
+impl Default for Sgd {
+    fn default() -> Self {
+        Self::new(0.01)
+    }
+}
+
+impl Optimizer for Sgd {
+    fn apply(&mut self, params: &mut [f32], grads: &[f32]) -> Result<(), NnError> {
+        let (lr, momentum, nesterov) = (self.learning_rate, self.momentum, self.nesterov);
+        if momentum == 0.0 {
+            check(params, grads, &mut [])?;
+            params
+                .par_chunks_mut(CHUNK)
+                .zip(grads.par_chunks(CHUNK))
+                .for_each(|(p, g)| {
+                    for (p, g) in p.iter_mut().zip(g) {
+                        *p -= lr * g;
+                    }
+                });
+        } else {
+            check(params, grads, &mut [&mut self.velocity])?;
+            params
+                .par_chunks_mut(CHUNK)
+                .zip(grads.par_chunks(CHUNK))
+                .zip(self.velocity.par_chunks_mut(CHUNK))
+                .for_each(|((p, g), v)| {
+                    for ((p, g), v) in p.iter_mut().zip(g).zip(v) {
+                        *v = momentum * *v - lr * g;
+                        *p += if nesterov { momentum * *v - lr * g } else { *v };
+                    }
+                });
+        }
+        self.iterations += 1;
+        Ok(())
+    }
+
+    fn iterations(&self) -> u64 {
+        self.iterations
+    }
+
+    fn slots(&self) -> Vec<(&'static str, &[f32])> {
+        if self.momentum == 0.0 {
+            Vec::new()
+        } else {
+            vec![("momentum", &self.velocity)]
+        }
+    }
+}
+
+/// Keras' `Adam` (Keras 3 update rule), with Keras' defaults.
+///
+/// ```
+/// use lockstep_nn::{Adam, Optimizer};
+///
+/// let mut adam = Adam::default();
+/// let mut params = [0.0_f32];
+/// adam.apply(&mut params, &[3.0])?;
+/// assert!((params[0] + 1e-3).abs() < 1e-6); // the first step moves by the learning rate
+/// # Ok::<(), lockstep_nn::NnError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Adam {
+    /// Step size, 1e-3.
+    pub learning_rate: f32,
+    /// First-moment decay, 0.9.
+    pub beta_1: f32,
+    /// Second-moment decay, 0.999.
+    pub beta_2: f32,
+    /// Added to the denominator, 1e-7.
+    pub epsilon: f32,
+    m: Vec<f32>,
+    v: Vec<f32>,
+    iterations: u64,
+}
+
+impl Adam {
+    /// Adam with this learning rate and Keras' other defaults.
+    pub fn new(learning_rate: f32) -> Self {
+        Self {
+            learning_rate,
+            beta_1: 0.9,
+            beta_2: 0.999,
+            epsilon: 1e-7,
+            m: Vec::new(),
+            v: Vec::new(),
+            iterations: 0,
+        }
+    }
+}
+
+impl Default for Adam {
+    fn default() -> Self {
+        Self::new(1e-3)
+    }
+}
+
+impl Optimizer for Adam {
+    fn apply(&mut self, params: &mut [f32], grads: &[f32]) -> Result<(), NnError> {
+        check(params, grads, &mut [&mut self.m, &mut self.v])?;
+        let t = (self.iterations + 1) as f64;
+        let (b1, b2, eps) = (self.beta_1, self.beta_2, self.epsilon);
+        let alpha = (f64::from(self.learning_rate) * (1.0 - f64::from(b2).powf(t)).sqrt()
+            / (1.0 - f64::from(b1).powf(t))) as f32;
+        params
+            .par_chunks_mut(CHUNK)
+            .zip(grads.par_chunks(CHUNK))
+            .zip(
+                self.m
+                    .par_chunks_mut(CHUNK)
+                    .zip(self.v.par_chunks_mut(CHUNK)),
+            )
+            .for_each(|((p, g), (m, v))| {
+                for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
+                    *m += (g - *m) * (1.0 - b1);
+                    *v += (g * g - *v) * (1.0 - b2);
+                    *p -= *m * alpha / (v.sqrt() + eps);
+                }
+            });
+        self.iterations += 1;
+        Ok(())
+    }
+
+    fn iterations(&self) -> u64 {
+        self.iterations
+    }
+
+    fn slots(&self) -> Vec<(&'static str, &[f32])> {
+        vec![("m", &self.m), ("v", &self.v)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn momentum_sgd_follows_keras() {
+        let mut sgd = Sgd::with_momentum(0.1, 0.9, false);
+        let mut p = [1.0_f32];
+        sgd.apply(&mut p, &[1.0]).unwrap(); // v = -0.1, p = 0.9
+        sgd.apply(&mut p, &[1.0]).unwrap(); // v = -0.19, p = 0.71
+        assert!((p[0] - 0.71).abs() < 1e-6);
+        let mut nesterov = Sgd::with_momentum(0.1, 0.9, true);
+        let mut q = [1.0_f32];
+        nesterov.apply(&mut q, &[1.0]).unwrap(); // v = -0.1, p += 0.9·(−0.1) − 0.1
+        assert!((q[0] - 0.81).abs() < 1e-6);
+    }
+
+    #[test]
+    fn adam_minimises_a_quadratic() {
+        let mut adam = Adam::new(0.1);
+        let mut p = [5.0_f32, -3.0];
+        for _ in 0..500 {
+            let g = [2.0 * p[0], 2.0 * p[1]];
+            adam.apply(&mut p, &g).unwrap();
+        }
+        assert!(p.iter().all(|v| v.abs() < 1e-2), "{p:?}");
+        assert_eq!(adam.iterations(), 500);
+    }
+
+    #[test]
+    fn mismatched_buffers_are_errors() {
+        let mut adam = Adam::default();
+        assert!(adam.apply(&mut [0.0; 3], &[0.0; 2]).is_err());
+        adam.apply(&mut [0.0; 3], &[0.0; 3]).unwrap();
+        assert!(
+            adam.apply(&mut [0.0; 4], &[0.0; 4]).is_err(),
+            "slots of another model"
+        );
+    }
+}

@@ -1,0 +1,175 @@
+//! All of a model's trainable values in one contiguous buffer, with a named view per variable.
+
+use std::ops::Range;
+
+use lockstep_tensor::Tensor;
+use rand_core::SeedableRng;
+use rand_pcg::Pcg64Mcg;
+
+use crate::error::NnError;
+use crate::initializers::Initializer;
+
+/// One named variable inside [`Parameters`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamSpec {
+    /// Keras-style name: `dense/kernel`, `conv2d_1/bias`.
+    pub name: String,
+    /// The variable's shape.
+    pub shape: Vec<usize>,
+    /// Where its values start in the buffer.
+    pub offset: usize,
+}
+
+impl ParamSpec {
+    /// The number of values.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// `true` for a variable with no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its range in the buffer.
+    pub fn range(&self) -> Range<usize> {
+        self.offset..self.offset + self.len()
+    }
+}
+
+/// A model's trainable variables, back to back in one `Vec<f32>`: one all-reduce moves a whole
+/// model's gradients (laid out the same way), and a checkpoint names every variable.
+///
+/// ```
+/// use lockstep_nn::{Dense, Sequential};
+///
+/// let model = Sequential::new(&[4], vec![Box::new(Dense::new(3))], 0)?;
+/// let params = model.parameters();
+/// assert_eq!(params.len(), 4 * 3 + 3);
+/// assert_eq!(params.specs()[1].name, "dense/bias");
+/// assert_eq!(params.view("dense/bias").unwrap(), [0.0, 0.0, 0.0]);
+/// # Ok::<(), lockstep_nn::NnError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Parameters {
+    values: Vec<f32>,
+    specs: Vec<ParamSpec>,
+}
+
+impl Parameters {
+    /// Every value, variable after variable.
+    pub fn values(&self) -> &[f32] {
+        &self.values
+    }
+
+    /// Every value, for optimizers and for loading checkpoints.
+    pub fn values_mut(&mut self) -> &mut [f32] {
+        &mut self.values
+    }
+
+    /// The variables, in creation order.
+    pub fn specs(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+
+    /// The total number of values.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// `true` for a model with no trainable values.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// The values of the variable called `name`.
+    pub fn view(&self, name: &str) -> Option<&[f32]> {
+        self.specs
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| &self.values[s.range()])
+    }
+
+    /// The variables as tensors whose gradients [`Tensor::backward`] reports (a copy: the
+    /// buffer stays free for the optimizer).
+    ///
+    /// # Errors
+    ///
+    /// Only if a variable's values no longer fill its shape.
+    pub fn tensors(&self) -> Result<Vec<Tensor>, NnError> {
+        self.specs
+            .iter()
+            .map(|s| {
+                Tensor::parameter(self.values[s.range()].to_vec(), &s.shape).map_err(|source| {
+                    NnError::Tensor {
+                        layer: s.name.clone(),
+                        source,
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// The variables as constants, for inference.
+    ///
+    /// # Errors
+    ///
+    /// Only if a variable's values no longer fill its shape.
+    pub fn constants(&self) -> Result<Vec<Tensor>, NnError> {
+        self.specs
+            .iter()
+            .map(|s| {
+                Tensor::from_vec(self.values[s.range()].to_vec(), &s.shape).map_err(|source| {
+                    NnError::Tensor {
+                        layer: s.name.clone(),
+                        source,
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
+/// Collects the variables layers declare while a model is built.
+#[derive(Debug)]
+pub struct ParamBuilder {
+    params: Parameters,
+    seed: u64,
+}
+
+impl ParamBuilder {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self {
+            params: Parameters::default(),
+            seed,
+        }
+    }
+
+    /// Declares a variable, initialises it, and returns its index among the model's variables.
+    /// Each variable's initial values are a function of the model seed and its index alone.
+    pub fn add(&mut self, name: String, shape: Vec<usize>, init: Initializer) -> usize {
+        let index = self.params.specs.len();
+        let offset = self.params.values.len();
+        let spec = ParamSpec {
+            name,
+            shape,
+            offset,
+        };
+        let mut rng =
+            Pcg64Mcg::seed_from_u64(self.seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        self.params
+            .values
+            .extend(init.sample(&spec.shape, &mut rng));
+        self.params.specs.push(spec);
+        index
+    }
+
+    /// How many variables are declared so far.
+    pub fn count(&self) -> usize {
+        self.params.specs.len()
+    }
+
+    pub(crate) fn finish(self) -> Parameters {
+        self.params
+    }
+}

@@ -1,0 +1,197 @@
+//! Single-process training on the MNIST subset: the Keras guide's MLP and the multi-worker
+//! tutorial's CNN reach the accuracy TensorFlow reaches with the same settings.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test helper that meets an error must fail the test loudly"
+)]
+
+use lockstep_data::Dataset;
+use lockstep_data::mnist::{Mnist, MnistSplit};
+use lockstep_nn::{
+    Activation, Adam, Conv2D, Dense, Flatten, ForwardContext, Layer, MaxPooling2D, Metric,
+    Optimizer, Reduction, Sequential, SparseCategoricalAccuracy, SparseCategoricalCrossentropy,
+};
+use lockstep_tensor::Tensor;
+
+fn mlp(seed: u64) -> Sequential {
+    let layers: Vec<Box<dyn Layer>> = vec![
+        Box::new(Dense::new(256).activation(Activation::Relu)),
+        Box::new(Dense::new(256).activation(Activation::Relu)),
+        Box::new(Dense::new(10)),
+    ];
+    Sequential::new(&[784], layers, seed).unwrap()
+}
+
+fn cnn(seed: u64) -> Sequential {
+    let layers: Vec<Box<dyn Layer>> = vec![
+        Box::new(Conv2D::new(32, (3, 3)).activation(Activation::Relu)),
+        Box::new(MaxPooling2D::new((2, 2))),
+        Box::new(Conv2D::new(64, (3, 3)).activation(Activation::Relu)),
+        Box::new(MaxPooling2D::new((2, 2))),
+        Box::new(Flatten),
+        Box::new(Dense::new(128).activation(Activation::Relu)),
+        Box::new(Dense::new(10)),
+    ];
+    Sequential::new(&[28, 28, 1], layers, seed).unwrap()
+}
+
+/// A batch as the model's input tensor and labels; `flat` gives `[batch, 784]`.
+fn to_tensor(images: ndarray::Array4<f32>, flat: bool) -> Tensor {
+    let shape = images.shape().to_vec();
+    let shape = if flat { vec![shape[0], 784] } else { shape };
+    Tensor::from_vec(images.into_raw_vec_and_offset().0, &shape).unwrap()
+}
+
+/// The shuffle seed of the training tests. Accuracy depends on data order as much as on the
+/// initial weights. Sweeps over model seeds 0–5 with data seeds 100–105:
+/// - MLP, batch 32, 2 epochs: 0.922–0.941, mean 0.932 (TensorFlow 2.21: 0.933 [0.932–0.937]);
+/// - CNN, 3 epochs: batch 64 0.954–0.961 (mean 0.958); batch 32, Keras' default, 0.958–0.970
+///   (mean 0.964, seeds 0–3).
+///
+/// These tests use the first pair, model seed 0 with data seed 100.
+const DATA_SEED: u64 = 100;
+
+/// Trains with Adam and returns the test accuracy.
+fn train(
+    model: &mut Sequential,
+    split: &MnistSplit,
+    test: &MnistSplit,
+    epochs: u64,
+    batch: usize,
+    flat: bool,
+) -> f64 {
+    let loss_fn = SparseCategoricalCrossentropy {
+        from_logits: true,
+        reduction: Reduction::SumOverBatchSize,
+    };
+    let mut adam = Adam::default();
+    let mut grads = vec![0.0; model.parameters().len()];
+    let data = split
+        .dataset()
+        .unwrap()
+        .map(|(x, y)| (lockstep_data::mnist::scale(&x).into_shared(), y))
+        .cache()
+        .shuffle(10_000, DATA_SEED, true)
+        .batch(batch, false);
+    let mut step = 0;
+    for epoch in 0..epochs {
+        for item in data.iter_epoch(epoch).unwrap() {
+            let (x, y) = item.unwrap();
+            let labels: Vec<usize> = y.iter().map(|&l| usize::from(l)).collect();
+            let forward = model
+                .forward(
+                    &to_tensor(x.into_owned(), flat),
+                    ForwardContext {
+                        training: true,
+                        step,
+                    },
+                )
+                .unwrap();
+            let loss = loss_fn.call(&forward.output, &labels).unwrap();
+            model
+                .gradients(&forward, &loss.backward().unwrap(), &mut grads)
+                .unwrap();
+            adam.apply(model.parameters_mut().values_mut(), &grads)
+                .unwrap();
+            step += 1;
+        }
+    }
+    evaluate(model, test, flat)
+}
+
+fn evaluate(model: &Sequential, test: &MnistSplit, flat: bool) -> f64 {
+    let mut accuracy = SparseCategoricalAccuracy::default();
+    let data = test
+        .dataset()
+        .unwrap()
+        .map(|(x, y)| (lockstep_data::mnist::scale(&x), y))
+        .batch(500, false);
+    for item in data.iter().unwrap() {
+        let (x, y) = item.unwrap();
+        let labels: Vec<usize> = y.iter().map(|&l| usize::from(l)).collect();
+        accuracy
+            .update(&model.predict(&to_tensor(x, flat)).unwrap(), &labels)
+            .unwrap();
+    }
+    accuracy.result()
+}
+
+#[test]
+fn the_keras_guide_mlp_reaches_92_percent_in_two_epochs() {
+    let mnist = Mnist::embedded().unwrap();
+    let mut model = mlp(0);
+    assert_eq!(model.parameters().len(), 269_322);
+    let accuracy = train(&mut model, &mnist.train, &mnist.test, 2, 32, true);
+    assert!(accuracy >= 0.92, "test accuracy {accuracy}");
+}
+
+#[test]
+fn the_tutorial_cnn_reaches_96_percent_in_three_epochs() {
+    let mnist = Mnist::embedded().unwrap();
+    let mut model = cnn(0);
+    assert_eq!(model.parameters().len(), 225_034);
+    // Keras' default batch size: see DATA_SEED for batch 64.
+    let accuracy = train(&mut model, &mnist.train, &mnist.test, 3, 32, false);
+    assert!(accuracy >= 0.96, "test accuracy {accuracy}");
+}
+
+#[test]
+fn the_same_seed_gives_bit_identical_weights_after_training() {
+    let mnist = Mnist::embedded().unwrap();
+    let small = MnistSplit {
+        images: mnist
+            .train
+            .images
+            .slice(ndarray::s![..512, .., .., ..])
+            .to_owned(),
+        labels: mnist.train.labels.slice(ndarray::s![..512]).to_owned(),
+    };
+    let run = || {
+        let mut model = cnn(3);
+        train(&mut model, &small, &small, 1, 64, false);
+        model.parameters().values().to_vec()
+    };
+    assert_eq!(run(), run());
+    assert_ne!(cnn(3).parameters().values(), cnn(4).parameters().values());
+}
+
+#[test]
+fn the_summary_lists_layers_shapes_and_counts_like_keras() {
+    let summary = cnn(0).summary();
+    for expected in [
+        "conv2d (Conv2D)",
+        "(None, 26, 26, 32)",
+        "max_pooling2d_1 (MaxPooling2D)",
+        "(None, 5, 5, 64)",
+        "flatten (Flatten)",
+        "(None, 1600)",
+        "dense_1 (Dense)",
+        "204928",
+        "Total params: 225034",
+    ] {
+        assert!(
+            summary.contains(expected),
+            "missing {expected:?} in\n{summary}"
+        );
+    }
+}
+
+#[test]
+fn a_batch_of_the_wrong_shape_is_an_error_naming_the_expected_shape() {
+    let model = cnn(0);
+    let err = model.predict(&Tensor::zeros(&[2, 28, 28])).err().unwrap();
+    assert_eq!(
+        err.to_string(),
+        "model input: expected shape (None, 28, 28, 1), got [2, 28, 28]"
+    );
+    let too_small = Sequential::new(&[2, 2, 1], vec![Box::new(Conv2D::new(4, (3, 3)))], 0);
+    assert!(
+        too_small
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("cannot apply to a 2×2 input")
+    );
+    assert!(Sequential::new(&[4], vec![Box::new(Dense::new(0))], 0).is_err());
+}

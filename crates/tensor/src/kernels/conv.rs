@@ -1,0 +1,189 @@
+//! 2-D convolution in NHWC layout by im2col and GEMM, as Keras lays tensors out.
+
+use rayon::prelude::*;
+
+use super::gemm::{MatRef, matmul};
+
+/// The sizes of one convolution (or pooling window) over NHWC input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    pub(crate) batch: usize,
+    pub(crate) height: usize,
+    pub(crate) width: usize,
+    pub(crate) channels: usize,
+    pub(crate) kernel_h: usize,
+    pub(crate) kernel_w: usize,
+    pub(crate) stride_h: usize,
+    pub(crate) stride_w: usize,
+    pub(crate) pad_top: usize,
+    pub(crate) pad_left: usize,
+    pub(crate) out_h: usize,
+    pub(crate) out_w: usize,
+}
+
+impl Geometry {
+    /// Output positions per image.
+    pub(crate) fn out_pixels(&self) -> usize {
+        self.out_h * self.out_w
+    }
+
+    /// Values of one im2col row: a kernel window across all channels.
+    pub(crate) fn patch(&self) -> usize {
+        self.kernel_h * self.kernel_w * self.channels
+    }
+
+    /// Input row and column read by output (`oy`, `ox`) at kernel offset (`ky`, `kx`), or
+    /// `None` in the padding.
+    #[inline]
+    pub(crate) fn source(
+        &self,
+        oy: usize,
+        ox: usize,
+        ky: usize,
+        kx: usize,
+    ) -> Option<(usize, usize)> {
+        let y = (oy * self.stride_h + ky).checked_sub(self.pad_top)?;
+        let x = (ox * self.stride_w + kx).checked_sub(self.pad_left)?;
+        (y < self.height && x < self.width).then_some((y, x))
+    }
+}
+
+/// Unfolds every kernel window into a row: `[batch·out_h·out_w, kernel_h·kernel_w·channels]`.
+pub(crate) fn im2col(input: &[f32], g: &Geometry) -> Vec<f32> {
+    let (patch, c) = (g.patch(), g.channels);
+    let image_in = g.height * g.width * c;
+    let mut cols = vec![0.0_f32; g.batch * g.out_pixels() * patch];
+    cols.par_chunks_mut(g.out_pixels() * patch)
+        .enumerate()
+        .for_each(|(b, image_cols)| {
+            let image = &input[b * image_in..(b + 1) * image_in];
+            for (pixel, row) in image_cols.chunks_exact_mut(patch).enumerate() {
+                let (oy, ox) = (pixel / g.out_w, pixel % g.out_w);
+                for ky in 0..g.kernel_h {
+                    for kx in 0..g.kernel_w {
+                        if let Some((y, x)) = g.source(oy, ox, ky, kx) {
+                            let at = (ky * g.kernel_w + kx) * c;
+                            let from = (y * g.width + x) * c;
+                            row[at..at + c].copy_from_slice(&image[from..from + c]);
+                        }
+                    }
+                }
+            }
+        });
+    cols
+}
+
+/// The inverse scatter of [`im2col`]: adds each row's values back into the input positions
+/// they came from. Parallel over images, each image summed in a fixed order.
+pub(crate) fn col2im(cols: &[f32], g: &Geometry) -> Vec<f32> {
+    let (patch, c) = (g.patch(), g.channels);
+    let image_in = g.height * g.width * c;
+    let mut input = vec![0.0_f32; g.batch * image_in];
+    input
+        .par_chunks_mut(image_in)
+        .enumerate()
+        .for_each(|(b, image)| {
+            let image_cols = &cols[b * g.out_pixels() * patch..(b + 1) * g.out_pixels() * patch];
+            for (pixel, row) in image_cols.chunks_exact(patch).enumerate() {
+                let (oy, ox) = (pixel / g.out_w, pixel % g.out_w);
+                for ky in 0..g.kernel_h {
+                    for kx in 0..g.kernel_w {
+                        if let Some((y, x)) = g.source(oy, ox, ky, kx) {
+                            let at = (ky * g.kernel_w + kx) * c;
+                            let to = (y * g.width + x) * c;
+                            for (dst, &v) in image[to..to + c].iter_mut().zip(&row[at..at + c]) {
+                                *dst += v;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    input
+}
+
+/// Forward convolution: returns `(output [batch, out_h, out_w, filters], im2col rows)`; the
+/// rows are kept for the kernel's gradient.
+pub(crate) fn conv2d(
+    input: &[f32],
+    kernel: &[f32],
+    filters: usize,
+    g: &Geometry,
+) -> (Vec<f32>, Vec<f32>) {
+    let rows = g.batch * g.out_pixels();
+    let cols = im2col(input, g);
+    let mut out = vec![0.0_f32; rows * filters];
+    matmul(
+        &mut out,
+        MatRef {
+            data: &cols,
+            rows,
+            cols: g.patch(),
+            transposed: false,
+        },
+        MatRef {
+            data: kernel,
+            rows: g.patch(),
+            cols: filters,
+            transposed: false,
+        },
+        false,
+    );
+    (out, cols)
+}
+
+/// Gradient of the kernel: `colsᵀ · d_out`, shaped `[kernel_h, kernel_w, channels, filters]`.
+pub(crate) fn conv2d_kernel_grad(
+    cols: &[f32],
+    d_out: &[f32],
+    filters: usize,
+    g: &Geometry,
+) -> Vec<f32> {
+    let rows = g.batch * g.out_pixels();
+    let mut grad = vec![0.0_f32; g.patch() * filters];
+    matmul(
+        &mut grad,
+        MatRef {
+            data: cols,
+            rows,
+            cols: g.patch(),
+            transposed: true,
+        },
+        MatRef {
+            data: d_out,
+            rows,
+            cols: filters,
+            transposed: false,
+        },
+        false,
+    );
+    grad
+}
+
+/// Gradient of the input: `col2im(d_out · kernelᵀ)`.
+pub(crate) fn conv2d_input_grad(
+    kernel: &[f32],
+    d_out: &[f32],
+    filters: usize,
+    g: &Geometry,
+) -> Vec<f32> {
+    let rows = g.batch * g.out_pixels();
+    let mut d_cols = vec![0.0_f32; rows * g.patch()];
+    matmul(
+        &mut d_cols,
+        MatRef {
+            data: d_out,
+            rows,
+            cols: filters,
+            transposed: false,
+        },
+        MatRef {
+            data: kernel,
+            rows: g.patch(),
+            cols: filters,
+            transposed: true,
+        },
+        false,
+    );
+    col2im(&d_cols, g)
+}

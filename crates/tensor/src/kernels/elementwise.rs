@@ -1,0 +1,49 @@
+//! Elementwise kernels, parallel over fixed chunks.
+
+use rayon::prelude::*;
+
+use super::CHUNK;
+
+/// `out[i] = f(x[i])`.
+pub(crate) fn map(x: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
+    let mut out = vec![0.0; x.len()];
+    out.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK))
+        .for_each(|(o, x)| {
+            for (o, &x) in o.iter_mut().zip(x) {
+                *o = f(x);
+            }
+        });
+    out
+}
+
+/// `out[i] = f(a[i], b[i])` for equal-length slices.
+pub(crate) fn zip(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
+    let mut out = vec![0.0; a.len()];
+    out.par_chunks_mut(CHUNK)
+        .zip(a.par_chunks(CHUNK))
+        .zip(b.par_chunks(CHUNK))
+        .for_each(|((o, a), b)| {
+            for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
+                *o = f(a, b);
+            }
+        });
+    out
+}
+
+/// Adds `bias[c]` to every row of `x[rows×c]`, then applies `f`.
+pub(crate) fn add_rows(x: &[f32], bias: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
+    let c = bias.len();
+    let mut out = vec![0.0; x.len()];
+    let rows_per_task = (CHUNK / c.max(1)).max(1);
+    out.par_chunks_mut(rows_per_task * c)
+        .zip(x.par_chunks(rows_per_task * c))
+        .for_each(|(o, x)| {
+            for (o_row, x_row) in o.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
+                for ((o, &x), &b) in o_row.iter_mut().zip(x_row).zip(bias) {
+                    *o = f(x + b);
+                }
+            }
+        });
+    out
+}

@@ -1,0 +1,201 @@
+//! Single-precision matrix products on row-major slices, through the `gemm` crate (runtime
+//! AVX2/AVX-512 dispatch, rayon parallelism).
+
+use gemm::Parallelism;
+
+/// A row-major matrix operand, possibly read transposed.
+#[derive(Debug, Clone, Copy)]
+pub struct MatRef<'a> {
+    /// The values, row-major as stored.
+    pub data: &'a [f32],
+    /// Rows as stored.
+    pub rows: usize,
+    /// Columns as stored.
+    pub cols: usize,
+    /// Read as the transpose of what is stored.
+    pub transposed: bool,
+}
+
+impl MatRef<'_> {
+    /// Rows and columns as read.
+    fn logical(&self) -> (usize, usize) {
+        if self.transposed {
+            (self.cols, self.rows)
+        } else {
+            (self.rows, self.cols)
+        }
+    }
+
+    /// (row stride, column stride) as read.
+    fn strides(&self) -> (isize, isize) {
+        let cols = self.cols.cast_signed();
+        if self.transposed {
+            (1, cols)
+        } else {
+            (cols, 1)
+        }
+    }
+}
+
+/// Products below this many multiply-adds run on one thread: forking costs more than it saves.
+const PARALLEL_THRESHOLD: usize = 48 * 48 * 48;
+
+/// `dst[m×n] = a[m×k] · b[k×n]`, or `dst += a · b` when `accumulate` is set.
+///
+/// ```
+/// use lockstep_tensor::kernels::gemm::{MatRef, matmul};
+///
+/// let a = [1.0, 2.0, 3.0, 4.0]; // [[1, 2], [3, 4]]
+/// let mut c = [0.0; 4];
+/// let lhs = MatRef { data: &a, rows: 2, cols: 2, transposed: false };
+/// let rhs = MatRef { data: &a, rows: 2, cols: 2, transposed: true };
+/// matmul(&mut c, lhs, rhs, false); // a · aᵀ
+/// assert_eq!(c, [5.0, 11.0, 11.0, 25.0]);
+/// ```
+///
+/// # Panics
+///
+/// When the operands' inner dimensions differ or a slice is shorter than its dimensions say:
+/// callers check shapes first, and these are the memory-safety conditions of the product.
+pub fn matmul(dst: &mut [f32], a: MatRef<'_>, b: MatRef<'_>, accumulate: bool) {
+    let (m, k) = a.logical();
+    let (k2, n) = b.logical();
+    assert_eq!(k, k2, "matmul: inner dimensions differ");
+    assert!(
+        a.data.len() >= a.rows * a.cols && b.data.len() >= b.rows * b.cols,
+        "matmul: operand too short"
+    );
+    assert!(dst.len() >= m * n, "matmul: destination too short");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst[..m * n].fill(0.0);
+        }
+        return;
+    }
+    let parallelism = if m * n * k >= PARALLEL_THRESHOLD && rayon::current_num_threads() > 1 {
+        Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        Parallelism::None
+    };
+    let (a_rs, a_cs) = a.strides();
+    let (b_rs, b_cs) = b.strides();
+    #[allow(unsafe_code)]
+    // SAFETY: `gemm` reads a[i·a_rs + p·a_cs] for i < m, p < k and b[p·b_rs + j·b_cs] for
+    // p < k, j < n, and writes dst[i·n + j]; the assertions above keep all of these in bounds
+    // (row-major strides of matrices of the asserted sizes). `dst` is a unique borrow, so it
+    // aliases neither operand.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n.cast_signed(),
+            accumulate,
+            a.data.as_ptr(),
+            a_cs,
+            a_rs,
+            b.data.as_ptr(),
+            b_cs,
+            b_rs,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+        let mut c = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            }
+        }
+        c
+    }
+
+    fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+        (0..cols)
+            .flat_map(|j| (0..rows).map(move |i| x[i * cols + j]))
+            .collect()
+    }
+
+    #[test]
+    fn every_transpose_combination_matches_the_naive_product() {
+        let (m, k, n) = (37, 53, 29);
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
+        let expected = naive(&a, &b, m, k, n);
+        let (at, bt) = (transpose(&a, m, k), transpose(&b, k, n));
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let lhs = if ta {
+                MatRef {
+                    data: &at,
+                    rows: k,
+                    cols: m,
+                    transposed: true,
+                }
+            } else {
+                MatRef {
+                    data: &a,
+                    rows: m,
+                    cols: k,
+                    transposed: false,
+                }
+            };
+            let rhs = if tb {
+                MatRef {
+                    data: &bt,
+                    rows: n,
+                    cols: k,
+                    transposed: true,
+                }
+            } else {
+                MatRef {
+                    data: &b,
+                    rows: k,
+                    cols: n,
+                    transposed: false,
+                }
+            };
+            let mut c = vec![f32::NAN; m * n];
+            matmul(&mut c, lhs, rhs, false);
+            assert_eq!(c, expected, "transposed a: {ta}, b: {tb}");
+        }
+    }
+
+    #[test]
+    fn accumulate_adds_to_the_destination() {
+        let a = [1.0, 2.0];
+        let mut c = [10.0];
+        matmul(
+            &mut c,
+            MatRef {
+                data: &a,
+                rows: 1,
+                cols: 2,
+                transposed: false,
+            },
+            MatRef {
+                data: &a,
+                rows: 2,
+                cols: 1,
+                transposed: false,
+            },
+            true,
+        );
+        assert_eq!(c, [15.0]);
+    }
+}

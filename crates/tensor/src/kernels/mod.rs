@@ -1,0 +1,16 @@
+//! CPU kernels on plain slices: no shapes checks beyond what memory safety needs, no autograd.
+//! The operations in [`crate::ops`] check shapes, call these, and record backward rules.
+//!
+//! Parallel kernels split work into fixed pieces that do not depend on the thread count or on
+//! scheduling, and combine partial results in a fixed order: results are bit-identical from run
+//! to run (and, except inside GEMM, across thread counts).
+
+pub(crate) mod conv;
+pub(crate) mod elementwise;
+pub mod gemm;
+pub(crate) mod pool;
+pub(crate) mod reduce;
+pub(crate) mod softmax;
+
+/// Elements per parallel task in elementwise kernels: large enough to amortise a task.
+pub(crate) const CHUNK: usize = 1 << 14;

@@ -1,0 +1,64 @@
+//! Max pooling in NHWC layout.
+
+use rayon::prelude::*;
+
+use super::conv::Geometry;
+
+/// Forward max pooling: `(output [batch, out_h, out_w, channels], argmax)`, where `argmax[i]`
+/// is the index within its image of the input value output `i` took. A window entirely in the
+/// padding yields `-inf` and routes no gradient.
+pub(crate) fn max_pool(input: &[f32], g: &Geometry) -> (Vec<f32>, Vec<u32>) {
+    let c = g.channels;
+    let image_in = g.height * g.width * c;
+    let image_out = g.out_pixels() * c;
+    let mut out = vec![f32::NEG_INFINITY; g.batch * image_out];
+    let mut argmax = vec![u32::MAX; g.batch * image_out];
+    out.par_chunks_mut(image_out)
+        .zip(argmax.par_chunks_mut(image_out))
+        .enumerate()
+        .for_each(|(b, (out, arg))| {
+            let image = &input[b * image_in..(b + 1) * image_in];
+            for pixel in 0..g.out_pixels() {
+                let (oy, ox) = (pixel / g.out_w, pixel % g.out_w);
+                let (out, arg) = (
+                    &mut out[pixel * c..(pixel + 1) * c],
+                    &mut arg[pixel * c..(pixel + 1) * c],
+                );
+                for ky in 0..g.kernel_h {
+                    for kx in 0..g.kernel_w {
+                        let Some((y, x)) = g.source(oy, ox, ky, kx) else {
+                            continue;
+                        };
+                        let from = (y * g.width + x) * c;
+                        for ch in 0..c {
+                            let v = image[from + ch];
+                            // `>` keeps the first maximum, as TensorFlow does; NaN propagates.
+                            if v > out[ch] || v.is_nan() && !out[ch].is_nan() {
+                                out[ch] = v;
+                                arg[ch] = (from + ch) as u32;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    (out, argmax)
+}
+
+/// Gradient of max pooling: routes each output gradient to the input its max came from.
+pub(crate) fn max_pool_grad(d_out: &[f32], argmax: &[u32], g: &Geometry) -> Vec<f32> {
+    let image_in = g.height * g.width * g.channels;
+    let image_out = g.out_pixels() * g.channels;
+    let mut d_in = vec![0.0_f32; g.batch * image_in];
+    d_in.par_chunks_mut(image_in)
+        .enumerate()
+        .for_each(|(b, d_in)| {
+            let range = b * image_out..(b + 1) * image_out;
+            for (&d, &a) in d_out[range.clone()].iter().zip(&argmax[range]) {
+                if let Some(slot) = d_in.get_mut(a as usize) {
+                    *slot += d;
+                }
+            }
+        });
+    d_in
+}

@@ -1,0 +1,39 @@
+//! `f32` tensors with define-by-run reverse-mode autograd and deterministic, fast CPU kernels —
+//! everything the Keras models of TensorFlow's MNIST tutorials need.
+//!
+//! ```
+//! use lockstep_tensor::{Tensor, ops};
+//!
+//! // One step of logistic regression on two examples.
+//! let w = Tensor::parameter(vec![0.0; 6], &[3, 2])?;
+//! let b = Tensor::parameter(vec![0.0; 2], &[2])?;
+//! let x = Tensor::from_vec(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+//! let logits = ops::bias_add(&ops::matmul(&x, &w)?, &b)?;
+//! let loss = ops::mean(&ops::sparse_softmax_cross_entropy_with_logits(&logits, &[0, 1])?, &[0], false)?;
+//! assert!((loss.item()? - 2.0_f32.ln()).abs() < 1e-6);
+//! let grads = loss.backward()?;
+//! assert_eq!(grads.get(&b).unwrap().data(), [0.0, 0.0]); // one example per class
+//! # Ok::<(), lockstep_tensor::TensorError>(())
+//! ```
+//!
+//! - [`Tensor`]: immutable, cheaply cloned, row-major `f32`; its [`Device`] is part of the value.
+//! - [`ops`]: differentiable operations that check shapes and record backward rules only when
+//!   gradients are wanted.
+//! - [`kernels`]: the CPU kernels behind them (GEMM through the `gemm` crate; im2col
+//!   convolution; pooling; stable softmax), parallel on rayon with a fixed partition of work.
+//!
+//! Dependencies: `gemm` for matrix products near the machine's peak (`ndarray`'s own product
+//! reaches about half); `ndarray` for conversions; `rayon` for parallel kernels; `rand_pcg`
+//! for seeded dropout masks; `thiserror` for the error type.
+
+mod autograd;
+mod device;
+mod error;
+pub mod kernels;
+pub mod ops;
+mod tensor;
+
+pub use autograd::Gradients;
+pub use device::Device;
+pub use error::TensorError;
+pub use tensor::{Tensor, TensorId};

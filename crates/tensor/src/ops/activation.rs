@@ -1,0 +1,80 @@
+//! Elementwise nonlinearities and the softmax activation.
+
+use crate::error::TensorError;
+use crate::kernels::{elementwise, softmax as kernel};
+use crate::tensor::Tensor;
+
+/// `max(x, 0)`.
+pub fn relu(x: &Tensor) -> Tensor {
+    let out = elementwise::map(x.data(), |v| v.max(0.0));
+    let input = x.clone();
+    Tensor::from_op(out, x.shape().to_vec(), &[x], move |g| {
+        let d = elementwise::zip(g.data(), input.data(), |g, v| if v > 0.0 { g } else { 0.0 });
+        Ok(vec![Some(Tensor::raw(d, input.shape().to_vec()))])
+    })
+}
+
+/// Natural logarithm.
+pub fn log(x: &Tensor) -> Tensor {
+    let out = elementwise::map(x.data(), f32::ln);
+    let input = x.clone();
+    Tensor::from_op(out, x.shape().to_vec(), &[x], move |g| {
+        Ok(vec![Some(Tensor::raw(
+            elementwise::zip(g.data(), input.data(), |g, v| g / v),
+            input.shape().to_vec(),
+        ))])
+    })
+}
+
+/// Values limited to `[min, max]`; the gradient passes where the value was inside.
+///
+/// # Errors
+///
+/// When `min > max`.
+pub fn clip(x: &Tensor, min: f32, max: f32) -> Result<Tensor, TensorError> {
+    if min > max || min.is_nan() || max.is_nan() {
+        return Err(TensorError::invalid(
+            "clip",
+            format!("min {min} must not exceed max {max}"),
+        ));
+    }
+    let out = elementwise::map(x.data(), |v| v.clamp(min, max));
+    let input = x.clone();
+    Ok(Tensor::from_op(out, x.shape().to_vec(), &[x], move |g| {
+        let d = elementwise::zip(g.data(), input.data(), |g, v| {
+            if (min..=max).contains(&v) { g } else { 0.0 }
+        });
+        Ok(vec![Some(Tensor::raw(d, input.shape().to_vec()))])
+    }))
+}
+
+/// Softmax over the last axis.
+///
+/// # Errors
+///
+/// When `x` has rank 0.
+pub fn softmax(x: &Tensor) -> Result<Tensor, TensorError> {
+    let cols = *x
+        .shape()
+        .last()
+        .ok_or_else(|| TensorError::invalid("softmax", "needs at least one axis"))?;
+    let probs: Vec<f32> = kernel::log_softmax(x.data(), cols)
+        .into_iter()
+        .map(f32::exp)
+        .collect();
+    let (shape, y) = (x.shape().to_vec(), probs.clone());
+    Ok(Tensor::from_op(probs, shape.clone(), &[x], move |g| {
+        let mut d = vec![0.0_f32; y.len()];
+        for ((d, y), g) in d
+            .chunks_exact_mut(cols)
+            .zip(y.chunks_exact(cols))
+            .zip(g.data().chunks_exact(cols))
+        {
+            let dot: f32 = y.iter().zip(g).map(|(y, g)| y * g).sum();
+            for ((d, &y), &g) in d.iter_mut().zip(y).zip(g) {
+                *d = y * (g - dot);
+            }
+        }
+        Ok(vec![Some(Tensor::raw(d, shape.clone()))])
+    }))
+}

@@ -1,0 +1,165 @@
+//! Broadcasting arithmetic and the bias add of dense and convolution layers.
+
+use super::broadcast::{broadcast_shape, source_offsets, sum_to};
+use crate::error::TensorError;
+use crate::kernels::{elementwise, reduce};
+use crate::tensor::Tensor;
+
+fn binary(
+    op: &'static str,
+    a: &Tensor,
+    b: &Tensor,
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) -> Result<(Vec<f32>, Vec<usize>), TensorError> {
+    let shape = broadcast_shape(op, a.shape(), b.shape())?;
+    if a.shape() == b.shape() {
+        return Ok((elementwise::zip(a.data(), b.data(), f), shape));
+    }
+    let (ia, ib) = (
+        source_offsets(a.shape(), &shape),
+        source_offsets(b.shape(), &shape),
+    );
+    let data = ia
+        .iter()
+        .zip(&ib)
+        .map(|(&i, &j)| f(a.data()[i], b.data()[j]))
+        .collect();
+    Ok((data, shape))
+}
+
+/// Reads `t` at every position of `shape` it broadcasts to.
+fn stretched(t: &Tensor, shape: &[usize]) -> Vec<f32> {
+    if t.shape() == shape {
+        return t.data().to_vec();
+    }
+    source_offsets(t.shape(), shape)
+        .into_iter()
+        .map(|i| t.data()[i])
+        .collect()
+}
+
+/// `a + b`, broadcasting.
+///
+/// # Errors
+///
+/// When the shapes do not broadcast.
+pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
+    let (data, shape) = binary("add", a, b, |x, y| x + y)?;
+    let (sa, sb, out) = (a.shape().to_vec(), b.shape().to_vec(), shape.clone());
+    Ok(Tensor::from_op(data, shape, &[a, b], move |g| {
+        Ok(vec![
+            Some(Tensor::raw(sum_to(g.data(), &out, &sa), sa.clone())),
+            Some(Tensor::raw(sum_to(g.data(), &out, &sb), sb.clone())),
+        ])
+    }))
+}
+
+/// `a − b`, broadcasting.
+///
+/// # Errors
+///
+/// When the shapes do not broadcast.
+pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
+    let (data, shape) = binary("sub", a, b, |x, y| x - y)?;
+    let (sa, sb, out) = (a.shape().to_vec(), b.shape().to_vec(), shape.clone());
+    Ok(Tensor::from_op(data, shape, &[a, b], move |g| {
+        let neg: Vec<f32> = g.data().iter().map(|v| -v).collect();
+        Ok(vec![
+            Some(Tensor::raw(sum_to(g.data(), &out, &sa), sa.clone())),
+            Some(Tensor::raw(sum_to(&neg, &out, &sb), sb.clone())),
+        ])
+    }))
+}
+
+/// `a · b` elementwise, broadcasting.
+///
+/// # Errors
+///
+/// When the shapes do not broadcast.
+pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
+    let (data, shape) = binary("mul", a, b, |x, y| x * y)?;
+    let (ca, cb, out) = (a.clone(), b.clone(), shape.clone());
+    Ok(Tensor::from_op(data, shape, &[a, b], move |g| {
+        let (va, vb) = (stretched(&ca, &out), stretched(&cb, &out));
+        let da = elementwise::zip(g.data(), &vb, |g, y| g * y);
+        let db = elementwise::zip(g.data(), &va, |g, x| g * x);
+        Ok(vec![
+            Some(Tensor::raw(
+                sum_to(&da, &out, ca.shape()),
+                ca.shape().to_vec(),
+            )),
+            Some(Tensor::raw(
+                sum_to(&db, &out, cb.shape()),
+                cb.shape().to_vec(),
+            )),
+        ])
+    }))
+}
+
+/// `a / b` elementwise, broadcasting.
+///
+/// # Errors
+///
+/// When the shapes do not broadcast.
+pub fn div(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
+    let (data, shape) = binary("div", a, b, |x, y| x / y)?;
+    let (ca, cb, out) = (a.clone(), b.clone(), shape.clone());
+    Ok(Tensor::from_op(data, shape, &[a, b], move |g| {
+        let (va, vb) = (stretched(&ca, &out), stretched(&cb, &out));
+        let da = elementwise::zip(g.data(), &vb, |g, y| g / y);
+        let db: Vec<f32> = g
+            .data()
+            .iter()
+            .zip(&va)
+            .zip(&vb)
+            .map(|((g, x), y)| -g * x / (y * y))
+            .collect();
+        Ok(vec![
+            Some(Tensor::raw(
+                sum_to(&da, &out, ca.shape()),
+                ca.shape().to_vec(),
+            )),
+            Some(Tensor::raw(
+                sum_to(&db, &out, cb.shape()),
+                cb.shape().to_vec(),
+            )),
+        ])
+    }))
+}
+
+/// `x · factor` for a constant factor.
+pub fn scale(x: &Tensor, factor: f32) -> Tensor {
+    let data = elementwise::map(x.data(), |v| v * factor);
+    let shape = x.shape().to_vec();
+    Tensor::from_op(data, shape.clone(), &[x], move |g| {
+        Ok(vec![Some(Tensor::raw(
+            elementwise::map(g.data(), |v| v * factor),
+            shape.clone(),
+        ))])
+    })
+}
+
+/// Adds `bias [c]` along the last axis of `x [..., c]` (the bias of `Dense` and `Conv2D` layers).
+///
+/// # Errors
+///
+/// When `bias` is not 1-D or its length differs from `x`'s last dimension.
+pub fn bias_add(x: &Tensor, bias: &Tensor) -> Result<Tensor, TensorError> {
+    let c = bias.len();
+    if bias.rank() != 1 || x.shape().last() != Some(&c) {
+        return Err(TensorError::mismatch(
+            "bias_add",
+            x.shape(),
+            bias.shape(),
+            "the bias must be 1-D with the input's last dimension",
+        ));
+    }
+    let data = elementwise::add_rows(x.data(), bias.data(), |v| v);
+    let shape = x.shape().to_vec();
+    Ok(Tensor::from_op(data, shape.clone(), &[x, bias], move |g| {
+        Ok(vec![
+            Some(Tensor::raw(g.data().to_vec(), shape.clone())),
+            Some(Tensor::raw(reduce::sum_rows(g.data(), c), vec![c])),
+        ])
+    }))
+}

@@ -1,0 +1,22 @@
+//! Differentiable operations. Each checks its operands' shapes (a mismatch is an error naming
+//! the operation and both shapes), runs a kernel, and records its backward rule when an
+//! operand needs a gradient.
+
+mod activation;
+mod arith;
+mod broadcast;
+mod conv;
+mod dropout;
+mod loss;
+mod matmul;
+mod reduce;
+mod reshape;
+
+pub use activation::{clip, log, relu, softmax};
+pub use arith::{add, bias_add, div, mul, scale, sub};
+pub use conv::{Padding, conv2d, max_pool2d};
+pub use dropout::dropout;
+pub use loss::{argmax, log_softmax, sparse_softmax_cross_entropy_with_logits};
+pub use matmul::matmul;
+pub use reduce::{mean, sum};
+pub use reshape::{flatten, reshape};

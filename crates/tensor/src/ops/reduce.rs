@@ -1,0 +1,81 @@
+//! Sums and means over axes.
+
+use crate::error::TensorError;
+use crate::kernels::reduce::sum_middle;
+use crate::tensor::Tensor;
+
+/// The input viewed as `[outer, mid, inner]` around a contiguous run of reduced axes.
+fn reduction_plan(
+    op: &'static str,
+    shape: &[usize],
+    axes: &[usize],
+) -> Result<Vec<bool>, TensorError> {
+    let mut reduced = vec![false; shape.len()];
+    for &axis in axes {
+        match reduced.get_mut(axis) {
+            Some(r) if !*r => *r = true,
+            Some(_) => {
+                return Err(TensorError::invalid(
+                    op,
+                    format!("axis {axis} is listed twice"),
+                ));
+            }
+            None => {
+                return Err(TensorError::invalid(
+                    op,
+                    format!("axis {axis} is out of range for shape {shape:?}"),
+                ));
+            }
+        }
+    }
+    Ok(reduced)
+}
+
+/// Sums `x` over `axes`, keeping them as size-1 dimensions when `keepdims` is set.
+///
+/// Axes are reduced one at a time from the last, each as a fixed-order sum, so the result is
+/// deterministic.
+///
+/// # Errors
+///
+/// When an axis is out of range or repeated.
+pub fn sum(x: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor, TensorError> {
+    let reduced = reduction_plan("sum", x.shape(), axes)?;
+    let mut data = x.data().to_vec();
+    let mut shape = x.shape().to_vec();
+    for axis in (0..shape.len()).rev().filter(|&a| reduced[a]) {
+        let outer: usize = shape[..axis].iter().product();
+        let inner: usize = shape[axis + 1..].iter().product();
+        data = sum_middle(&data, outer, shape[axis], inner);
+        shape[axis] = 1;
+    }
+    let kept = shape.clone();
+    let out_shape: Vec<usize> = if keepdims {
+        shape
+    } else {
+        shape
+            .iter()
+            .zip(&reduced)
+            .filter(|&(_, &r)| !r)
+            .map(|(&d, _)| d)
+            .collect()
+    };
+    let input_shape = x.shape().to_vec();
+    Ok(Tensor::from_op(data, out_shape, &[x], move |g| {
+        // Every input element receives the gradient of the sum it went into.
+        let offsets = super::broadcast::source_offsets(&kept, &input_shape);
+        let d = offsets.into_iter().map(|i| g.data()[i]).collect();
+        Ok(vec![Some(Tensor::raw(d, input_shape.clone()))])
+    }))
+}
+
+/// The mean of `x` over `axes`.
+///
+/// # Errors
+///
+/// When an axis is out of range or repeated.
+pub fn mean(x: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor, TensorError> {
+    let count: usize = axes.iter().filter_map(|&a| x.shape().get(a)).product();
+    let total = sum(x, axes, keepdims)?;
+    Ok(super::scale(&total, 1.0 / count.max(1) as f32))
+}

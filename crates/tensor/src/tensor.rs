@@ -1,0 +1,298 @@
+//! `Tensor`: an immutable, cheaply cloned `f32` array that remembers how it was computed when
+//! gradients are wanted.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ndarray::{ArrayD, ArrayViewD, IxDyn};
+
+use crate::autograd::{Backward, GradFn};
+use crate::device::Device;
+use crate::error::TensorError;
+
+/// Identifies a tensor for the lifetime of the process (gradients are keyed by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(u64);
+
+impl TensorId {
+    fn fresh() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        Self(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// How a tensor takes part in differentiation.
+pub(crate) enum Grad {
+    /// A constant: no gradient flows to or through it.
+    None,
+    /// A leaf whose gradient is wanted (a parameter).
+    Leaf,
+    /// The output of an operation on tensors that need gradients.
+    Node(GradFn),
+}
+
+pub(crate) struct Inner {
+    pub(crate) id: TensorId,
+    pub(crate) data: Arc<Vec<f32>>,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) device: Device,
+    pub(crate) grad: Grad,
+}
+
+/// An n-dimensional array of `f32`, row-major, immutable. Cloning shares the data.
+///
+/// Operations (in [`crate::ops`]) record how each result was computed only when some input
+/// needs a gradient — a [`Tensor::parameter`] or a result computed from one — so inference
+/// builds no graph. [`Tensor::backward`] then gives the gradient of a scalar with respect to
+/// every parameter it depends on, like `tf.GradientTape.gradient`.
+///
+/// ```
+/// use lockstep_tensor::{Tensor, ops};
+///
+/// let w = Tensor::parameter(vec![1.0, 2.0, 3.0, 4.0], &[2, 2])?;
+/// let x = Tensor::from_vec(vec![1.0, 1.0], &[1, 2])?;
+/// let y = ops::sum(&ops::matmul(&x, &w)?, &[0, 1], false)?; // y = sum(x · w)
+/// let grads = y.backward()?;
+/// assert_eq!(grads.get(&w).unwrap().data(), [1.0, 1.0, 1.0, 1.0]);
+/// # Ok::<(), lockstep_tensor::TensorError>(())
+/// ```
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) inner: Arc<Inner>,
+}
+
+fn check_len(op: &'static str, len: usize, shape: &[usize]) -> Result<(), TensorError> {
+    let expected = shape.iter().try_fold(1_usize, |acc, &d| acc.checked_mul(d));
+    if expected == Some(len) {
+        Ok(())
+    } else {
+        Err(TensorError::invalid(
+            op,
+            format!("{len} values do not fill shape {shape:?}"),
+        ))
+    }
+}
+
+impl Tensor {
+    fn build(data: Arc<Vec<f32>>, shape: Vec<usize>, grad: Grad) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                id: TensorId::fresh(),
+                data,
+                shape,
+                device: Device::Cpu,
+                grad,
+            }),
+        }
+    }
+
+    /// A constant tensor.
+    ///
+    /// # Errors
+    ///
+    /// When `data.len()` is not the product of `shape`.
+    pub fn from_vec(data: Vec<f32>, shape: &[usize]) -> Result<Self, TensorError> {
+        check_len("from_vec", data.len(), shape)?;
+        Ok(Self::build(Arc::new(data), shape.to_vec(), Grad::None))
+    }
+
+    /// A leaf whose gradient [`Tensor::backward`] reports: a trainable variable.
+    ///
+    /// # Errors
+    ///
+    /// When `data.len()` is not the product of `shape`.
+    pub fn parameter(data: Vec<f32>, shape: &[usize]) -> Result<Self, TensorError> {
+        check_len("parameter", data.len(), shape)?;
+        Ok(Self::build(Arc::new(data), shape.to_vec(), Grad::Leaf))
+    }
+
+    /// A constant copied from an ndarray array of any layout.
+    pub fn from_array(array: &ArrayViewD<'_, f32>) -> Self {
+        let data = array.as_standard_layout().iter().copied().collect();
+        Self::build(Arc::new(data), array.shape().to_vec(), Grad::None)
+    }
+
+    /// A constant of zeros.
+    pub fn zeros(shape: &[usize]) -> Self {
+        Self::full(shape, 0.0)
+    }
+
+    /// A constant filled with `value`.
+    pub fn full(shape: &[usize], value: f32) -> Self {
+        Self::build(
+            Arc::new(vec![value; shape.iter().product()]),
+            shape.to_vec(),
+            Grad::None,
+        )
+    }
+
+    /// A rank-0 constant.
+    pub fn scalar(value: f32) -> Self {
+        Self::build(Arc::new(vec![value]), Vec::new(), Grad::None)
+    }
+
+    /// The result of an operation: records `backward` when some input needs a gradient.
+    pub(crate) fn from_op(
+        data: Vec<f32>,
+        shape: Vec<usize>,
+        inputs: &[&Tensor],
+        backward: impl Backward,
+    ) -> Self {
+        debug_assert_eq!(data.len(), shape.iter().product::<usize>());
+        let grad = if inputs.iter().any(|t| t.requires_grad()) {
+            Grad::Node(GradFn::new(
+                inputs.iter().map(|t| (*t).clone()).collect(),
+                backward,
+            ))
+        } else {
+            Grad::None
+        };
+        Self::build(Arc::new(data), shape, grad)
+    }
+
+    /// A result that shares its input's data under another shape (reshape, flatten).
+    pub(crate) fn view_op(input: &Tensor, shape: Vec<usize>, backward: impl Backward) -> Self {
+        let grad = if input.requires_grad() {
+            Grad::Node(GradFn::new(vec![input.clone()], backward))
+        } else {
+            Grad::None
+        };
+        Self::build(Arc::clone(&input.inner.data), shape, grad)
+    }
+
+    /// A plain tensor for gradients and kernel results.
+    pub(crate) fn raw(data: Vec<f32>, shape: Vec<usize>) -> Self {
+        Self::build(Arc::new(data), shape, Grad::None)
+    }
+
+    /// The same values with no history: gradients stop here.
+    #[must_use]
+    pub fn detach(&self) -> Self {
+        Self::build(
+            Arc::clone(&self.inner.data),
+            self.inner.shape.clone(),
+            Grad::None,
+        )
+    }
+
+    /// `true` for parameters and for results computed from them.
+    pub fn requires_grad(&self) -> bool {
+        !matches!(self.inner.grad, Grad::None)
+    }
+
+    /// This tensor's identity.
+    pub fn id(&self) -> TensorId {
+        self.inner.id
+    }
+
+    /// The dimensions.
+    pub fn shape(&self) -> &[usize] {
+        &self.inner.shape
+    }
+
+    /// The number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.inner.shape.len()
+    }
+
+    /// The number of values.
+    pub fn len(&self) -> usize {
+        self.inner.data.len()
+    }
+
+    /// `true` when the tensor holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.inner.data.is_empty()
+    }
+
+    /// Where the data lives.
+    pub fn device(&self) -> Device {
+        self.inner.device
+    }
+
+    /// The values, row-major.
+    pub fn data(&self) -> &[f32] {
+        &self.inner.data
+    }
+
+    /// The values as an ndarray view.
+    pub fn view(&self) -> ArrayViewD<'_, f32> {
+        match ArrayViewD::from_shape(IxDyn(&self.inner.shape), &self.inner.data) {
+            Ok(view) => view,
+            Err(_) => {
+                unreachable!("a tensor's data always fills its shape (checked on construction)")
+            }
+        }
+    }
+
+    /// The values copied into an ndarray array.
+    pub fn to_array(&self) -> ArrayD<f32> {
+        self.view().to_owned()
+    }
+
+    /// The single value of a one-element tensor.
+    ///
+    /// # Errors
+    ///
+    /// When the tensor does not hold exactly one value.
+    pub fn item(&self) -> Result<f32, TensorError> {
+        match self.data() {
+            [value] => Ok(*value),
+            other => Err(TensorError::invalid(
+                "item",
+                format!("the tensor holds {} values, not 1", other.len()),
+            )),
+        }
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let preview: Vec<f32> = self.data().iter().take(8).copied().collect();
+        f.debug_struct("Tensor")
+            .field("shape", &self.shape())
+            .field("device", &self.device())
+            .field("requires_grad", &self.requires_grad())
+            .field(
+                "data",
+                &format_args!("{preview:?}{}", if self.len() > 8 { " …" } else { "" }),
+            )
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constructors_check_that_data_fills_the_shape() {
+        assert!(Tensor::from_vec(vec![1.0; 6], &[2, 3]).is_ok());
+        let err = Tensor::from_vec(vec![1.0; 5], &[2, 3]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "from_vec: 5 values do not fill shape [2, 3]"
+        );
+        assert!(Tensor::parameter(vec![], &[usize::MAX, 2]).is_err());
+    }
+
+    #[test]
+    fn clones_share_data_and_identity() {
+        let t = Tensor::from_vec(vec![1.0, 2.0], &[2]).unwrap();
+        let u = t.clone();
+        assert_eq!(t.id(), u.id());
+        assert!(std::ptr::eq(t.data().as_ptr(), u.data().as_ptr()));
+        assert_ne!(t.detach().id(), t.id());
+    }
+
+    #[test]
+    fn ndarray_round_trips() {
+        let a = ndarray::Array::from_shape_fn((2, 3), |(i, j)| (i * 3 + j) as f32).into_dyn();
+        let t = Tensor::from_array(&a.t());
+        assert_eq!(t.shape(), [3, 2]);
+        assert_eq!(t.to_array(), a.t().to_owned());
+        assert_eq!(Tensor::scalar(2.5).item(), Ok(2.5));
+        assert!(t.item().is_err());
+    }
+}

@@ -1,0 +1,256 @@
+//! Every operation's backward rule against central finite differences, on random shapes and
+//! values, including broadcasting and padding edge cases.
+//!
+//! The check: for a random weighting `R` of the output, the analytic gradient of
+//! `L = Σ op(inputs) · R` must match `(L(x + h) − L(x − h)) / 2h` for every input value.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test helper that meets an error must fail the test loudly"
+)]
+
+use lockstep_tensor::ops::{self, Padding};
+use lockstep_tensor::{Tensor, TensorError};
+use proptest::prelude::*;
+
+const H: f32 = 1e-2;
+
+fn weighted_sum(out: &Tensor, weights: &[f32]) -> f64 {
+    out.data()
+        .iter()
+        .zip(weights)
+        .map(|(&o, &w)| f64::from(o) * f64::from(w))
+        .sum()
+}
+
+fn check<F>(inputs: &[(Vec<f32>, Vec<usize>)], op: &F) -> Result<(), TestCaseError>
+where
+    F: Fn(&[Tensor]) -> Result<Tensor, TensorError>,
+{
+    let params: Vec<Tensor> = inputs
+        .iter()
+        .map(|(d, s)| Tensor::parameter(d.clone(), s).unwrap())
+        .collect();
+    let out = op(&params).unwrap();
+    let weights: Vec<f32> = (0..out.len())
+        .map(|i| ((i * 7 + 3) % 11) as f32 / 5.0 - 1.0)
+        .collect();
+    let r = Tensor::from_vec(weights.clone(), out.shape()).unwrap();
+    let loss = ops::sum(
+        &ops::mul(&out, &r).unwrap(),
+        &(0..out.rank()).collect::<Vec<_>>(),
+        false,
+    )
+    .unwrap();
+    let grads = loss.backward().unwrap();
+    for (which, (data, shape)) in inputs.iter().enumerate() {
+        let analytic = grads
+            .get(&params[which])
+            .map_or_else(|| vec![0.0; data.len()], |g| g.data().to_vec());
+        prop_assert_eq!(analytic.len(), data.len());
+        for i in 0..data.len() {
+            let at = |delta: f32| {
+                let mut moved = data.clone();
+                moved[i] += delta;
+                let mut args: Vec<Tensor> = params.iter().map(Tensor::detach).collect();
+                args[which] = Tensor::from_vec(moved, shape).unwrap();
+                weighted_sum(&op(&args).unwrap(), &weights)
+            };
+            let numeric = ((at(H) - at(-H)) / (2.0 * f64::from(H))) as f32;
+            let tolerance = 2e-2 * (1.0 + numeric.abs().max(analytic[i].abs()));
+            prop_assert!(
+                (numeric - analytic[i]).abs() <= tolerance,
+                "input {} element {}: analytic {} vs numeric {}",
+                which,
+                i,
+                analytic[i],
+                numeric
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Values in ±[0.1, 2]: away from zero, where relu and division are smooth.
+fn values(len: usize) -> impl Strategy<Value = Vec<f32>> {
+    prop::collection::vec(
+        (0.1_f32..2.0, any::<bool>()).prop_map(|(v, neg)| if neg { -v } else { v }),
+        len,
+    )
+}
+
+/// Distinct values 0.1 apart in random order, so every max is unique by more than 2h.
+fn distinct(len: usize) -> impl Strategy<Value = Vec<f32>> {
+    Just((0..len).map(|i| i as f32 * 0.1 - 1.0).collect::<Vec<_>>()).prop_shuffle()
+}
+
+fn dims(max: usize) -> impl Strategy<Value = usize> {
+    1..=max
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matmul_gradients((m, k, n) in (dims(4), dims(4), dims(4)), seed in any::<u64>()) {
+        let a = (0..m * k).map(|i| ((i as u64 ^ seed) % 17) as f32 / 8.0 - 1.0).collect();
+        let b = (0..k * n).map(|i| (((i as u64 * 3) ^ seed) % 13) as f32 / 6.0 - 1.0).collect();
+        check(&[(a, vec![m, k]), (b, vec![k, n])], &|t| ops::matmul(&t[0], &t[1]))?;
+    }
+
+    #[test]
+    fn broadcasting_arithmetic_gradients(
+        (m, n) in (dims(3), dims(4)),
+        pattern in 0..5_usize,
+        a in values(12),
+        b in values(12),
+    ) {
+        let (sa, sb): (Vec<usize>, Vec<usize>) = match pattern {
+            0 => (vec![m, n], vec![m, n]),
+            1 => (vec![m, n], vec![n]),
+            2 => (vec![m, 1], vec![1, n]),
+            3 => (vec![], vec![m, n]),
+            _ => (vec![2, m, n], vec![m, 1]),
+        };
+        let (la, lb) = (sa.iter().product::<usize>(), sb.iter().product::<usize>());
+        let inputs = [(a[..la].to_vec(), sa), (b[..lb].to_vec(), sb)];
+        check(&inputs, &|t| ops::add(&t[0], &t[1]))?;
+        check(&inputs, &|t| ops::sub(&t[0], &t[1]))?;
+        check(&inputs, &|t| ops::mul(&t[0], &t[1]))?;
+        check(&inputs, &|t| ops::div(&t[0], &t[1]))?;
+    }
+
+    #[test]
+    fn bias_add_relu_scale_and_log_gradients((m, n) in (dims(4), dims(5)), x in values(20), b in values(5)) {
+        let inputs = [(x[..m * n].to_vec(), vec![m, n]), (b[..n].to_vec(), vec![n])];
+        check(&inputs, &|t| Ok(ops::relu(&ops::bias_add(&t[0], &t[1])?)))?;
+        check(&inputs[..1], &|t| Ok(ops::scale(&t[0], -1.5)))?;
+        let positive: Vec<f32> = x[..m * n].iter().map(|v| v.abs() + 0.5).collect();
+        check(&[(positive, vec![m, n])], &|t| Ok(ops::log(&t[0])))?;
+        check(&inputs[..1], &|t| ops::clip(&t[0], -0.05, 0.05))?;
+    }
+
+    #[test]
+    fn conv2d_gradients(
+        batch in dims(2), (h, w) in (3..6_usize, 3..6_usize), (c_in, c_out) in (dims(2), dims(3)),
+        (kh, kw) in (dims(3), dims(3)), stride in (dims(2), dims(2)), same: bool, seed in any::<u64>(),
+    ) {
+        let padding = if same { Padding::Same } else { Padding::Valid };
+        let x = (0..batch * h * w * c_in).map(|i| (((i as u64 * 5) ^ seed) % 19) as f32 / 9.0 - 1.0).collect();
+        let k = (0..kh * kw * c_in * c_out).map(|i| (((i as u64 * 3) ^ seed) % 11) as f32 / 5.0 - 1.0).collect();
+        check(&[(x, vec![batch, h, w, c_in]), (k, vec![kh, kw, c_in, c_out])], &|t| ops::conv2d(&t[0], &t[1], stride, padding))?;
+    }
+
+    #[test]
+    fn max_pool_gradients(
+        batch in dims(2), (h, w) in (2..7_usize, 2..7_usize), c in dims(3), pool in (dims(3), dims(3)),
+        stride in (dims(3), dims(3)), same: bool, x in distinct(2 * 6 * 6 * 3),
+    ) {
+        let padding = if same { Padding::Same } else { Padding::Valid };
+        prop_assume!(same || (pool.0 <= h && pool.1 <= w));
+        let len = batch * h * w * c;
+        check(&[(x[..len].to_vec(), vec![batch, h, w, c])], &|t| ops::max_pool2d(&t[0], pool, stride, padding))?;
+    }
+
+    #[test]
+    fn reduction_and_reshape_gradients(shape in prop::collection::vec(dims(3), 1..4), x in values(27), axes_mask in 0..8_u8, keep: bool) {
+        let len = shape.iter().product::<usize>();
+        let axes: Vec<usize> = (0..shape.len()).filter(|a| axes_mask & (1 << a) != 0).collect();
+        let inputs = [(x[..len].to_vec(), shape.clone())];
+        check(&inputs, &|t| ops::sum(&t[0], &axes, keep))?;
+        check(&inputs, &|t| ops::mean(&t[0], &axes, keep))?;
+        check(&inputs, &|t| ops::reshape(&t[0], &[len]))?;
+        check(&inputs, &|t| ops::flatten(&t[0]))?;
+    }
+
+    #[test]
+    fn softmax_family_gradients(
+        (rows, classes) in (dims(4), 2..6_usize), x in prop::collection::vec(-3.0_f32..3.0, 24), labels in prop::collection::vec(0..6_usize, 4),
+    ) {
+        let inputs = [(x[..rows * classes].to_vec(), vec![rows, classes])];
+        let labels: Vec<usize> = labels[..rows].iter().map(|l| l % classes).collect();
+        check(&inputs, &|t| ops::log_softmax(&t[0]))?;
+        check(&inputs, &|t| ops::softmax(&t[0]))?;
+        check(&inputs, &|t| ops::sparse_softmax_cross_entropy_with_logits(&t[0], &labels))?;
+    }
+
+    #[test]
+    fn dropout_gradients(x in values(24), rate in 0.0_f32..0.9, seed in any::<u64>()) {
+        check(&[(x, vec![4, 6])], &|t| ops::dropout(&t[0], rate, seed))?;
+    }
+}
+
+#[test]
+fn cross_entropy_is_stable_for_huge_logits() {
+    let logits = Tensor::parameter(vec![1e30, -1e30, 3e38, 0.0], &[2, 2]).unwrap();
+    let loss = ops::sparse_softmax_cross_entropy_with_logits(&logits, &[1, 0]).unwrap();
+    assert!(loss.data().iter().all(|l| l.is_finite()), "{loss:?}");
+    let total = ops::sum(&loss, &[0], false).unwrap();
+    let grads = total.backward().unwrap();
+    assert!(
+        grads
+            .get(&logits)
+            .unwrap()
+            .data()
+            .iter()
+            .all(|g| g.is_finite())
+    );
+}
+
+#[test]
+fn bad_shapes_and_arguments_are_errors_not_panics() {
+    let a = Tensor::zeros(&[2, 3]);
+    assert!(ops::matmul(&a, &a).is_err());
+    assert!(ops::matmul(&a, &Tensor::zeros(&[3])).is_err());
+    assert!(ops::bias_add(&a, &Tensor::zeros(&[2])).is_err());
+    assert!(ops::reshape(&a, &[4]).is_err());
+    assert!(ops::sum(&a, &[2], false).is_err());
+    assert!(ops::sum(&a, &[0, 0], false).is_err());
+    assert!(ops::sparse_softmax_cross_entropy_with_logits(&a, &[0]).is_err());
+    assert!(ops::sparse_softmax_cross_entropy_with_logits(&a, &[0, 3]).is_err());
+    assert!(ops::dropout(&a, 1.0, 0).is_err());
+    assert!(ops::clip(&a, 1.0, 0.0).is_err());
+    assert!(ops::softmax(&Tensor::scalar(1.0)).is_err());
+    assert!(ops::flatten(&Tensor::scalar(1.0)).is_err());
+    assert!(
+        ops::conv2d(
+            &Tensor::zeros(&[1, 2, 2, 1]),
+            &Tensor::zeros(&[3, 3, 1, 1]),
+            (1, 1),
+            Padding::Valid
+        )
+        .is_err()
+    );
+    assert!(Tensor::zeros(&[2]).backward().is_err());
+}
+
+#[test]
+fn results_are_bit_identical_from_run_to_run() {
+    let run = || {
+        let x = Tensor::from_vec(
+            (0..64 * 28 * 28)
+                .map(|i| ((i * 31) % 97) as f32 / 97.0)
+                .collect(),
+            &[64, 28, 28, 1],
+        )
+        .unwrap();
+        let k = Tensor::parameter(
+            (0..9 * 8)
+                .map(|i| ((i * 13) % 7) as f32 / 7.0 - 0.5)
+                .collect(),
+            &[3, 3, 1, 8],
+        )
+        .unwrap();
+        let y = ops::max_pool2d(
+            &ops::relu(&ops::conv2d(&x, &k, (1, 1), Padding::Valid).unwrap()),
+            (2, 2),
+            (2, 2),
+            Padding::Valid,
+        )
+        .unwrap();
+        let loss = ops::mean(&y, &[0, 1, 2, 3], false).unwrap();
+        let grads = loss.backward().unwrap();
+        (y.data().to_vec(), grads.get(&k).unwrap().data().to_vec())
+    };
+    assert_eq!(run(), run());
+}
