@@ -25,8 +25,8 @@ pub enum Reduction {
 /// let loss = SparseCategoricalCrossentropy { from_logits: true, reduction: Reduction::SumOverBatchSize };
 /// let logits = Tensor::from_vec(vec![0.0, 0.0, 0.0, 0.0], &[2, 2])?;
 /// let value = loss.call(&logits, &[0, 1])?;
-/// assert!((value.item().unwrap() - 2.0_f32.ln()).abs() < 1e-6);
-/// # Ok::<(), lockstep_nn::NnError>(())
+/// assert!((value.item()? - 2.0_f32.ln()).abs() < 1e-6);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SparseCategoricalCrossentropy {
