@@ -5,15 +5,16 @@ use std::collections::{HashMap, HashSet};
 use crate::error::TensorError;
 use crate::tensor::{Grad, Tensor, TensorId};
 
-/// An operation's backward rule: from the gradient of its output, the gradients of its inputs
-/// (in input order; `None` for inputs that need none).
+/// An operation's backward rule: from the gradient of its output (and the output itself, handed
+/// over at call time so no rule has to hold on to its own result), the gradients of its inputs
+/// in input order (`None` for inputs that need none).
 pub(crate) trait Backward:
-    Fn(&Tensor) -> Result<Vec<Option<Tensor>>, TensorError> + Send + Sync + 'static
+    Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>, TensorError> + Send + Sync + 'static
 {
 }
 
 impl<F> Backward for F where
-    F: Fn(&Tensor) -> Result<Vec<Option<Tensor>>, TensorError> + Send + Sync + 'static
+    F: Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>, TensorError> + Send + Sync + 'static
 {
 }
 
@@ -86,7 +87,7 @@ impl Tensor {
                     result.by_id.insert(node.id(), grad);
                 }
                 Grad::Node(f) => {
-                    let input_grads = (f.backward)(&grad)?;
+                    let input_grads = (f.backward)(&grad, node)?;
                     for (input, input_grad) in f.inputs.iter().zip(input_grads) {
                         let Some(input_grad) = input_grad else {
                             continue;

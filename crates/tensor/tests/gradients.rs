@@ -2,7 +2,8 @@
 //! values, including broadcasting and padding edge cases.
 //!
 //! The check: for a random weighting `R` of the output, the analytic gradient of
-//! `L = Σ op(inputs) · R` must match `(L(x + h) − L(x − h)) / 2h` for every input value.
+//! `L = Σ op(inputs) · R` must match `(L(x + h) − L(x − h)) / 2h` for every input value where
+//! `L` is smooth (the one-sided differences agree).
 
 #![allow(
     clippy::unwrap_used,
@@ -56,7 +57,14 @@ where
                 args[which] = Tensor::from_vec(moved, shape).unwrap();
                 weighted_sum(&op(&args).unwrap(), &weights)
             };
-            let numeric = ((at(H) - at(-H)) / (2.0 * f64::from(H))) as f32;
+            let (up, here, down) = (at(H), at(0.0), at(-H));
+            let (forward, backward) = ((up - here) / f64::from(H), (here - down) / f64::from(H));
+            if (forward - backward).abs() > 1e-2 * (1.0 + forward.abs().max(backward.abs())) {
+                // A kink (relu at 0, a max changing hands) lies within ±h: the function has
+                // no derivative to compare with here.
+                continue;
+            }
+            let numeric = ((up - down) / (2.0 * f64::from(H))) as f32;
             let tolerance = 2e-2 * (1.0 + numeric.abs().max(analytic[i].abs()));
             prop_assert!(
                 (numeric - analytic[i]).abs() <= tolerance,
@@ -102,8 +110,8 @@ proptest! {
     fn broadcasting_arithmetic_gradients(
         (m, n) in (dims(3), dims(4)),
         pattern in 0..5_usize,
-        a in values(12),
-        b in values(12),
+        a in values(24),
+        b in values(24),
     ) {
         let (sa, sb): (Vec<usize>, Vec<usize>) = match pattern {
             0 => (vec![m, n], vec![m, n]),
@@ -139,6 +147,35 @@ proptest! {
         let x = (0..batch * h * w * c_in).map(|i| (((i as u64 * 5) ^ seed) % 19) as f32 / 9.0 - 1.0).collect();
         let k = (0..kh * kw * c_in * c_out).map(|i| (((i as u64 * 3) ^ seed) % 11) as f32 / 5.0 - 1.0).collect();
         check(&[(x, vec![batch, h, w, c_in]), (k, vec![kh, kw, c_in, c_out])], &|t| ops::conv2d(&t[0], &t[1], stride, padding))?;
+    }
+
+    #[test]
+    fn fused_conv_and_dense_gradients(
+        (h, w) in (3..6_usize, 3..6_usize), (c_in, c_out) in (dims(2), dims(3)), relu: bool, same: bool, x in values(2 * 5 * 5 * 2), k in values(9 * 2 * 3), b in values(3),
+    ) {
+        let padding = if same { Padding::Same } else { Padding::Valid };
+        let inputs = [
+            (x[..2 * h * w * c_in].to_vec(), vec![2, h, w, c_in]),
+            (k[..9 * c_in * c_out].to_vec(), vec![3, 3, c_in, c_out]),
+            (b[..c_out].to_vec(), vec![c_out]),
+        ];
+        prop_assume!(same || (h >= 3 && w >= 3));
+        check(&inputs, &|t| ops::conv2d_bias_relu(&t[0], &t[1], Some(&t[2]), relu, (1, 1), padding))?;
+        check(&inputs[..2], &|t| ops::conv2d_bias_relu(&t[0], &t[1], None, relu, (1, 1), padding))?;
+        let dense_inputs = [(x[..4 * c_in * 3].to_vec(), vec![4, c_in * 3]), (k[..c_in * 3 * c_out].to_vec(), vec![c_in * 3, c_out]), (b[..c_out].to_vec(), vec![c_out])];
+        check(&dense_inputs, &|t| ops::dense(&t[0], &t[1], Some(&t[2]), relu))?;
+    }
+
+    #[test]
+    fn fused_operations_equal_their_separate_parts(x in values(2 * 5 * 5 * 2), k in values(9 * 2 * 3), b in values(3)) {
+        let x = Tensor::from_vec(x, &[2, 5, 5, 2]).unwrap();
+        let k = Tensor::from_vec(k, &[3, 3, 2, 3]).unwrap();
+        let b = Tensor::from_vec(b, &[3]).unwrap();
+        let fused = ops::conv2d_bias_relu(&x, &k, Some(&b), true, (1, 1), Padding::Valid).unwrap();
+        let separate = ops::relu(&ops::bias_add(&ops::conv2d(&x, &k, (1, 1), Padding::Valid).unwrap(), &b).unwrap());
+        for (f, s) in fused.data().iter().zip(separate.data()) {
+            prop_assert!((f - s).abs() <= 1e-5 * (1.0 + s.abs()), "{} vs {}", f, s);
+        }
     }
 
     #[test]

@@ -135,10 +135,14 @@ impl Layer for Conv2D {
         params: &[Tensor],
         _ctx: ForwardContext,
     ) -> Result<Tensor, NnError> {
-        let mut y = ops::conv2d(x, &params[0], self.strides, self.padding).in_layer(name)?;
-        if self.use_bias {
-            y = ops::bias_add(&y, &params[1]).in_layer(name)?;
+        let bias = self.use_bias.then(|| &params[1]);
+        let relu = self.activation == Activation::Relu;
+        let y = ops::conv2d_bias_relu(x, &params[0], bias, relu, self.strides, self.padding)
+            .in_layer(name)?;
+        if relu {
+            Ok(y)
+        } else {
+            self.activation.apply(y, name)
         }
-        self.activation.apply(y, name)
     }
 }

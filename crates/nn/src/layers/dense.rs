@@ -111,10 +111,17 @@ impl Layer for Dense {
         } else {
             ops::reshape(x, &[leading.iter().product(), last]).in_layer(name)?
         };
-        let mut y = ops::matmul(&flat, &params[0]).in_layer(name)?;
-        if self.use_bias {
-            y = ops::bias_add(&y, &params[1]).in_layer(name)?;
-        }
+        let bias = self.use_bias.then(|| &params[1]);
+        let mut y = match self.activation {
+            Activation::Linear | Activation::Relu => {
+                ops::dense(&flat, &params[0], bias, self.activation == Activation::Relu)
+                    .in_layer(name)?
+            }
+            other @ Activation::Softmax => other.apply(
+                ops::dense(&flat, &params[0], bias, false).in_layer(name)?,
+                name,
+            )?,
+        };
         if x.rank() != 2 {
             let shape: Vec<usize> = x.shape()[..x.rank() - 1]
                 .iter()
@@ -123,6 +130,6 @@ impl Layer for Dense {
                 .collect();
             y = ops::reshape(&y, &shape).in_layer(name)?;
         }
-        self.activation.apply(y, name)
+        Ok(y)
     }
 }

@@ -64,7 +64,12 @@ pub(crate) fn im2col(input: &[f32], g: &Geometry) -> Vec<f32> {
                         if let Some((y, x)) = g.source(oy, ox, ky, kx) {
                             let at = (ky * g.kernel_w + kx) * c;
                             let from = (y * g.width + x) * c;
-                            row[at..at + c].copy_from_slice(&image[from..from + c]);
+                            if c == 1 {
+                                // One channel (a first layer): a plain store beats a slice copy.
+                                row[at] = image[from];
+                            } else {
+                                row[at..at + c].copy_from_slice(&image[from..from + c]);
+                            }
                         }
                     }
                 }
@@ -103,16 +108,18 @@ pub(crate) fn col2im(cols: &[f32], g: &Geometry) -> Vec<f32> {
 }
 
 /// Forward convolution: returns `(output [batch, out_h, out_w, filters], im2col rows)`; the
-/// rows are kept for the kernel's gradient.
+/// rows are kept for the kernel's gradient. With a bias, the output starts as the bias and the
+/// product accumulates onto it: no separate pass.
 pub(crate) fn conv2d(
     input: &[f32],
     kernel: &[f32],
+    bias: Option<&[f32]>,
     filters: usize,
     g: &Geometry,
 ) -> (Vec<f32>, Vec<f32>) {
     let rows = g.batch * g.out_pixels();
     let cols = im2col(input, g);
-    let mut out = vec![0.0_f32; rows * filters];
+    let mut out = super::elementwise::repeat_rows(bias, rows, filters);
     matmul(
         &mut out,
         MatRef {
@@ -127,7 +134,7 @@ pub(crate) fn conv2d(
             cols: filters,
             transposed: false,
         },
-        false,
+        bias.is_some(),
     );
     (out, cols)
 }

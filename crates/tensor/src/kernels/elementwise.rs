@@ -47,3 +47,27 @@ pub(crate) fn add_rows(x: &[f32], bias: &[f32], f: impl Fn(f32) -> f32 + Sync) -
         });
     out
 }
+
+/// `rows` copies of `row` back to back (zeros without a row): the starting value of an output
+/// that a GEMM accumulates onto.
+pub(crate) fn repeat_rows(row: Option<&[f32]>, rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0_f32; rows * cols];
+    if let Some(row) = row {
+        let rows_per_task = (CHUNK / cols.max(1)).max(1);
+        out.par_chunks_mut(rows_per_task * cols).for_each(|block| {
+            for dst in block.chunks_exact_mut(cols) {
+                dst.copy_from_slice(row);
+            }
+        });
+    }
+    out
+}
+
+/// `max(x, 0)` in place.
+pub(crate) fn relu_in_place(x: &mut [f32]) {
+    x.par_chunks_mut(CHUNK).for_each(|chunk| {
+        for v in chunk {
+            *v = v.max(0.0);
+        }
+    });
+}

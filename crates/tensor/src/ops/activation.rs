@@ -7,18 +7,24 @@ use crate::tensor::Tensor;
 /// `max(x, 0)`.
 pub fn relu(x: &Tensor) -> Tensor {
     let out = elementwise::map(x.data(), |v| v.max(0.0));
-    let input = x.clone();
-    Tensor::from_op(out, x.shape().to_vec(), &[x], move |g| {
-        let d = elementwise::zip(g.data(), input.data(), |g, v| if v > 0.0 { g } else { 0.0 });
-        Ok(vec![Some(Tensor::raw(d, input.shape().to_vec()))])
+    Tensor::from_op(out, x.shape().to_vec(), &[x], |g, y| {
+        Ok(vec![Some(relu_grad(g, y))])
     })
+}
+
+/// The gradient through a relu, from its output: it passed exactly where the output is positive.
+pub(crate) fn relu_grad(g: &Tensor, y: &Tensor) -> Tensor {
+    Tensor::raw(
+        elementwise::zip(g.data(), y.data(), |g, y| if y > 0.0 { g } else { 0.0 }),
+        y.shape().to_vec(),
+    )
 }
 
 /// Natural logarithm.
 pub fn log(x: &Tensor) -> Tensor {
     let out = elementwise::map(x.data(), f32::ln);
     let input = x.clone();
-    Tensor::from_op(out, x.shape().to_vec(), &[x], move |g| {
+    Tensor::from_op(out, x.shape().to_vec(), &[x], move |g, _| {
         Ok(vec![Some(Tensor::raw(
             elementwise::zip(g.data(), input.data(), |g, v| g / v),
             input.shape().to_vec(),
@@ -40,12 +46,17 @@ pub fn clip(x: &Tensor, min: f32, max: f32) -> Result<Tensor, TensorError> {
     }
     let out = elementwise::map(x.data(), |v| v.clamp(min, max));
     let input = x.clone();
-    Ok(Tensor::from_op(out, x.shape().to_vec(), &[x], move |g| {
-        let d = elementwise::zip(g.data(), input.data(), |g, v| {
-            if (min..=max).contains(&v) { g } else { 0.0 }
-        });
-        Ok(vec![Some(Tensor::raw(d, input.shape().to_vec()))])
-    }))
+    Ok(Tensor::from_op(
+        out,
+        x.shape().to_vec(),
+        &[x],
+        move |g, _| {
+            let d = elementwise::zip(g.data(), input.data(), |g, v| {
+                if (min..=max).contains(&v) { g } else { 0.0 }
+            });
+            Ok(vec![Some(Tensor::raw(d, input.shape().to_vec()))])
+        },
+    ))
 }
 
 /// Softmax over the last axis.
@@ -63,7 +74,7 @@ pub fn softmax(x: &Tensor) -> Result<Tensor, TensorError> {
         .map(f32::exp)
         .collect();
     let (shape, y) = (x.shape().to_vec(), probs.clone());
-    Ok(Tensor::from_op(probs, shape.clone(), &[x], move |g| {
+    Ok(Tensor::from_op(probs, shape.clone(), &[x], move |g, _| {
         let mut d = vec![0.0_f32; y.len()];
         for ((d, y), g) in d
             .chunks_exact_mut(cols)

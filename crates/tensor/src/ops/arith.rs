@@ -46,7 +46,7 @@ fn stretched(t: &Tensor, shape: &[usize]) -> Vec<f32> {
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
     let (data, shape) = binary("add", a, b, |x, y| x + y)?;
     let (sa, sb, out) = (a.shape().to_vec(), b.shape().to_vec(), shape.clone());
-    Ok(Tensor::from_op(data, shape, &[a, b], move |g| {
+    Ok(Tensor::from_op(data, shape, &[a, b], move |g, _| {
         Ok(vec![
             Some(Tensor::raw(sum_to(g.data(), &out, &sa), sa.clone())),
             Some(Tensor::raw(sum_to(g.data(), &out, &sb), sb.clone())),
@@ -62,7 +62,7 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
 pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
     let (data, shape) = binary("sub", a, b, |x, y| x - y)?;
     let (sa, sb, out) = (a.shape().to_vec(), b.shape().to_vec(), shape.clone());
-    Ok(Tensor::from_op(data, shape, &[a, b], move |g| {
+    Ok(Tensor::from_op(data, shape, &[a, b], move |g, _| {
         let neg: Vec<f32> = g.data().iter().map(|v| -v).collect();
         Ok(vec![
             Some(Tensor::raw(sum_to(g.data(), &out, &sa), sa.clone())),
@@ -79,7 +79,7 @@ pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
 pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
     let (data, shape) = binary("mul", a, b, |x, y| x * y)?;
     let (ca, cb, out) = (a.clone(), b.clone(), shape.clone());
-    Ok(Tensor::from_op(data, shape, &[a, b], move |g| {
+    Ok(Tensor::from_op(data, shape, &[a, b], move |g, _| {
         let (va, vb) = (stretched(&ca, &out), stretched(&cb, &out));
         let da = elementwise::zip(g.data(), &vb, |g, y| g * y);
         let db = elementwise::zip(g.data(), &va, |g, x| g * x);
@@ -104,7 +104,7 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
 pub fn div(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
     let (data, shape) = binary("div", a, b, |x, y| x / y)?;
     let (ca, cb, out) = (a.clone(), b.clone(), shape.clone());
-    Ok(Tensor::from_op(data, shape, &[a, b], move |g| {
+    Ok(Tensor::from_op(data, shape, &[a, b], move |g, _| {
         let (va, vb) = (stretched(&ca, &out), stretched(&cb, &out));
         let da = elementwise::zip(g.data(), &vb, |g, y| g / y);
         let db: Vec<f32> = g
@@ -131,7 +131,7 @@ pub fn div(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
 pub fn scale(x: &Tensor, factor: f32) -> Tensor {
     let data = elementwise::map(x.data(), |v| v * factor);
     let shape = x.shape().to_vec();
-    Tensor::from_op(data, shape.clone(), &[x], move |g| {
+    Tensor::from_op(data, shape.clone(), &[x], move |g, _| {
         Ok(vec![Some(Tensor::raw(
             elementwise::map(g.data(), |v| v * factor),
             shape.clone(),
@@ -156,10 +156,15 @@ pub fn bias_add(x: &Tensor, bias: &Tensor) -> Result<Tensor, TensorError> {
     }
     let data = elementwise::add_rows(x.data(), bias.data(), |v| v);
     let shape = x.shape().to_vec();
-    Ok(Tensor::from_op(data, shape.clone(), &[x, bias], move |g| {
-        Ok(vec![
-            Some(Tensor::raw(g.data().to_vec(), shape.clone())),
-            Some(Tensor::raw(reduce::sum_rows(g.data(), c), vec![c])),
-        ])
-    }))
+    Ok(Tensor::from_op(
+        data,
+        shape.clone(),
+        &[x, bias],
+        move |g, _| {
+            Ok(vec![
+                Some(Tensor::raw(g.data().to_vec(), shape.clone())),
+                Some(Tensor::raw(reduce::sum_rows(g.data(), c), vec![c])),
+            ])
+        },
+    ))
 }

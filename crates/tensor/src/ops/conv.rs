@@ -45,7 +45,7 @@ fn output_size(
     }
 }
 
-fn geometry(
+pub(crate) fn geometry(
     op: &'static str,
     input: &[usize],
     window: (usize, usize),
@@ -120,13 +120,13 @@ pub fn conv2d(
             ),
         ));
     }
-    let (out, cols) = conv_kernel(x.data(), kernel.data(), filters, &g);
+    let (out, cols) = conv_kernel(x.data(), kernel.data(), None, filters, &g);
     let (input, weights) = (x.clone(), kernel.clone());
     Ok(Tensor::from_op(
         out,
         vec![g.batch, g.out_h, g.out_w, filters],
         &[x, kernel],
-        move |d| {
+        move |d, _| {
             // The first layer's input needs no gradient: skip the costliest product there.
             let dx = input.requires_grad().then(|| {
                 Tensor::raw(
@@ -163,7 +163,7 @@ pub fn max_pool2d(
         out,
         vec![g.batch, g.out_h, g.out_w, g.channels],
         &[x],
-        move |d| {
+        move |d, _| {
             Ok(vec![Some(Tensor::raw(
                 pool::max_pool_grad(d.data(), &argmax, &g),
                 shape.clone(),

@@ -33,7 +33,7 @@ pub fn dropout(x: &Tensor, rate: f32, seed: u64) -> Result<Tensor, TensorError> 
         .collect();
     let out = x.data().iter().zip(&mask).map(|(v, m)| v * m).collect();
     let shape = x.shape().to_vec();
-    Ok(Tensor::from_op(out, shape.clone(), &[x], move |g| {
+    Ok(Tensor::from_op(out, shape.clone(), &[x], move |g, _| {
         Ok(vec![Some(Tensor::raw(
             g.data().iter().zip(&mask).map(|(g, m)| g * m).collect(),
             shape.clone(),

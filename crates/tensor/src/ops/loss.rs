@@ -23,7 +23,7 @@ pub fn log_softmax(x: &Tensor) -> Result<Tensor, TensorError> {
     let (_, classes) = rows_and_classes("log_softmax", x)?;
     let out = kernel::log_softmax(x.data(), classes);
     let (shape, y) = (x.shape().to_vec(), out.clone());
-    Ok(Tensor::from_op(out, shape.clone(), &[x], move |g| {
+    Ok(Tensor::from_op(out, shape.clone(), &[x], move |g, _| {
         let mut d = vec![0.0_f32; y.len()];
         for ((d, y), g) in d
             .chunks_exact_mut(classes)
@@ -75,15 +75,20 @@ pub fn sparse_softmax_cross_entropy_with_logits(
         ));
     }
     let (losses, grad) = kernel::sparse_softmax_cross_entropy(logits.data(), labels, classes);
-    Ok(Tensor::from_op(losses, vec![rows], &[logits], move |g| {
-        let mut d = grad.clone();
-        for (row, &scale) in d.chunks_exact_mut(classes).zip(g.data()) {
-            for v in row {
-                *v *= scale;
+    Ok(Tensor::from_op(
+        losses,
+        vec![rows],
+        &[logits],
+        move |g, _| {
+            let mut d = grad.clone();
+            for (row, &scale) in d.chunks_exact_mut(classes).zip(g.data()) {
+                for v in row {
+                    *v *= scale;
+                }
             }
-        }
-        Ok(vec![Some(Tensor::raw(d, vec![rows, classes]))])
-    }))
+            Ok(vec![Some(Tensor::raw(d, vec![rows, classes]))])
+        },
+    ))
 }
 
 /// The index of the largest value in each row of `[batch, classes]` (the first on ties).

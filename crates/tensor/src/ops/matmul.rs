@@ -29,7 +29,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
     let mut out = vec![0.0_f32; m * n];
     kernel(&mut out, plain(a, m, k), plain(b, k, n), false);
     let (ca, cb) = (a.clone(), b.clone());
-    Ok(Tensor::from_op(out, vec![m, n], &[a, b], move |g| {
+    Ok(Tensor::from_op(out, vec![m, n], &[a, b], move |g, _| {
         let da = ca.requires_grad().then(|| {
             let mut d = vec![0.0_f32; m * k];
             kernel(

@@ -61,7 +61,7 @@ pub fn sum(x: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor, TensorE
             .collect()
     };
     let input_shape = x.shape().to_vec();
-    Ok(Tensor::from_op(data, out_shape, &[x], move |g| {
+    Ok(Tensor::from_op(data, out_shape, &[x], move |g, _| {
         // Every input element receives the gradient of the sum it went into.
         let offsets = super::broadcast::source_offsets(&kept, &input_shape);
         let d = offsets.into_iter().map(|i| g.data()[i]).collect();

@@ -1,0 +1,79 @@
+//! SGEMM throughput (GFLOP/s) at square sizes and at the im2col shapes of the tutorial CNN,
+//! on 1 and 2 threads, with ndarray's own product beside it for a same-run ratio.
+//!
+//! `cargo bench -p lockstep-benches --bench kernels`
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use lockstep_tensor::kernels::gemm::{MatRef, matmul};
+use ndarray::Array2;
+
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("thread pool")
+}
+
+fn operands(m: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let a = (0..m * k).map(|i| ((i * 7) % 13) as f32 * 0.1).collect();
+    let b = (0..k * n).map(|i| ((i * 5) % 11) as f32 * 0.1).collect();
+    (a, b, vec![0.0; m * n])
+}
+
+fn sgemm(c: &mut Criterion) {
+    // (name, m, k, n): squares, then conv1 and conv2 of the CNN at batch 64, forward and the
+    // kernel gradient (colsᵀ · d_out), and the input gradient of conv2 (d_out · kernelᵀ).
+    let shapes = [
+        ("square_256", 256, 256, 256),
+        ("square_512", 512, 512, 512),
+        ("square_1024", 1024, 1024, 1024),
+        ("conv1_fwd_43264x9x32", 43_264, 9, 32),
+        ("conv2_fwd_7744x288x64", 7744, 288, 64),
+        ("conv2_kernel_grad_288x7744x64", 288, 7744, 64),
+        ("conv2_input_grad_7744x64x288", 7744, 64, 288),
+    ];
+    let mut group = c.benchmark_group("sgemm");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    for threads in [1, 2] {
+        let pool = pool(threads);
+        for &(name, m, k, n) in &shapes {
+            let (a, b, mut out) = operands(m, k, n);
+            group.throughput(Throughput::Elements((2 * m * k * n) as u64));
+            group.bench_function(BenchmarkId::new(name, format!("{threads}t")), |bench| {
+                pool.install(|| {
+                    bench.iter(|| {
+                        let lhs = MatRef {
+                            data: &a,
+                            rows: m,
+                            cols: k,
+                            transposed: false,
+                        };
+                        let rhs = MatRef {
+                            data: &b,
+                            rows: k,
+                            cols: n,
+                            transposed: false,
+                        };
+                        matmul(black_box(&mut out), lhs, rhs, false);
+                    });
+                });
+            });
+        }
+    }
+    // The reference: ndarray's `dot` (matrixmultiply, one thread).
+    let a = Array2::from_shape_fn((512, 512), |(i, j)| ((i * 7 + j) % 13) as f32 * 0.1);
+    group.throughput(Throughput::Elements(2 * 512 * 512 * 512));
+    group.bench_function(BenchmarkId::new("ndarray_dot_square_512", "1t"), |bench| {
+        bench.iter(|| black_box(a.dot(&a)));
+    });
+    group.finish();
+}
+
+criterion_group!(benches, sgemm);
+criterion_main!(benches);

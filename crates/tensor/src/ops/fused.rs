@@ -1,0 +1,204 @@
+//! Layer-sized operations: a product, its bias and a relu in one pass over the output. They
+//! give the same values as the separate operations; they exist because the separate passes
+//! over large activations (and their allocations) cost as much as the products themselves.
+
+use super::activation::relu_grad;
+use super::conv::{Padding, geometry};
+use crate::error::TensorError;
+use crate::kernels::conv::{conv2d as conv_kernel, conv2d_input_grad, conv2d_kernel_grad};
+use crate::kernels::elementwise::{relu_in_place, repeat_rows};
+use crate::kernels::gemm::{MatRef, matmul as gemm};
+use crate::kernels::reduce::sum_rows;
+use crate::tensor::Tensor;
+
+fn check_bias(
+    op: &'static str,
+    bias: Option<&Tensor>,
+    x: &Tensor,
+    units: usize,
+) -> Result<(), TensorError> {
+    match bias {
+        Some(b) if b.shape() != [units] => Err(TensorError::mismatch(
+            op,
+            x.shape(),
+            b.shape(),
+            format!("the bias must have shape [{units}]"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn inputs<'a>(first: &'a Tensor, second: &'a Tensor, bias: Option<&'a Tensor>) -> Vec<&'a Tensor> {
+    [first, second].into_iter().chain(bias).collect()
+}
+
+/// `relu?(conv2d(x, kernel) + bias)` — what a Keras `Conv2D` layer computes.
+///
+/// ```
+/// use lockstep_tensor::{Tensor, ops::{self, Padding}};
+///
+/// let x = Tensor::from_vec(vec![1.0, -2.0, 3.0, -4.0], &[1, 2, 2, 1])?;
+/// let k = Tensor::from_vec(vec![1.0], &[1, 1, 1, 1])?;
+/// let b = Tensor::from_vec(vec![0.5], &[1])?;
+/// let y = ops::conv2d_bias_relu(&x, &k, Some(&b), true, (1, 1), Padding::Valid)?;
+/// assert_eq!(y.data(), [1.5, 0.0, 3.5, 0.0]);
+/// # Ok::<(), lockstep_tensor::TensorError>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`super::conv2d`], and when the bias is not `[filters]`.
+pub fn conv2d_bias_relu(
+    x: &Tensor,
+    kernel: &Tensor,
+    bias: Option<&Tensor>,
+    relu: bool,
+    stride: (usize, usize),
+    padding: Padding,
+) -> Result<Tensor, TensorError> {
+    let &[kh, kw, c_in, filters] = kernel.shape() else {
+        return Err(TensorError::mismatch(
+            "conv2d",
+            x.shape(),
+            kernel.shape(),
+            "the kernel must be [kh, kw, c_in, c_out]",
+        ));
+    };
+    let g = geometry("conv2d", x.shape(), (kh, kw), stride, padding)?;
+    if g.channels != c_in {
+        return Err(TensorError::mismatch(
+            "conv2d",
+            x.shape(),
+            kernel.shape(),
+            format!(
+                "the input has {} channels, the kernel expects {c_in}",
+                g.channels
+            ),
+        ));
+    }
+    check_bias("conv2d", bias, x, filters)?;
+    let (mut out, cols) = conv_kernel(x.data(), kernel.data(), bias.map(Tensor::data), filters, &g);
+    if relu {
+        relu_in_place(&mut out);
+    }
+    let (input, weights, has_bias) = (x.clone(), kernel.clone(), bias.is_some());
+    let shape = vec![g.batch, g.out_h, g.out_w, filters];
+    Ok(Tensor::from_op(
+        out,
+        shape,
+        &inputs(x, kernel, bias),
+        move |d, y| {
+            let d = if relu { relu_grad(d, y) } else { d.clone() };
+            let mut grads = vec![
+                input.requires_grad().then(|| {
+                    Tensor::raw(
+                        conv2d_input_grad(weights.data(), d.data(), filters, &g),
+                        input.shape().to_vec(),
+                    )
+                }),
+                weights.requires_grad().then(|| {
+                    Tensor::raw(
+                        conv2d_kernel_grad(&cols, d.data(), filters, &g),
+                        weights.shape().to_vec(),
+                    )
+                }),
+            ];
+            if has_bias {
+                grads.push(Some(Tensor::raw(
+                    sum_rows(d.data(), filters),
+                    vec![filters],
+                )));
+            }
+            Ok(grads)
+        },
+    ))
+}
+
+/// `relu?(x · w + bias)` for `x [batch, in]`, `w [in, out]` — what a Keras `Dense` layer
+/// computes.
+///
+/// # Errors
+///
+/// When the shapes do not fit, or the bias is not `[out]`.
+pub fn dense(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    relu: bool,
+) -> Result<Tensor, TensorError> {
+    let (&[m, k], &[k2, n]) = (x.shape(), w.shape()) else {
+        return Err(TensorError::mismatch(
+            "dense",
+            x.shape(),
+            w.shape(),
+            "the input and kernel must be 2-D",
+        ));
+    };
+    if k != k2 {
+        return Err(TensorError::mismatch(
+            "dense",
+            x.shape(),
+            w.shape(),
+            format!("inner dimensions {k} and {k2} differ"),
+        ));
+    }
+    check_bias("dense", bias, x, n)?;
+    let mut out = repeat_rows(bias.map(Tensor::data), m, n);
+    gemm(&mut out, plain(x, m, k), plain(w, k, n), bias.is_some());
+    if relu {
+        relu_in_place(&mut out);
+    }
+    let (input, weights, has_bias) = (x.clone(), w.clone(), bias.is_some());
+    Ok(Tensor::from_op(
+        out,
+        vec![m, n],
+        &inputs(x, w, bias),
+        move |d, y| {
+            let d = if relu { relu_grad(d, y) } else { d.clone() };
+            let dx = input.requires_grad().then(|| {
+                let mut dx = vec![0.0_f32; m * k];
+                gemm(
+                    &mut dx,
+                    plain(&d, m, n),
+                    MatRef {
+                        data: weights.data(),
+                        rows: k,
+                        cols: n,
+                        transposed: true,
+                    },
+                    false,
+                );
+                Tensor::raw(dx, vec![m, k])
+            });
+            let dw = weights.requires_grad().then(|| {
+                let mut dw = vec![0.0_f32; k * n];
+                gemm(
+                    &mut dw,
+                    MatRef {
+                        data: input.data(),
+                        rows: m,
+                        cols: k,
+                        transposed: true,
+                    },
+                    plain(&d, m, n),
+                    false,
+                );
+                Tensor::raw(dw, vec![k, n])
+            });
+            let mut grads = vec![dx, dw];
+            if has_bias {
+                grads.push(Some(Tensor::raw(sum_rows(d.data(), n), vec![n])));
+            }
+            Ok(grads)
+        },
+    ))
+}
+
+fn plain(t: &Tensor, rows: usize, cols: usize) -> MatRef<'_> {
+    MatRef {
+        data: t.data(),
+        rows,
+        cols,
+        transposed: false,
+    }
+}
