@@ -1,0 +1,362 @@
+//! `Communicator`: the collectives a training step calls, over any transport.
+
+use std::time::{Duration, Instant};
+
+use crate::algorithm::{self, Algorithm};
+use crate::element::{Element, ReduceOp};
+use crate::error::CollectiveError;
+use crate::flight::{FlightRecord, FlightRecorder};
+use crate::header::{DType, Header, Kind, Op};
+use crate::session::Session;
+use crate::transport::{TcpOptions, TcpTransport, Transport};
+use lockstep_cluster::Cluster;
+
+/// Which algorithm an all-reduce uses, as `tf.distribute.experimental.CommunicationImplementation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Implementation {
+    /// [`Algorithm::Tree`] below [`AUTO_TREE_MAX_BYTES`], [`Algorithm::Ring`] above.
+    #[default]
+    Auto,
+    /// Always the ring.
+    Ring,
+    /// Always the tree.
+    Tree,
+    /// NCCL on GPUs; needs the CUDA backend, which these transports are not.
+    Nccl,
+}
+
+/// Buffers up to this size go through the tree under [`Implementation::Auto`]: its `2·log₂ n`
+/// steps beat the ring's `2(n−1)` when latency, not bandwidth, dominates. The crossover is to
+/// be confirmed by `cargo bench -p lockstep-benches --bench allreduce` (see
+/// `docs/PERFORMANCE.md`).
+pub const AUTO_TREE_MAX_BYTES: usize = 64 * 1024;
+
+/// Options of every collective on a communicator, as `tf.distribute.experimental.CommunicationOptions`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommunicationOptions {
+    /// The all-reduce algorithm.
+    pub implementation: Implementation,
+    /// Bytes per message: larger buffers are pipelined in pieces of this size.
+    pub bytes_per_pack: usize,
+    /// How long one collective may wait for its peers before failing.
+    pub timeout: Duration,
+}
+
+impl Default for CommunicationOptions {
+    fn default() -> Self {
+        Self {
+            implementation: Implementation::Auto,
+            bytes_per_pack: 1 << 20,
+            timeout: Duration::from_mins(5),
+        }
+    }
+}
+
+/// A rank's handle on a group: all-reduce, reduce-scatter, all-gather, broadcast and barrier.
+///
+/// Every rank must call the same collectives in the same order with matching sizes and types;
+/// a difference is detected ([`CollectiveError::Mismatch`]) rather than producing wrong data.
+/// Once a collective fails, the communicator refuses further ones
+/// ([`CollectiveError::Broken`]): peers may be anywhere in the protocol.
+pub struct Communicator<T: Transport> {
+    transport: T,
+    options: CommunicationOptions,
+    seq: u64,
+    broken: Option<String>,
+    recorder: FlightRecorder,
+}
+
+impl<T: Transport> Communicator<T> {
+    /// A communicator over a connected transport.
+    pub fn new(transport: T, options: CommunicationOptions) -> Self {
+        Self {
+            transport,
+            options,
+            seq: 0,
+            broken: None,
+            recorder: FlightRecorder::default(),
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.transport.rank()
+    }
+
+    /// The number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.transport.world_size()
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &CommunicationOptions {
+        &self.options
+    }
+
+    /// The algorithm an all-reduce of `bytes` bytes uses under the current options.
+    ///
+    /// # Errors
+    ///
+    /// For [`Implementation::Nccl`], which these transports cannot run.
+    pub fn algorithm_for(&self, bytes: usize) -> Result<Algorithm, CollectiveError> {
+        match self.options.implementation {
+            Implementation::Tree => Ok(Algorithm::Tree),
+            Implementation::Auto if bytes <= AUTO_TREE_MAX_BYTES => Ok(Algorithm::Tree),
+            Implementation::Ring | Implementation::Auto => Ok(Algorithm::Ring),
+            Implementation::Nccl => Err(CollectiveError::InvalidArgument {
+                op: "all_reduce",
+                why: "NCCL needs GPU buffers and the CUDA backend; use Ring, Tree or Auto on this transport".into(),
+            }),
+        }
+    }
+
+    /// The most recent collectives, oldest first.
+    pub fn flight_records(&self) -> impl Iterator<Item = &FlightRecord> {
+        self.recorder.records()
+    }
+
+    /// Runs one collective: numbering, deadline, tracing span, flight record, and on failure
+    /// the abort broadcast and the broken state.
+    fn run<E: Element>(
+        &mut self,
+        op: Op,
+        count: usize,
+        reduce: Option<ReduceOp>,
+        algorithm: &'static str,
+        body: impl FnOnce(&mut Session<'_, T>) -> Result<(), CollectiveError>,
+    ) -> Result<(), CollectiveError> {
+        if let Some(cause) = &self.broken {
+            return Err(CollectiveError::Broken {
+                cause: cause.clone(),
+            });
+        }
+        self.seq += 1;
+        let (rank, seq, bytes) = (self.rank(), self.seq, count * std::mem::size_of::<E>());
+        let span = tracing::debug_span!("collective", rank, %op, seq, bytes, algorithm);
+        let _entered = span.enter();
+        let dtype = if count == 0 && op == Op::Barrier {
+            DType::None
+        } else {
+            E::DTYPE
+        };
+        let template = Header {
+            kind: Kind::Data,
+            op,
+            dtype,
+            reduce: reduce.map_or(0, ReduceOp::code),
+            cluster: self.transport_cluster(),
+            seq,
+            count: count as u64,
+            source: rank as u32,
+        };
+        let started = Instant::now();
+        let mut session = Session {
+            transport: &mut self.transport,
+            template,
+            deadline: started + self.options.timeout,
+            timeout: self.options.timeout,
+            bytes_per_pack: self.options.bytes_per_pack.max(1),
+            peers: Vec::new(),
+        };
+        let result = body(&mut session).map_err(|e| session.root_cause(e));
+        if let Err(e) = &result
+            && !matches!(e, CollectiveError::Aborted { .. })
+        {
+            session.abort(&e.to_string());
+        }
+        let peers = std::mem::take(&mut session.peers);
+        self.recorder.record(FlightRecord {
+            op,
+            seq,
+            bytes,
+            algorithm,
+            peers,
+            elapsed: started.elapsed(),
+            failure: result.as_ref().err().map(ToString::to_string),
+        });
+        if let Err(e) = &result {
+            tracing::error!(rank, %op, seq, error = %e, "collective failed; this communicator is now broken");
+            self.recorder.dump(rank);
+            self.broken = Some(e.to_string());
+        }
+        result
+    }
+
+    fn transport_cluster(&self) -> u64 {
+        self.transport.cluster()
+    }
+}
+
+impl Communicator<TcpTransport> {
+    /// Joins the collective group of a `TF_CONFIG`-style cluster over TCP: this task's rank and
+    /// every member's address come from `cluster`, and the cluster identity from its addresses,
+    /// so tasks of another cluster cannot join by mistake.
+    ///
+    /// # Errors
+    ///
+    /// [`CollectiveError::InvalidArgument`] for a task outside the collective group (`ps`,
+    /// `evaluator`), [`CollectiveError::Setup`] when the group does not form in time.
+    pub fn from_cluster(
+        cluster: &Cluster,
+        options: CommunicationOptions,
+        rendezvous_timeout: Duration,
+    ) -> Result<Self, CollectiveError> {
+        let rank = cluster.rank().ok_or_else(|| CollectiveError::InvalidArgument {
+            op: "from_cluster",
+            why: format!("task {} is outside the collective group (only the chief and workers all-reduce)", cluster.task()),
+        })?;
+        let addresses: Vec<String> = cluster
+            .group_addresses()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        let tcp = TcpOptions {
+            cluster: cluster_identity(&addresses),
+            rendezvous_timeout,
+        };
+        let transport = if addresses.is_empty() {
+            TcpTransport::single()
+        } else {
+            TcpTransport::connect(rank, &addresses, &tcp)?
+        };
+        Ok(Self::new(transport, options))
+    }
+}
+
+/// FNV-1a over the group's addresses: equal for every member of one cluster, different for
+/// another.
+fn cluster_identity(addresses: &[String]) -> u64 {
+    addresses
+        .iter()
+        .flat_map(|a| a.bytes().chain([0]))
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+impl<T: Transport> Communicator<T> {
+    /// Replaces every rank's `data` with the elementwise reduction over all ranks.
+    ///
+    /// # Errors
+    ///
+    /// [`CollectiveError::Timeout`], [`CollectiveError::PeerLost`],
+    /// [`CollectiveError::Mismatch`], [`CollectiveError::Aborted`], or
+    /// [`CollectiveError::Broken`] after an earlier failure.
+    pub fn all_reduce<E: Element>(
+        &mut self,
+        data: &mut [E],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let algorithm = self.algorithm_for(std::mem::size_of_val(data))?;
+        self.run::<E>(
+            Op::AllReduce,
+            data.len(),
+            Some(op),
+            algorithm.name(),
+            |s| match algorithm {
+                Algorithm::Ring => algorithm::ring::all_reduce(s, data, op),
+                Algorithm::Tree => algorithm::tree::all_reduce(s, data, op),
+            },
+        )
+    }
+
+    /// Reduces `input` (`world_size` equal blocks) across ranks and leaves block `rank` of the
+    /// result in `output`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Communicator::all_reduce`], and [`CollectiveError::InvalidArgument`] when
+    /// `input.len() != world_size · output.len()`.
+    pub fn reduce_scatter<E: Element>(
+        &mut self,
+        input: &[E],
+        output: &mut [E],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let n = self.world_size();
+        if input.len() != n * output.len() {
+            return Err(CollectiveError::InvalidArgument {
+                op: "reduce_scatter",
+                why: format!(
+                    "the input has {} elements, which is not {n} blocks of the output's {}",
+                    input.len(),
+                    output.len()
+                ),
+            });
+        }
+        let mut scratch = input.to_vec();
+        self.run::<E>(Op::ReduceScatter, output.len(), Some(op), "ring", |s| {
+            algorithm::ring::reduce_scatter(s, &mut scratch, op, n - 1)?;
+            let own = algorithm::segment(scratch.len(), n, s.rank());
+            op.finish(&mut scratch[own.clone()], n);
+            output.copy_from_slice(&scratch[own]);
+            Ok(())
+        })
+    }
+
+    /// Concatenates every rank's `input`, in rank order, into every rank's `output`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Communicator::all_reduce`], and [`CollectiveError::InvalidArgument`] when
+    /// `output.len() != world_size · input.len()`.
+    pub fn all_gather<E: Element>(
+        &mut self,
+        input: &[E],
+        output: &mut [E],
+    ) -> Result<(), CollectiveError> {
+        let n = self.world_size();
+        if output.len() != n * input.len() {
+            return Err(CollectiveError::InvalidArgument {
+                op: "all_gather",
+                why: format!(
+                    "the output has {} elements, which is not {n} blocks of the input's {}",
+                    output.len(),
+                    input.len()
+                ),
+            });
+        }
+        let rank = self.rank();
+        let own = algorithm::segment(output.len(), n, rank);
+        output[own].copy_from_slice(input);
+        self.run::<E>(Op::AllGather, input.len(), None, "ring", |s| {
+            algorithm::ring::all_gather(s, output, n - 1)
+        })
+    }
+
+    /// Copies `root`'s `data` to every rank.
+    ///
+    /// # Errors
+    ///
+    /// As [`Communicator::all_reduce`], and [`CollectiveError::InvalidArgument`] when `root`
+    /// is not a rank.
+    pub fn broadcast<E: Element>(
+        &mut self,
+        data: &mut [E],
+        root: usize,
+    ) -> Result<(), CollectiveError> {
+        if root >= self.world_size() {
+            return Err(CollectiveError::InvalidArgument {
+                op: "broadcast",
+                why: format!(
+                    "root {root} is not below the world size {}",
+                    self.world_size()
+                ),
+            });
+        }
+        self.run::<E>(Op::Broadcast, data.len(), None, "tree", |s| {
+            algorithm::tree::broadcast(s, data, root)
+        })
+    }
+
+    /// Returns once every rank has called it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Communicator::all_reduce`].
+    pub fn barrier(&mut self) -> Result<(), CollectiveError> {
+        self.run::<f32>(Op::Barrier, 0, None, "tree", |s| {
+            algorithm::tree::all_reduce::<T, f32>(s, &mut [], ReduceOp::Sum)
+        })
+    }
+}

@@ -1,0 +1,99 @@
+//! The element types collectives move and reduce.
+
+use half::bf16;
+
+use crate::header::DType;
+
+/// A value that collectives can send as raw bytes and combine with a [`ReduceOp`].
+pub trait Element: bytemuck::Pod + PartialOrd + Send + Sync + 'static {
+    /// Its tag in message headers.
+    const DTYPE: DType;
+    /// `a + b`.
+    fn add(a: Self, b: Self) -> Self;
+    /// `a / n`, for `Mean`.
+    fn div_count(a: Self, n: usize) -> Self;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn add(a: Self, b: Self) -> Self {
+        a + b
+    }
+    fn div_count(a: Self, n: usize) -> Self {
+        a / n as f32
+    }
+}
+
+impl Element for f64 {
+    const DTYPE: DType = DType::F64;
+    fn add(a: Self, b: Self) -> Self {
+        a + b
+    }
+    fn div_count(a: Self, n: usize) -> Self {
+        a / n as f64
+    }
+}
+
+/// bfloat16, for compressed gradients: sums are taken in `f32` and rounded once per step.
+impl Element for bf16 {
+    const DTYPE: DType = DType::Bf16;
+    fn add(a: Self, b: Self) -> Self {
+        bf16::from_f32(a.to_f32() + b.to_f32())
+    }
+    fn div_count(a: Self, n: usize) -> Self {
+        bf16::from_f32(a.to_f32() / n as f32)
+    }
+}
+
+/// How values from all ranks combine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// The sum.
+    Sum,
+    /// The sum divided by the number of ranks.
+    Mean,
+    /// The largest value.
+    Max,
+    /// The smallest value.
+    Min,
+}
+
+impl ReduceOp {
+    /// Combines `incoming` into `acc` elementwise. NaN wins `Max` and `Min`, as in `NumPy`.
+    pub(crate) fn combine<T: Element>(self, acc: &mut [T], incoming: &[T]) {
+        match self {
+            Self::Sum | Self::Mean => acc
+                .iter_mut()
+                .zip(incoming)
+                .for_each(|(a, &b)| *a = T::add(*a, b)),
+            Self::Max => acc.iter_mut().zip(incoming).for_each(|(a, &b)| {
+                if b > *a || b.partial_cmp(&b).is_none() {
+                    *a = b;
+                }
+            }),
+            Self::Min => acc.iter_mut().zip(incoming).for_each(|(a, &b)| {
+                if b < *a || b.partial_cmp(&b).is_none() {
+                    *a = b;
+                }
+            }),
+        }
+    }
+
+    /// Applied once to the fully reduced values.
+    pub(crate) fn finish<T: Element>(self, values: &mut [T], world_size: usize) {
+        if self == Self::Mean {
+            for v in values.iter_mut() {
+                *v = T::div_count(*v, world_size);
+            }
+        }
+    }
+
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Self::Sum => 0,
+            Self::Mean => 1,
+            Self::Max => 2,
+            Self::Min => 3,
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Point-to-point message transports that the algorithms run over.
+
+mod local;
+mod tcp;
+
+use std::time::Instant;
+
+pub use local::LocalTransport;
+pub use tcp::{TcpOptions, TcpTransport};
+
+use crate::error::CollectiveError;
+use crate::header::Message;
+
+/// Ordered, reliable messages between the ranks of a group.
+///
+/// Messages from one peer arrive in the order sent. `send` does not wait for the peer to
+/// receive (transports buffer), so a ring where everyone sends before receiving cannot
+/// deadlock. A peer that disappears is reported as [`CollectiveError::PeerLost`].
+pub trait Transport: Send {
+    /// This process's rank.
+    fn rank(&self) -> usize;
+
+    /// The number of ranks.
+    fn world_size(&self) -> usize;
+
+    /// Where a peer lives, for error messages.
+    fn address(&self, peer: usize) -> String;
+
+    /// The identity every message of this group carries.
+    fn cluster(&self) -> u64;
+
+    /// Sends a message to `peer`.
+    ///
+    /// # Errors
+    ///
+    /// [`CollectiveError::PeerLost`] when the peer is gone.
+    fn send(&mut self, peer: usize, message: Message) -> Result<(), CollectiveError>;
+
+    /// The next message from `peer`, waiting at most until `deadline`; `Ok(None)` when the
+    /// deadline passes first.
+    ///
+    /// # Errors
+    ///
+    /// [`CollectiveError::PeerLost`] when the peer is gone.
+    fn recv(&mut self, peer: usize, deadline: Instant) -> Result<Option<Message>, CollectiveError>;
+}
+
+impl<T: Transport + ?Sized> Transport for Box<T> {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn world_size(&self) -> usize {
+        (**self).world_size()
+    }
+    fn address(&self, peer: usize) -> String {
+        (**self).address(peer)
+    }
+    fn cluster(&self) -> u64 {
+        (**self).cluster()
+    }
+    fn send(&mut self, peer: usize, message: Message) -> Result<(), CollectiveError> {
+        (**self).send(peer, message)
+    }
+    fn recv(&mut self, peer: usize, deadline: Instant) -> Result<Option<Message>, CollectiveError> {
+        (**self).recv(peer, deadline)
+    }
+}

@@ -1,0 +1,140 @@
+//! One conformance suite, stamped over every transport × algorithm: results equal a sequential
+//! reduction (within rounding for sums, exactly for max/min), for world sizes 1–8 and random
+//! lengths, every collective and element type, bit-identical from run to run.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test helper that meets an error must fail the test loudly"
+)]
+
+mod common;
+
+use common::{Wire, run};
+use lockstep_collective::{CommunicationOptions, Implementation, ReduceOp, bf16};
+use proptest::prelude::*;
+
+/// Rank `r`'s input: distinct per rank and position, exactly representable.
+fn input(rank: usize, len: usize, seed: u64) -> Vec<f32> {
+    (0..len)
+        .map(|i| (((i as u64 * 31 + rank as u64 * 17 + seed) % 97) as f32 - 48.0) / 8.0)
+        .collect()
+}
+
+fn reference(n: usize, len: usize, seed: u64, op: ReduceOp) -> Vec<f32> {
+    (0..len)
+        .map(|i| {
+            let values = (0..n).map(|r| input(r, len, seed)[i]);
+            match op {
+                ReduceOp::Sum => values.sum(),
+                ReduceOp::Mean => values.sum::<f32>() / n as f32,
+                ReduceOp::Max => values.fold(f32::NEG_INFINITY, f32::max),
+                ReduceOp::Min => values.fold(f32::INFINITY, f32::min),
+            }
+        })
+        .collect()
+}
+
+fn options(implementation: Implementation, bytes_per_pack: usize) -> CommunicationOptions {
+    CommunicationOptions {
+        implementation,
+        bytes_per_pack,
+        timeout: std::time::Duration::from_secs(20),
+    }
+}
+
+macro_rules! conformance {
+    ($name:ident, $wire:expr, $implementation:expr) => {
+        mod $name {
+            use super::*;
+
+            const WIRE: Wire = $wire;
+            const IMPLEMENTATION: Implementation = $implementation;
+
+            proptest! {
+                #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+                #[test]
+                fn all_reduce_equals_a_sequential_reduction(
+                    n in 1..=8_usize, len in 0..300_usize, seed: u64, op_index in 0..4_usize, pack in prop_oneof![Just(16_usize), Just(1 << 20)],
+                ) {
+                    let op = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min][op_index];
+                    let expected = reference(n, len, seed, op);
+                    let results = run(WIRE, n, options(IMPLEMENTATION, pack), move |comm| {
+                        let mut data = input(comm.rank(), len, seed);
+                        comm.all_reduce(&mut data, op).unwrap();
+                        data
+                    });
+                    for (rank, result) in results.iter().enumerate() {
+                        prop_assert_eq!(result, &results[0], "rank {} differs from rank 0", rank);
+                        for (got, want) in result.iter().zip(&expected) {
+                            let tolerance = if matches!(op, ReduceOp::Max | ReduceOp::Min) { 0.0 } else { 1e-4 * (1.0 + want.abs()) };
+                            prop_assert!((got - want).abs() <= tolerance, "{} vs {}", got, want);
+                        }
+                    }
+                }
+
+                #[test]
+                fn results_are_bit_identical_from_run_to_run(n in 2..=6_usize, len in 1..500_usize, seed: u64) {
+                    let once = || run(WIRE, n, options(IMPLEMENTATION, 64), move |comm| {
+                        let mut data: Vec<f32> = input(comm.rank(), len, seed).iter().map(|v| v * 0.1 + 1e-3).collect();
+                        comm.all_reduce(&mut data, ReduceOp::Sum).unwrap();
+                        data.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    });
+                    prop_assert_eq!(once(), once());
+                }
+
+                #[test]
+                fn f64_and_bf16_reduce_too(n in 1..=5_usize, len in 0..100_usize) {
+                    let results = run(WIRE, n, options(IMPLEMENTATION, 32), move |comm| {
+                        let mut doubles: Vec<f64> = (0..len).map(|i| (i + comm.rank()) as f64).collect();
+                        comm.all_reduce(&mut doubles, ReduceOp::Sum).unwrap();
+                        let mut halves: Vec<bf16> = (0..len).map(|i| bf16::from_f32((i % 7) as f32)).collect();
+                        comm.all_reduce(&mut halves, ReduceOp::Max).unwrap();
+                        (doubles, halves)
+                    });
+                    let sum_of_ranks = (n * (n - 1) / 2) as f64;
+                    for (doubles, halves) in results {
+                        for (i, (d, h)) in doubles.iter().zip(&halves).enumerate() {
+                            prop_assert_eq!(*d, (i * n) as f64 + sum_of_ranks);
+                            prop_assert_eq!(h.to_f32(), (i % 7) as f32);
+                        }
+                    }
+                }
+
+                #[test]
+                fn reduce_scatter_all_gather_and_broadcast_agree_with_their_definitions(n in 1..=6_usize, block in 0..40_usize, root_pick: usize, seed: u64) {
+                    let root = root_pick % n;
+                    let results = run(WIRE, n, options(IMPLEMENTATION, 24), move |comm| {
+                        let rank = comm.rank();
+                        let full = input(rank, n * block, seed);
+                        let mut scattered = vec![0.0_f32; block];
+                        comm.reduce_scatter(&full, &mut scattered, ReduceOp::Sum).unwrap();
+                        let mut gathered = vec![0.0_f32; n * block];
+                        comm.all_gather(&scattered, &mut gathered).unwrap();
+                        let mut shared = if rank == root { input(99, block, seed) } else { vec![0.0; block] };
+                        comm.broadcast(&mut shared, root).unwrap();
+                        comm.barrier().unwrap();
+                        (scattered, gathered, shared)
+                    });
+                    let expected = reference(n, n * block, seed, ReduceOp::Sum);
+                    for (rank, (scattered, gathered, shared)) in results.iter().enumerate() {
+                        for (got, want) in scattered.iter().zip(&expected[rank * block..(rank + 1) * block]) {
+                            prop_assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()));
+                        }
+                        prop_assert_eq!(gathered, &results[0].1, "all-gather differs on rank {}", rank);
+                        prop_assert_eq!(shared, &input(99, block, seed));
+                    }
+                    let concatenated: Vec<f32> = results.iter().flat_map(|r| r.0.clone()).collect();
+                    prop_assert_eq!(&results[0].1, &concatenated);
+                }
+            }
+        }
+    };
+}
+
+conformance!(local_ring, Wire::Local, Implementation::Ring);
+conformance!(local_tree, Wire::Local, Implementation::Tree);
+conformance!(local_auto, Wire::Local, Implementation::Auto);
+conformance!(tcp_ring, Wire::Tcp, Implementation::Ring);
+conformance!(tcp_tree, Wire::Tcp, Implementation::Tree);
+conformance!(tcp_auto, Wire::Tcp, Implementation::Auto);
