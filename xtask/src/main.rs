@@ -2,11 +2,14 @@
 //!
 //! - `cargo xtask run-cluster`: build an example and start it as a local cluster on
 //!   127.0.0.1, one process per task, each with its own `TF_CONFIG`.
+//! - `cargo xtask bench allreduce`: all-reduce bandwidth and latency between real processes
+//!   (the `allreduce_bench` example on clusters of 2 and 4 workers).
 //!
 //! Dependencies: `clap` for the command line, `ctrlc` to turn Ctrl-C and SIGTERM into an
 //! orderly shutdown, `nix` to signal whole process groups, `serde_json` to read cargo's
 //! build messages, `lockstep-cluster` to write each task's `TF_CONFIG`.
 
+mod bench;
 mod build_example;
 mod cluster_plan;
 mod ports;
@@ -29,6 +32,8 @@ struct Cli {
 enum Command {
     /// Start a local cluster on 127.0.0.1: one process of an example per task.
     RunCluster(run_cluster::RunClusterArgs),
+    /// Run a benchmark that needs real processes and print its table.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +46,7 @@ fn main() -> ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::RunCluster(args) => run_cluster::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,8 +1,8 @@
 //! `cargo xtask run-cluster`: a local cluster on 127.0.0.1, one process per task.
 
 use std::process::Command;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -16,7 +16,7 @@ use crate::supervise::{Outcome, Supervisor};
 const DEFAULT_EXAMPLE: &str = "cluster_info";
 
 /// Options of `cargo xtask run-cluster`.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub(crate) struct RunClusterArgs {
     /// Number of worker tasks.
     #[arg(long, default_value_t = 2)]
@@ -47,6 +47,37 @@ pub(crate) struct RunClusterArgs {
     example_args: Vec<String>,
 }
 
+impl RunClusterArgs {
+    /// `workers` workers running `example` (release build) with `example_args`.
+    pub(crate) fn workers(workers: usize, example: &str, example_args: Vec<String>) -> Self {
+        Self {
+            workers,
+            chief: false,
+            evaluator: false,
+            ps: 0,
+            example: example.to_owned(),
+            profile: "release".to_owned(),
+            timeout_secs: Some(600),
+            grace_secs: 5,
+            example_args,
+        }
+    }
+}
+
+/// Set by Ctrl-C, SIGTERM or SIGHUP. The handler can be installed once per process, and
+/// `cargo xtask bench` starts several clusters, so it is installed on first use.
+fn interrupted_flag() -> anyhow::Result<Arc<AtomicBool>> {
+    static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+    if let Some(flag) = FLAG.get() {
+        return Ok(Arc::clone(flag));
+    }
+    let flag = Arc::new(AtomicBool::new(false));
+    let handler_flag = Arc::clone(&flag);
+    ctrlc::set_handler(move || handler_flag.store(true, Ordering::SeqCst))
+        .context("installing the Ctrl-C handler")?;
+    Ok(Arc::clone(FLAG.get_or_init(|| flag)))
+}
+
 /// Builds the example, starts the cluster and waits for it.
 pub(crate) fn run(args: &RunClusterArgs) -> anyhow::Result<()> {
     let shape = Shape {
@@ -60,10 +91,7 @@ pub(crate) fn run(args: &RunClusterArgs) -> anyhow::Result<()> {
     let planned = plan(shape, &reserved.ports().context("reading reserved ports")?)?;
     let executable = build_example(&args.example, &args.profile)?;
 
-    let interrupted = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&interrupted);
-    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
-        .context("installing the Ctrl-C handler")?;
+    let interrupted = interrupted_flag()?;
 
     let commands = planned
         .into_iter()

@@ -93,6 +93,12 @@ impl<T: Transport> Communicator<T> {
         &self.options
     }
 
+    /// Changes the options of later collectives. Every rank must make the same change at the
+    /// same point, as with any collective setting.
+    pub fn set_options(&mut self, options: CommunicationOptions) {
+        self.options = options;
+    }
+
     /// The algorithm an all-reduce of `bytes` bytes uses under the current options.
     ///
     /// # Errors

@@ -57,14 +57,8 @@ impl<T: Transport> Session<'_, T> {
             );
         }
         for chunk in data.chunks(self.elems_per_pack::<E>()) {
-            let payload = Bytes::copy_from_slice(bytemuck::cast_slice(chunk));
-            self.transport.send(
-                peer,
-                Message {
-                    header: self.template,
-                    payload,
-                },
-            )?;
+            self.transport
+                .send_slice(peer, self.template, bytemuck::cast_slice(chunk))?;
         }
         Ok(())
     }
@@ -92,9 +86,15 @@ impl<T: Transport> Session<'_, T> {
                     peer,
                 });
             }
-            // Payload bytes need not be aligned for E: copy into an aligned buffer.
-            let values: Vec<E> = bytemuck::pod_collect_to_vec(&message.payload);
-            apply(offset, &values);
+            // Payloads are normally aligned for E (allocators align to 16 bytes): view them in
+            // place, and copy only when they are not.
+            match bytemuck::try_cast_slice::<u8, E>(&message.payload) {
+                Ok(values) => apply(offset, values),
+                Err(_) => apply(
+                    offset,
+                    &bytemuck::pod_collect_to_vec::<u8, E>(&message.payload),
+                ),
+            }
             offset += expected;
             if offset >= len {
                 return Ok(());

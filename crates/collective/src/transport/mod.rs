@@ -9,7 +9,9 @@ pub use local::LocalTransport;
 pub use tcp::{TcpOptions, TcpTransport};
 
 use crate::error::CollectiveError;
-use crate::header::Message;
+use bytes::Bytes;
+
+use crate::header::{Header, Message};
 
 /// Ordered, reliable messages between the ranks of a group.
 ///
@@ -36,6 +38,27 @@ pub trait Transport: Send {
     /// [`CollectiveError::PeerLost`] when the peer is gone.
     fn send(&mut self, peer: usize, message: Message) -> Result<(), CollectiveError>;
 
+    /// Sends `payload` under `header` to `peer`. Transports that write bytes out (TCP) do so
+    /// straight from the slice; the default copies it into a message.
+    ///
+    /// # Errors
+    ///
+    /// [`CollectiveError::PeerLost`] when the peer is gone.
+    fn send_slice(
+        &mut self,
+        peer: usize,
+        header: Header,
+        payload: &[u8],
+    ) -> Result<(), CollectiveError> {
+        self.send(
+            peer,
+            Message {
+                header,
+                payload: Bytes::copy_from_slice(payload),
+            },
+        )
+    }
+
     /// The next message from `peer`, waiting at most until `deadline`; `Ok(None)` when the
     /// deadline passes first.
     ///
@@ -60,6 +83,14 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn send(&mut self, peer: usize, message: Message) -> Result<(), CollectiveError> {
         (**self).send(peer, message)
+    }
+    fn send_slice(
+        &mut self,
+        peer: usize,
+        header: Header,
+        payload: &[u8],
+    ) -> Result<(), CollectiveError> {
+        (**self).send_slice(peer, header, payload)
     }
     fn recv(&mut self, peer: usize, deadline: Instant) -> Result<Option<Message>, CollectiveError> {
         (**self).recv(peer, deadline)

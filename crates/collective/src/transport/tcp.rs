@@ -319,23 +319,37 @@ impl Transport for TcpTransport {
     }
 
     fn send(&mut self, peer: usize, message: Message) -> Result<(), CollectiveError> {
+        self.send_slice(peer, message.header, &message.payload)
+    }
+
+    fn send_slice(
+        &mut self,
+        peer: usize,
+        header: Header,
+        payload: &[u8],
+    ) -> Result<(), CollectiveError> {
         let Some(writer) = &self.writers[peer] else {
             return Err(self.lost(peer, "no connection to this rank".into()));
         };
-        let mut head = BytesMut::with_capacity(HEADER_LEN);
-        let len =
-            u32::try_from(message.payload.len()).map_err(|_| CollectiveError::InvalidArgument {
+        let len = u32::try_from(payload.len())
+            .ok()
+            .filter(|&len| len <= MAX_PAYLOAD)
+            .ok_or_else(|| CollectiveError::InvalidArgument {
                 op: "send",
-                why: "a message of 4 GiB or more".into(),
+                why: format!(
+                    "a message of {} bytes is over the {MAX_PAYLOAD}-byte limit",
+                    payload.len()
+                ),
             })?;
-        message.header.encode(len, &mut head);
+        let mut head = BytesMut::with_capacity(HEADER_LEN);
+        header.encode(len, &mut head);
         let result = {
             let mut stream = writer
                 .lock()
                 .map_err(|_| self.lost(peer, "a writer panicked".into()))?;
             stream
                 .write_all(&head)
-                .and_then(|()| stream.write_all(&message.payload))
+                .and_then(|()| stream.write_all(payload))
         };
         result.map_err(|e| self.lost(peer, e.to_string()))
     }
