@@ -42,6 +42,9 @@ pub(crate) struct RunClusterArgs {
     /// Seconds a task gets between SIGTERM and SIGKILL when the cluster is stopped.
     #[arg(long, value_name = "SECONDS", default_value_t = 5)]
     grace_secs: u64,
+    /// Let the other tasks run on when one fails (to see how they react); the run still fails.
+    #[arg(long)]
+    keep_going: bool,
     /// Arguments passed to every task, after `--`.
     #[arg(last = true)]
     example_args: Vec<String>,
@@ -59,6 +62,7 @@ impl RunClusterArgs {
             profile: "release".to_owned(),
             timeout_secs: Some(600),
             grace_secs: 5,
+            keep_going: false,
             example_args,
         }
     }
@@ -110,7 +114,7 @@ pub(crate) fn run(args: &RunClusterArgs) -> anyhow::Result<()> {
         .map(|s| Instant::now() + Duration::from_secs(s));
     reserved.release();
     let supervisor = Supervisor::start(commands, Duration::from_secs(args.grace_secs))?;
-    match supervisor.wait(&interrupted, deadline) {
+    match supervisor.wait(&interrupted, deadline, args.keep_going) {
         Outcome::Succeeded => {
             tracing::info!(tasks = count, "every task finished successfully");
             Ok(())

@@ -82,15 +82,25 @@ impl Supervisor {
         Ok(supervisor)
     }
 
-    /// Waits until every task has exited, a task fails, `interrupted` is set or `deadline`
-    /// passes; in the last three cases stops every task still running.
-    pub(crate) fn wait(mut self, interrupted: &AtomicBool, deadline: Option<Instant>) -> Outcome {
+    /// Waits until every task has exited, a task fails (unless `keep_going`), `interrupted` is
+    /// set or `deadline` passes; in the last three cases stops every task still running. With
+    /// `keep_going` the first failure is reported once every task has exited.
+    pub(crate) fn wait(
+        mut self,
+        interrupted: &AtomicBool,
+        deadline: Option<Instant>,
+        keep_going: bool,
+    ) -> Outcome {
+        let mut first_failure = None;
         let outcome = loop {
             if let Some(failure) = self.reap() {
-                break failure;
+                if !keep_going {
+                    break failure;
+                }
+                first_failure.get_or_insert(failure);
             }
             if self.processes.iter().all(|p| p.status.is_some()) {
-                break Outcome::Succeeded;
+                break first_failure.take().unwrap_or(Outcome::Succeeded);
             }
             if interrupted.load(Ordering::SeqCst) {
                 break Outcome::Interrupted;

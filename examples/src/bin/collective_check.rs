@@ -1,0 +1,123 @@
+//! All-reduces in a loop across the cluster in `TF_CONFIG`, and reports how it ended — with
+//! switches that make one rank misbehave, to see how the others react in real processes.
+//!
+//! ```text
+//! $ cargo xtask run-cluster --example collective_check --workers 3 --keep-going -- --misbehave crash --rank 1
+//! [worker:0] result=error kind=PeerLost detail=rank 1 (127.0.0.1:40125) was lost: the connection closed
+//! [worker:2] result=error kind=Aborted detail=…
+//! ```
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use lockstep_cluster::{ClusterResolver, TfConfigResolver};
+use lockstep_collective::{
+    CollectiveError, CommunicationOptions, Communicator, Implementation, ReduceOp,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Misbehaviour {
+    /// Everyone behaves.
+    None,
+    /// The chosen rank's process ends abruptly in the middle of the run (no destructors run,
+    /// no goodbye sent: the operating system closes its sockets, as after a crash).
+    Crash,
+    /// The chosen rank all-reduces a buffer of another size.
+    WrongSize,
+    /// The chosen rank joins late.
+    Late,
+    /// The chosen rank stops calling collectives (but stays alive).
+    Stall,
+}
+
+/// All-reduce in a loop and report `result=ok` or `result=error kind=… detail=…`.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// How the chosen rank misbehaves.
+    #[arg(long, value_enum, default_value_t = Misbehaviour::None)]
+    misbehave: Misbehaviour,
+    /// The rank that misbehaves.
+    #[arg(long, default_value_t = 1)]
+    rank: usize,
+    /// All-reduces to run; the misbehaviour happens at the middle one.
+    #[arg(long, default_value_t = 6)]
+    iterations: usize,
+    /// Elements per all-reduce.
+    #[arg(long, default_value_t = 1 << 18)]
+    elements: usize,
+    /// Seconds a collective may wait for its peers.
+    #[arg(long, default_value_t = 5)]
+    timeout_secs: u64,
+}
+
+fn kind(error: &CollectiveError) -> &'static str {
+    match error {
+        CollectiveError::Timeout { .. } => "Timeout",
+        CollectiveError::PeerLost { .. } => "PeerLost",
+        CollectiveError::Mismatch { .. } => "Mismatch",
+        CollectiveError::Aborted { .. } => "Aborted",
+        CollectiveError::Broken { .. } => "Broken",
+        _ => "Other",
+    }
+}
+
+fn main() -> anyhow::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    let args = Args::parse();
+    let cluster = TfConfigResolver::from_env()?
+        .resolve()
+        .context("reading TF_CONFIG")?;
+    let me = cluster
+        .rank()
+        .context("this task is outside the collective group")?;
+    let chosen = me == args.rank;
+    if chosen && args.misbehave == Misbehaviour::Late {
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    let options = CommunicationOptions {
+        implementation: Implementation::Ring,
+        timeout: Duration::from_secs(args.timeout_secs),
+        ..CommunicationOptions::default()
+    };
+    let mut comm = Communicator::from_cluster(&cluster, options, Duration::from_secs(30))?;
+    let middle = args.iterations / 2;
+    for iteration in 0..args.iterations {
+        if chosen && iteration == middle {
+            match args.misbehave {
+                Misbehaviour::Crash => std::process::exit(101),
+                Misbehaviour::Stall => {
+                    std::thread::sleep(Duration::from_secs(args.timeout_secs * 3));
+                    println!("result=stalled");
+                    return Ok(ExitCode::SUCCESS);
+                }
+                _ => {}
+            }
+        }
+        let wrong = chosen && iteration == middle && args.misbehave == Misbehaviour::WrongSize;
+        let mut data = vec![
+            1.0_f32;
+            if wrong {
+                args.elements / 2
+            } else {
+                args.elements
+            }
+        ];
+        if let Err(error) = comm.all_reduce(&mut data, ReduceOp::Sum) {
+            println!("result=error kind={} detail={error}", kind(&error));
+            return Ok(ExitCode::SUCCESS);
+        }
+        let expected = comm.world_size() as f32;
+        if data.iter().any(|&v| v != expected) {
+            println!("result=wrong-data");
+            return Ok(ExitCode::from(2));
+        }
+    }
+    println!("result=ok");
+    Ok(ExitCode::SUCCESS)
+}
