@@ -253,6 +253,15 @@ impl<T: Transport> Communicator<T> {
         data: &mut [E],
         op: ReduceOp,
     ) -> Result<(), CollectiveError> {
+        if self.transport.shared_memory().is_some() && self.world_size() > 1 {
+            return self.run::<E>(Op::AllReduce, data.len(), Some(op), "shared-memory", |s| {
+                let (seq, deadline, timeout) = (s.template.seq, s.deadline, s.timeout);
+                match s.transport.shared_memory() {
+                    Some(shared) => shared.all_reduce(data, op, seq, deadline, timeout),
+                    None => unreachable!("checked above"),
+                }
+            });
+        }
         let algorithm = self.algorithm_for(std::mem::size_of_val(data))?;
         self.run::<E>(
             Op::AllReduce,

@@ -50,4 +50,4 @@ pub use error::CollectiveError;
 pub use flight::{FLIGHT_RECORDS, FlightRecord};
 pub use half::bf16;
 pub use header::{DType, HEADER_LEN, Header, HeaderError, Kind, Message, Op};
-pub use transport::{LocalTransport, TcpOptions, TcpTransport, Transport};
+pub use transport::{LocalTransport, SharedMemoryTransport, TcpOptions, TcpTransport, Transport};

@@ -135,6 +135,7 @@ macro_rules! conformance {
 conformance!(local_ring, Wire::Local, Implementation::Ring);
 conformance!(local_tree, Wire::Local, Implementation::Tree);
 conformance!(local_auto, Wire::Local, Implementation::Auto);
+conformance!(shared_memory, Wire::Shared, Implementation::Auto);
 conformance!(tcp_ring, Wire::Tcp, Implementation::Ring);
 conformance!(tcp_tree, Wire::Tcp, Implementation::Tree);
 conformance!(tcp_auto, Wire::Tcp, Implementation::Auto);

@@ -1,11 +1,13 @@
 //! Point-to-point message transports that the algorithms run over.
 
 mod local;
+mod shared;
 mod tcp;
 
 use std::time::Instant;
 
 pub use local::LocalTransport;
+pub use shared::SharedMemoryTransport;
 pub use tcp::{TcpOptions, TcpTransport};
 
 use crate::error::CollectiveError;
@@ -30,6 +32,12 @@ pub trait Transport: Send {
 
     /// The identity every message of this group carries.
     fn cluster(&self) -> u64;
+
+    /// The shared-memory group this rank belongs to, when its peers are threads whose buffers
+    /// it can read directly; all-reduce then works in place.
+    fn shared_memory(&self) -> Option<&SharedMemoryTransport> {
+        None
+    }
 
     /// Sends a message to `peer`.
     ///
@@ -80,6 +88,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn cluster(&self) -> u64 {
         (**self).cluster()
+    }
+    fn shared_memory(&self) -> Option<&SharedMemoryTransport> {
+        (**self).shared_memory()
     }
     fn send(&mut self, peer: usize, message: Message) -> Result<(), CollectiveError> {
         (**self).send(peer, message)

@@ -7,13 +7,15 @@ use std::thread;
 use std::time::Duration;
 
 use lockstep_collective::{
-    CommunicationOptions, Communicator, LocalTransport, TcpOptions, TcpTransport, Transport,
+    CommunicationOptions, Communicator, LocalTransport, SharedMemoryTransport, TcpOptions,
+    TcpTransport, Transport,
 };
 
 /// Which transport a group uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wire {
     Local,
+    Shared,
     Tcp,
 }
 
@@ -34,6 +36,10 @@ pub(crate) fn free_addresses(n: usize) -> Vec<String> {
 pub(crate) fn transports(wire: Wire, n: usize) -> Vec<Box<dyn Transport>> {
     match wire {
         Wire::Local => LocalTransport::group(n)
+            .into_iter()
+            .map(|t| Box::new(t) as Box<dyn Transport>)
+            .collect(),
+        Wire::Shared => SharedMemoryTransport::group(n)
             .into_iter()
             .map(|t| Box::new(t) as Box<dyn Transport>)
             .collect(),
