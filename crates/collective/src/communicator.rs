@@ -8,7 +8,7 @@ use crate::error::CollectiveError;
 use crate::flight::{FlightRecord, FlightRecorder};
 use crate::header::{DType, Header, Kind, Op};
 use crate::session::Session;
-use crate::transport::{TcpOptions, TcpTransport, Transport};
+use crate::transport::{ClusterTransport, TcpOptions, Transport};
 use lockstep_cluster::Cluster;
 
 /// Which algorithm an all-reduce uses, as `tf.distribute.experimental.CommunicationImplementation`.
@@ -193,8 +193,9 @@ impl<T: Transport> Communicator<T> {
     }
 }
 
-impl Communicator<TcpTransport> {
-    /// Joins the collective group of a `TF_CONFIG`-style cluster over TCP: this task's rank and
+impl<T: ClusterTransport> Communicator<T> {
+    /// Joins the collective group of a `TF_CONFIG`-style cluster over TCP or gRPC (the
+    /// transport type chooses): this task's rank and
     /// every member's address come from `cluster`, and the cluster identity from its addresses,
     /// so tasks of another cluster cannot join by mistake.
     ///
@@ -221,9 +222,9 @@ impl Communicator<TcpTransport> {
             rendezvous_timeout,
         };
         let transport = if addresses.is_empty() {
-            TcpTransport::single()
+            T::single()
         } else {
-            TcpTransport::connect(rank, &addresses, &tcp)?
+            T::connect(rank, &addresses, &tcp)?
         };
         Ok(Self::new(transport, options))
     }

@@ -139,3 +139,5 @@ conformance!(shared_memory, Wire::Shared, Implementation::Auto);
 conformance!(tcp_ring, Wire::Tcp, Implementation::Ring);
 conformance!(tcp_tree, Wire::Tcp, Implementation::Tree);
 conformance!(tcp_auto, Wire::Tcp, Implementation::Auto);
+conformance!(grpc_ring, Wire::Grpc, Implementation::Ring);
+conformance!(grpc_tree, Wire::Grpc, Implementation::Tree);

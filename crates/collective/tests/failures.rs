@@ -36,7 +36,7 @@ fn is_mismatch_or_abort_of_one(e: &CollectiveError) -> bool {
 
 #[test]
 fn wrong_sizes_on_one_rank_fail_every_rank_and_break_the_communicator() {
-    for wire in [Wire::Local, Wire::Shared, Wire::Tcp] {
+    for wire in [Wire::Local, Wire::Shared, Wire::Tcp, Wire::Grpc] {
         for implementation in [Implementation::Ring, Implementation::Tree] {
             let results = run(wire, 4, quick(implementation), |comm| {
                 let len = if comm.rank() == 2 { 100 } else { 200 };
@@ -61,7 +61,7 @@ fn wrong_sizes_on_one_rank_fail_every_rank_and_break_the_communicator() {
 
 #[test]
 fn a_rank_that_never_joins_makes_the_others_fail_within_the_timeout() {
-    for wire in [Wire::Local, Wire::Shared, Wire::Tcp] {
+    for wire in [Wire::Local, Wire::Shared, Wire::Tcp, Wire::Grpc] {
         let started = Instant::now();
         let results = run(wire, 3, quick(Implementation::Ring), |comm| {
             if comm.rank() == 2 {
@@ -94,7 +94,7 @@ fn a_rank_that_never_joins_makes_the_others_fail_within_the_timeout() {
 
 #[test]
 fn a_rank_that_disappears_is_reported_as_lost() {
-    for wire in [Wire::Local, Wire::Tcp] {
+    for wire in [Wire::Local, Wire::Tcp, Wire::Grpc] {
         let results = run(wire, 3, quick(Implementation::Ring), |comm| {
             comm.all_reduce(&mut [1.0_f32; 8], ReduceOp::Sum).unwrap();
             if comm.rank() == 1 {

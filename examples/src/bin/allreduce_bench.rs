@@ -15,9 +15,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
+use lockstep_cluster::Cluster;
 use lockstep_cluster::{ClusterResolver, TfConfigResolver};
 use lockstep_collective::{
-    CommunicationOptions, Communicator, Implementation, ReduceOp, TcpTransport,
+    ClusterTransport, CommunicationOptions, Communicator, GrpcTransport, Implementation, ReduceOp,
+    TcpTransport,
 };
 
 /// Measure all-reduce across the tasks of the cluster in `TF_CONFIG`.
@@ -36,6 +38,18 @@ struct Args {
     /// Bytes per message.
     #[arg(long, default_value_t = 1 << 20)]
     bytes_per_pack: usize,
+    /// The transport between processes.
+    #[arg(long, value_enum, default_value_t = Wire::Tcp)]
+    transport: Wire,
+}
+
+/// Transports between processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Wire {
+    /// Raw TCP, one connection per pair.
+    Tcp,
+    /// gRPC (tonic, HTTP/2), one bidirectional stream per pair.
+    Grpc,
 }
 
 fn implementation(name: &str) -> anyhow::Result<Implementation> {
@@ -63,16 +77,23 @@ fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let mut comm: Communicator<TcpTransport> = Communicator::from_cluster(
-        &cluster,
+    match args.transport {
+        Wire::Tcp => measure::<TcpTransport>(&cluster, &args, "tcp"),
+        Wire::Grpc => measure::<GrpcTransport>(&cluster, &args, "grpc"),
+    }
+}
+
+fn measure<T: ClusterTransport>(cluster: &Cluster, args: &Args, wire: &str) -> anyhow::Result<()> {
+    let mut comm: Communicator<T> = Communicator::from_cluster(
+        cluster,
         CommunicationOptions::default(),
         Duration::from_mins(1),
     )?;
     let n = comm.world_size();
     if comm.rank() == 0 {
         println!(
-            "{:<6} {:<10} {:<10} {:>10} {:>11} {:>11}",
-            "ranks", "bytes", "algorithm", "time_us", "algbw_GBps", "busbw_GBps"
+            "{:<6} {:<6} {:<10} {:<10} {:>10} {:>11} {:>11}",
+            "ranks", "wire", "bytes", "algorithm", "time_us", "algbw_GBps", "busbw_GBps"
         );
     }
     for name in &args.algorithms {
@@ -83,7 +104,6 @@ fn main() -> anyhow::Result<()> {
         };
         for &bytes in &args.sizes {
             comm.set_options(options);
-            let bench = &mut comm;
             let elements = (bytes / 4).max(1);
             let mut data = vec![1.0_f32; elements];
             let rounds = if bytes <= 65_536 {
@@ -92,24 +112,23 @@ fn main() -> anyhow::Result<()> {
                 args.iters
             };
             for _ in 0..3 {
-                bench.all_reduce(&mut data, ReduceOp::Sum)?;
+                comm.all_reduce(&mut data, ReduceOp::Sum)?;
             }
             let mut times = Vec::with_capacity(rounds);
             for _ in 0..rounds {
                 let started = Instant::now();
-                bench.all_reduce(&mut data, ReduceOp::Sum)?;
+                comm.all_reduce(&mut data, ReduceOp::Sum)?;
                 times.push(started.elapsed().as_secs_f64());
             }
             // The slowest rank's time, round by round.
-            let mut slowest = times.clone();
-            bench.all_reduce(&mut slowest, ReduceOp::Max)?;
-            slowest.sort_by(f64::total_cmp);
-            let median = slowest[slowest.len() / 2];
-            if bench.rank() == 0 {
+            comm.all_reduce(&mut times, ReduceOp::Max)?;
+            times.sort_by(f64::total_cmp);
+            let median = times[times.len() / 2];
+            if comm.rank() == 0 {
                 let algbw = (elements * 4) as f64 / median / 1e9;
                 let busbw = algbw * 2.0 * (n - 1) as f64 / n as f64;
                 println!(
-                    "{n:<6} {:<10} {name:<10} {:>10.1} {algbw:>11.3} {busbw:>11.3}",
+                    "{n:<6} {wire:<6} {:<10} {name:<10} {:>10.1} {algbw:>11.3} {busbw:>11.3}",
                     elements * 4,
                     median * 1e6
                 );

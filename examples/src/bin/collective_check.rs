@@ -14,7 +14,7 @@ use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use lockstep_cluster::{ClusterResolver, TfConfigResolver};
 use lockstep_collective::{
-    CollectiveError, CommunicationOptions, Communicator, Implementation, ReduceOp,
+    CollectiveError, CommunicationOptions, Communicator, Implementation, ReduceOp, TcpTransport,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -85,7 +85,8 @@ fn main() -> anyhow::Result<ExitCode> {
         timeout: Duration::from_secs(args.timeout_secs),
         ..CommunicationOptions::default()
     };
-    let mut comm = Communicator::from_cluster(&cluster, options, Duration::from_secs(30))?;
+    let mut comm: Communicator<TcpTransport> =
+        Communicator::from_cluster(&cluster, options, Duration::from_secs(30))?;
     let middle = args.iterations / 2;
     for iteration in 0..args.iterations {
         if chosen && iteration == middle {

@@ -1,11 +1,13 @@
 //! Point-to-point message transports that the algorithms run over.
 
+mod grpc;
 mod local;
 mod shared;
 mod tcp;
 
 use std::time::Instant;
 
+pub use grpc::GrpcTransport;
 pub use local::LocalTransport;
 pub use shared::SharedMemoryTransport;
 pub use tcp::{TcpOptions, TcpTransport};
@@ -74,6 +76,49 @@ pub trait Transport: Send {
     ///
     /// [`CollectiveError::PeerLost`] when the peer is gone.
     fn recv(&mut self, peer: usize, deadline: Instant) -> Result<Option<Message>, CollectiveError>;
+}
+
+/// A transport that can join the members of a cluster by address: TCP or gRPC.
+pub trait ClusterTransport: Transport + Sized {
+    /// Forms the group: this process is `rank` and listens on `addresses[rank]`.
+    ///
+    /// # Errors
+    ///
+    /// [`CollectiveError::Setup`] when the group does not form before the rendezvous deadline.
+    fn connect(
+        rank: usize,
+        addresses: &[String],
+        options: &TcpOptions,
+    ) -> Result<Self, CollectiveError>;
+
+    /// A group of one, with no network at all (a local run).
+    fn single() -> Self;
+}
+
+impl ClusterTransport for TcpTransport {
+    fn connect(
+        rank: usize,
+        addresses: &[String],
+        options: &TcpOptions,
+    ) -> Result<Self, CollectiveError> {
+        Self::connect(rank, addresses, options)
+    }
+    fn single() -> Self {
+        Self::single()
+    }
+}
+
+impl ClusterTransport for GrpcTransport {
+    fn connect(
+        rank: usize,
+        addresses: &[String],
+        options: &TcpOptions,
+    ) -> Result<Self, CollectiveError> {
+        Self::connect(rank, addresses, options)
+    }
+    fn single() -> Self {
+        Self::single()
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for Box<T> {

@@ -7,8 +7,8 @@ use std::thread;
 use std::time::Duration;
 
 use lockstep_collective::{
-    CommunicationOptions, Communicator, LocalTransport, SharedMemoryTransport, TcpOptions,
-    TcpTransport, Transport,
+    ClusterTransport, CommunicationOptions, Communicator, GrpcTransport, LocalTransport,
+    SharedMemoryTransport, TcpOptions, TcpTransport, Transport,
 };
 
 /// Which transport a group uses.
@@ -17,6 +17,7 @@ pub(crate) enum Wire {
     Local,
     Shared,
     Tcp,
+    Grpc,
 }
 
 pub(crate) type Comm = Communicator<Box<dyn Transport>>;
@@ -43,26 +44,28 @@ pub(crate) fn transports(wire: Wire, n: usize) -> Vec<Box<dyn Transport>> {
             .into_iter()
             .map(|t| Box::new(t) as Box<dyn Transport>)
             .collect(),
-        Wire::Tcp => {
-            let addresses = free_addresses(n);
-            let options = TcpOptions {
-                cluster: 42,
-                rendezvous_timeout: Duration::from_secs(20),
-            };
-            let handles: Vec<_> = (0..n)
-                .map(|rank| {
-                    let (addresses, options) = (addresses.clone(), options.clone());
-                    thread::spawn(move || {
-                        TcpTransport::connect(rank, &addresses, &options).unwrap()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| Box::new(h.join().unwrap()) as Box<dyn Transport>)
-                .collect()
-        }
+        Wire::Tcp => connect_all::<TcpTransport>(n),
+        Wire::Grpc => connect_all::<GrpcTransport>(n),
     }
+}
+
+/// Forms a group of `n` over a network transport, one thread per rank.
+fn connect_all<T: ClusterTransport + 'static>(n: usize) -> Vec<Box<dyn Transport>> {
+    let addresses = free_addresses(n);
+    let options = TcpOptions {
+        cluster: 42,
+        rendezvous_timeout: Duration::from_secs(20),
+    };
+    let handles: Vec<_> = (0..n)
+        .map(|rank| {
+            let (addresses, options) = (addresses.clone(), options.clone());
+            thread::spawn(move || T::connect(rank, &addresses, &options).unwrap())
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| Box::new(h.join().unwrap()) as Box<dyn Transport>)
+        .collect()
 }
 
 /// Runs `body` on every rank of a fresh group and returns the results in rank order.
