@@ -3,7 +3,7 @@
 //! transport. Payloads travel as `bytes::Bytes`, never encoded element by element.
 
 use std::pin::Pin;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::inbox::{Inbound, receive};
 use super::{TcpOptions, Transport};
 use crate::error::CollectiveError;
 use crate::header::{HEADER_LEN, Header, Message};
@@ -37,11 +38,6 @@ use proto::{Frame, Identity};
 const STREAM_WINDOW: u32 = 16 << 20;
 const CONNECTION_WINDOW: u32 = 32 << 20;
 const MAX_MESSAGE: usize = (1 << 30) + HEADER_LEN;
-
-enum Inbound {
-    Message(Message),
-    Closed(String),
-}
 
 fn setup(what: impl std::fmt::Display) -> CollectiveError {
     CollectiveError::Setup(what.to_string())
@@ -411,16 +407,9 @@ impl Transport for GrpcTransport {
     }
 
     fn recv(&mut self, peer: usize, deadline: Instant) -> Result<Option<Message>, CollectiveError> {
-        let Some(inbox) = &self.inbox[peer] else {
-            return Err(self.lost(peer, "no stream from this rank".into()));
-        };
-        match inbox.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(Inbound::Message(message)) => Ok(Some(message)),
-            Ok(Inbound::Closed(reason)) => Err(self.lost(peer, reason)),
-            Err(RecvTimeoutError::Timeout) => Ok(None),
-            Err(RecvTimeoutError::Disconnected) => {
-                Err(self.lost(peer, "its stream reader stopped".into()))
-            }
+        match &self.inbox[peer] {
+            Some(inbox) => receive(inbox, deadline).map_err(|reason| self.lost(peer, reason)),
+            None => Err(self.lost(peer, "no connection to this rank".into())),
         }
     }
 }

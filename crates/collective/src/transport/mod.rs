@@ -1,6 +1,7 @@
 //! Point-to-point message transports that the algorithms run over.
 
 mod grpc;
+mod inbox;
 mod local;
 mod shared;
 mod tcp;

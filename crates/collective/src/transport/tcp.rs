@@ -4,13 +4,14 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Mutex;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
 use super::Transport;
+use super::inbox::{Inbound, receive};
 use crate::error::CollectiveError;
 use crate::header::{HEADER_LEN, Header, Message};
 
@@ -35,11 +36,6 @@ impl Default for TcpOptions {
             rendezvous_timeout: Duration::from_mins(1),
         }
     }
-}
-
-enum Inbound {
-    Message(Message),
-    Closed(String),
 }
 
 /// One rank of a group connected over TCP.
@@ -355,17 +351,9 @@ impl Transport for TcpTransport {
     }
 
     fn recv(&mut self, peer: usize, deadline: Instant) -> Result<Option<Message>, CollectiveError> {
-        let Some(inbox) = &self.inbox[peer] else {
-            return Err(self.lost(peer, "no connection to this rank".into()));
-        };
-        let wait = deadline.saturating_duration_since(Instant::now());
-        match inbox.recv_timeout(wait) {
-            Ok(Inbound::Message(message)) => Ok(Some(message)),
-            Ok(Inbound::Closed(reason)) => Err(self.lost(peer, reason)),
-            Err(RecvTimeoutError::Timeout) => Ok(None),
-            Err(RecvTimeoutError::Disconnected) => {
-                Err(self.lost(peer, "its reader stopped".into()))
-            }
+        match &self.inbox[peer] {
+            Some(inbox) => receive(inbox, deadline).map_err(|reason| self.lost(peer, reason)),
+            None => Err(self.lost(peer, "no connection to this rank".into())),
         }
     }
 }

@@ -1,9 +1,7 @@
 //! Convolution and max pooling over NHWC tensors.
 
 use crate::error::TensorError;
-use crate::kernels::conv::{
-    Geometry, conv2d as conv_kernel, conv2d_input_grad, conv2d_kernel_grad,
-};
+use crate::kernels::conv::Geometry;
 use crate::kernels::pool;
 use crate::tensor::Tensor;
 
@@ -100,49 +98,7 @@ pub fn conv2d(
     stride: (usize, usize),
     padding: Padding,
 ) -> Result<Tensor, TensorError> {
-    let &[kh, kw, c_in, filters] = kernel.shape() else {
-        return Err(TensorError::mismatch(
-            "conv2d",
-            x.shape(),
-            kernel.shape(),
-            "the kernel must be [kh, kw, c_in, c_out]",
-        ));
-    };
-    let g = geometry("conv2d", x.shape(), (kh, kw), stride, padding)?;
-    if g.channels != c_in {
-        return Err(TensorError::mismatch(
-            "conv2d",
-            x.shape(),
-            kernel.shape(),
-            format!(
-                "the input has {} channels, the kernel expects {c_in}",
-                g.channels
-            ),
-        ));
-    }
-    let (out, cols) = conv_kernel(x.data(), kernel.data(), None, filters, &g);
-    let (input, weights) = (x.clone(), kernel.clone());
-    Ok(Tensor::from_op(
-        out,
-        vec![g.batch, g.out_h, g.out_w, filters],
-        &[x, kernel],
-        move |d, _| {
-            // The first layer's input needs no gradient: skip the costliest product there.
-            let dx = input.requires_grad().then(|| {
-                Tensor::raw(
-                    conv2d_input_grad(weights.data(), d.data(), filters, &g),
-                    input.shape().to_vec(),
-                )
-            });
-            let dk = weights.requires_grad().then(|| {
-                Tensor::raw(
-                    conv2d_kernel_grad(&cols, d.data(), filters, &g),
-                    weights.shape().to_vec(),
-                )
-            });
-            Ok(vec![dx, dk])
-        },
-    ))
+    super::fused::conv2d_bias_relu(x, kernel, None, false, stride, padding)
 }
 
 /// Max pooling of NHWC `x` with a `pool` window moved by `stride`.

@@ -126,23 +126,34 @@ pub fn dense(
     bias: Option<&Tensor>,
     relu: bool,
 ) -> Result<Tensor, TensorError> {
+    product("dense", x, w, bias, relu)
+}
+
+/// `relu?(x · w + bias)`, with errors named after `op` (`matmul` is this without bias or relu).
+pub(crate) fn product(
+    op: &'static str,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    relu: bool,
+) -> Result<Tensor, TensorError> {
     let (&[m, k], &[k2, n]) = (x.shape(), w.shape()) else {
         return Err(TensorError::mismatch(
-            "dense",
+            op,
             x.shape(),
             w.shape(),
-            "the input and kernel must be 2-D",
+            "both operands must be 2-D",
         ));
     };
     if k != k2 {
         return Err(TensorError::mismatch(
-            "dense",
+            op,
             x.shape(),
             w.shape(),
             format!("inner dimensions {k} and {k2} differ"),
         ));
     }
-    check_bias("dense", bias, x, n)?;
+    check_bias(op, bias, x, n)?;
     let mut out = repeat_rows(bias.map(Tensor::data), m, n);
     gemm(&mut out, plain(x, m, k), plain(w, k, n), bias.is_some());
     if relu {
