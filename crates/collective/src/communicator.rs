@@ -26,10 +26,10 @@ pub enum Implementation {
 }
 
 /// Buffers up to this size go through the tree under [`Implementation::Auto`]: its `2·log₂ n`
-/// steps beat the ring's `2(n−1)` when latency, not bandwidth, dominates. The crossover is to
-/// be confirmed by `cargo bench -p lockstep-benches --bench allreduce` (see
-/// `docs/PERFORMANCE.md`).
-pub const AUTO_TREE_MAX_BYTES: usize = 64 * 1024;
+/// steps beat the ring's `2(n−1)` when latency, not bandwidth, dominates. Measured between
+/// processes on 127.0.0.1 (`cargo xtask bench allreduce`, `docs/PERFORMANCE.md`): the tree is
+/// faster up to 256 KiB on 2 and 4 ranks (up to 1 MiB on 2), and the two are even above.
+pub const AUTO_TREE_MAX_BYTES: usize = 256 * 1024;
 
 /// Options of every collective on a communicator, as `tf.distribute.experimental.CommunicationOptions`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
