@@ -44,6 +44,7 @@ mod element;
 mod error;
 mod flight;
 mod header;
+mod hierarchical;
 mod session;
 mod transport;
 
@@ -54,6 +55,7 @@ pub use error::CollectiveError;
 pub use flight::{FLIGHT_RECORDS, FlightRecord};
 pub use half::bf16;
 pub use header::{DType, HEADER_LEN, Header, HeaderError, Kind, Message, Op};
+pub use hierarchical::HierarchicalCommunicator;
 pub use transport::{
     ClusterTransport, GrpcTransport, LocalTransport, SharedMemoryTransport, TcpOptions,
     TcpTransport, Transport,

@@ -1,0 +1,96 @@
+//! Replicas on threads of several processes: reduce among a process's replicas in shared
+//! memory, all-reduce across processes from one replica each, broadcast back locally — the
+//! shape of `MultiWorkerMirroredStrategy` with several devices per worker.
+
+use crate::communicator::{CommunicationOptions, Communicator};
+use crate::element::{Element, ReduceOp};
+use crate::error::CollectiveError;
+use crate::transport::{SharedMemoryTransport, Transport};
+
+/// One replica's handle on a two-level group: `local_replicas` threads in each of
+/// `cross.world_size()` processes.
+///
+/// ```
+/// use lockstep_collective::{CommunicationOptions, HierarchicalCommunicator, LocalTransport, ReduceOp};
+///
+/// // Two "processes" (here: a channel group standing in for the network), two replicas each.
+/// let mut handles = Vec::new();
+/// for cross in LocalTransport::group(2) {
+///     for mut replica in HierarchicalCommunicator::group(2, cross, CommunicationOptions::default()) {
+///         handles.push(std::thread::spawn(move || {
+///             let mut grads = vec![replica.rank() as f32; 8];
+///             replica.all_reduce(&mut grads, ReduceOp::Mean).map(|()| grads[0])
+///         }));
+///     }
+/// }
+/// for h in handles {
+///     assert_eq!(h.join().unwrap()?, 1.5); // mean of ranks 0, 1, 2, 3
+/// }
+/// # Ok::<(), lockstep_collective::CollectiveError>(())
+/// ```
+pub struct HierarchicalCommunicator<X: Transport> {
+    local: Communicator<SharedMemoryTransport>,
+    /// Present on the process's first replica only.
+    cross: Option<Communicator<X>>,
+    process: usize,
+    processes: usize,
+}
+
+impl<X: Transport> HierarchicalCommunicator<X> {
+    /// The replicas of this process: `local_replicas` handles, the first of which carries the
+    /// cross-process transport. Hand one to each replica thread.
+    pub fn group(local_replicas: usize, cross: X, options: CommunicationOptions) -> Vec<Self> {
+        let (process, processes) = (cross.rank(), cross.world_size());
+        let mut cross = Some(Communicator::new(cross, options));
+        SharedMemoryTransport::group(local_replicas.max(1))
+            .into_iter()
+            .map(|local| Self {
+                local: Communicator::new(local, options),
+                cross: cross.take(),
+                process,
+                processes,
+            })
+            .collect()
+    }
+
+    /// This replica's rank among all replicas of all processes (process-major).
+    pub fn rank(&self) -> usize {
+        self.process * self.local.world_size() + self.local.rank()
+    }
+
+    /// All replicas of all processes.
+    pub fn world_size(&self) -> usize {
+        self.processes * self.local.world_size()
+    }
+
+    /// Replaces `data` with the reduction over every replica of every process.
+    ///
+    /// # Errors
+    ///
+    /// As [`Communicator::all_reduce`] at either level. A cross-process failure reaches the
+    /// other local replicas as a timeout of the local broadcast.
+    pub fn all_reduce<E: Element>(
+        &mut self,
+        data: &mut [E],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        // Sums at both levels; the mean divides once, by the total number of replicas.
+        let level_op = if op == ReduceOp::Mean {
+            ReduceOp::Sum
+        } else {
+            op
+        };
+        self.local.all_reduce(data, level_op)?;
+        if let Some(cross) = &mut self.cross {
+            cross.all_reduce(data, level_op)?;
+        }
+        self.local.broadcast(data, 0)?;
+        if op == ReduceOp::Mean {
+            let n = self.world_size();
+            for value in data.iter_mut() {
+                *value = E::div_count(*value, n);
+            }
+        }
+        Ok(())
+    }
+}

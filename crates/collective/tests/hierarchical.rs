@@ -1,0 +1,58 @@
+//! The two-level all-reduce equals a flat one over all replicas.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test helper that meets an error must fail the test loudly"
+)]
+
+mod common;
+
+use std::thread;
+
+use common::{Wire, transports};
+use lockstep_collective::{CommunicationOptions, HierarchicalCommunicator, ReduceOp};
+use proptest::prelude::*;
+
+fn value(rank: usize, i: usize) -> f64 {
+    ((rank * 31 + i * 7) % 23) as f64 - 11.0
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10, ..ProptestConfig::default() })]
+
+    #[test]
+    fn two_levels_reduce_like_one(processes in 1..=3_usize, replicas in 1..=3_usize, len in 0..200_usize, op_index in 0..4_usize, tcp: bool) {
+        let op = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min][op_index];
+        let wire = if tcp { Wire::Tcp } else { Wire::Local };
+        let mut handles = Vec::new();
+        for cross in transports(wire, processes) {
+            for mut replica in HierarchicalCommunicator::group(replicas, cross, CommunicationOptions::default()) {
+                handles.push(thread::spawn(move || {
+                    let rank = replica.rank();
+                    let mut data: Vec<f64> = (0..len).map(|i| value(rank, i)).collect();
+                    replica.all_reduce(&mut data, op).unwrap();
+                    (rank, replica.world_size(), data)
+                }));
+            }
+        }
+        let n = processes * replicas;
+        let mut ranks = Vec::new();
+        for handle in handles {
+            let (rank, world, data) = handle.join().unwrap();
+            prop_assert_eq!(world, n);
+            ranks.push(rank);
+            for (i, got) in data.iter().enumerate() {
+                let values = (0..n).map(|r| value(r, i));
+                let want = match op {
+                    ReduceOp::Sum => values.sum(),
+                    ReduceOp::Mean => values.sum::<f64>() / n as f64,
+                    ReduceOp::Max => values.fold(f64::NEG_INFINITY, f64::max),
+                    ReduceOp::Min => values.fold(f64::INFINITY, f64::min),
+                };
+                prop_assert!((got - want).abs() < 1e-9, "rank {} element {}: {} vs {}", rank, i, got, want);
+            }
+        }
+        ranks.sort_unstable();
+        prop_assert_eq!(ranks, (0..n).collect::<Vec<_>>());
+    }
+}
