@@ -12,8 +12,8 @@ use crate::cluster_plan::{Shape, plan};
 use crate::ports::ReservedPorts;
 use crate::supervise::{Outcome, Supervisor};
 
-/// The example run when `--example` is not given.
-const DEFAULT_EXAMPLE: &str = "cluster_info";
+/// The example run when `--example` is not given: synchronous training on the embedded MNIST.
+const DEFAULT_EXAMPLE: &str = "mnist_custom_loop";
 
 /// Options of `cargo xtask run-cluster`.
 #[derive(Debug, Clone, clap::Args)]

@@ -1,0 +1,57 @@
+//! `cargo xtask run-cluster`'s default example trains in lockstep across real processes.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test helper that meets an error must fail the test loudly"
+)]
+
+use lockstep_e2e::{field, task_lines, xtask};
+
+/// Each worker's final line: (test accuracy, weight checksum).
+fn train_one_epoch() -> Vec<(f64, String)> {
+    let out = xtask(&[
+        "run-cluster",
+        "--profile",
+        "dev",
+        "--timeout-secs=600",
+        "--workers",
+        "2",
+        "--",
+        "--epochs",
+        "1",
+    ])
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "training failed\n{stderr}");
+    (0..2)
+        .map(|rank| {
+            let lines = task_lines(&out.stdout, &format!("worker:{rank}"));
+            let last = lines
+                .iter()
+                .find(|l| l.starts_with("test_accuracy="))
+                .expect("every worker prints its result");
+            (
+                field(last, "test_accuracy").unwrap().parse().unwrap(),
+                field(last, "weights_checksum").unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn two_workers_train_in_lockstep_and_reproducibly() {
+    let first = train_one_epoch();
+    assert_eq!(
+        first[0].1, first[1].1,
+        "the workers' weights differ: {first:?}"
+    );
+    assert!(
+        first.iter().all(|(accuracy, _)| *accuracy >= 0.85),
+        "{first:?}"
+    );
+    let second = train_one_epoch();
+    assert_eq!(
+        first, second,
+        "the same seeds and layout must give bit-identical weights"
+    );
+}
