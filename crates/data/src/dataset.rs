@@ -59,16 +59,29 @@ pub trait ElementStream: Send + 'static {
     ///
     /// The first error met while skipping.
     fn advance(&mut self, n: u64) -> Result<u64, DataError> {
-        let mut skipped = 0;
-        while skipped < n {
-            match self.next_element() {
-                None => break,
-                Some(Err(e)) => return Err(e),
-                Some(Ok(_)) => skipped += 1,
-            }
-        }
-        Ok(skipped)
+        advance_by_reading(self, n)
     }
+}
+
+/// Skips up to `n` elements by producing and dropping them: the default of
+/// [`ElementStream::advance`], and the fallback of stages that can skip only some of the time.
+///
+/// # Errors
+///
+/// The first error met while skipping.
+pub fn advance_by_reading<S: ElementStream + ?Sized>(
+    stream: &mut S,
+    n: u64,
+) -> Result<u64, DataError> {
+    let mut skipped = 0;
+    while skipped < n {
+        match stream.next_element() {
+            None => break,
+            Some(Err(e)) => return Err(e),
+            Some(Ok(_)) => skipped += 1,
+        }
+    }
+    Ok(skipped)
 }
 
 impl<S: ElementStream + ?Sized> ElementStream for Box<S> {

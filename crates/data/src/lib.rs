@@ -49,7 +49,7 @@ pub mod ops;
 mod source;
 
 pub use batch::{Batch, BatchStream, Batchable};
-pub use dataset::{Cardinality, Dataset, ElementStream, Iter, IterState};
+pub use dataset::{Cardinality, Dataset, ElementStream, Iter, IterState, advance_by_reading};
 pub use distribute::{AutoShardPolicy, Distributed, DistributedStream, InputContext, distribute};
 pub use element::{Element, Scalar};
 pub use error::DataError;

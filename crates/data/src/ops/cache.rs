@@ -1,6 +1,6 @@
 use std::sync::{Arc, OnceLock};
 
-use crate::dataset::{Cardinality, Dataset, ElementStream};
+use crate::dataset::{Cardinality, Dataset, ElementStream, advance_by_reading};
 use crate::error::DataError;
 use crate::fingerprint::Fingerprint;
 
@@ -145,17 +145,7 @@ where
                 *pos += skipped;
                 Ok(skipped as u64)
             }
-            Self::Fill { .. } => {
-                let mut skipped = 0;
-                while skipped < n {
-                    match self.next_element() {
-                        None => break,
-                        Some(Err(e)) => return Err(e),
-                        Some(Ok(_)) => skipped += 1,
-                    }
-                }
-                Ok(skipped)
-            }
+            Self::Fill { .. } => advance_by_reading(self, n),
         }
     }
 }

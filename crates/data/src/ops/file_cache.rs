@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::dataset::{Cardinality, Dataset, ElementStream};
+use crate::dataset::{Cardinality, Dataset, ElementStream, advance_by_reading};
 use crate::element::Element;
 use crate::error::DataError;
 use crate::fingerprint::Fingerprint;
@@ -204,15 +204,7 @@ where
             *remaining -= skip;
             return Ok(skip);
         }
-        let mut skipped = 0;
-        while skipped < n {
-            match self.next_element() {
-                None => break,
-                Some(Err(e)) => return Err(e),
-                Some(Ok(_)) => skipped += 1,
-            }
-        }
-        Ok(skipped)
+        advance_by_reading(self, n)
     }
 }
 
