@@ -7,7 +7,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tokio_stream::{Stream, StreamExt};
@@ -389,21 +389,6 @@ impl Transport for GrpcTransport {
                 .map_err(|_| self.lost(peer, "its stream is closed".into())),
             None => Err(self.lost(peer, "no stream to this rank".into())),
         }
-    }
-
-    fn send_slice(
-        &mut self,
-        peer: usize,
-        header: Header,
-        payload: &[u8],
-    ) -> Result<(), CollectiveError> {
-        self.send(
-            peer,
-            Message {
-                header,
-                payload: Bytes::copy_from_slice(payload),
-            },
-        )
     }
 
     fn recv(&mut self, peer: usize, deadline: Instant) -> Result<Option<Message>, CollectiveError> {
