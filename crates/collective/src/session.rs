@@ -7,7 +7,7 @@ use bytes::Bytes;
 use crate::element::Element;
 use crate::error::CollectiveError;
 use crate::header::{Header, Kind, Message};
-use crate::transport::Transport;
+use crate::transport::{Completion, Outgoing, Transport};
 
 pub(crate) struct Session<'a, T: Transport> {
     pub(crate) transport: &'a mut T,
@@ -39,6 +39,15 @@ impl<T: Transport> Session<'_, T> {
         }
     }
 
+    fn timeout_waiting_for(&self, peer: usize) -> CollectiveError {
+        CollectiveError::Timeout {
+            op: self.template.op,
+            seq: self.template.seq,
+            missing_ranks: vec![peer],
+            timeout: self.timeout,
+        }
+    }
+
     /// Sends `data` to `peer` as one or more messages (one empty message for empty data, so
     /// both sides stay in step).
     pub(crate) fn send<E: Element>(
@@ -47,18 +56,18 @@ impl<T: Transport> Session<'_, T> {
         data: &[E],
     ) -> Result<(), CollectiveError> {
         self.note_peer(peer);
-        if data.is_empty() {
-            return self.transport.send(
-                peer,
-                Message {
-                    header: self.template,
-                    payload: Bytes::new(),
-                },
-            );
-        }
-        for chunk in data.chunks(self.elems_per_pack::<E>()) {
-            self.transport
-                .send_slice(peer, self.template, bytemuck::cast_slice(chunk))?;
+        let pack_bytes = self.elems_per_pack::<E>() * std::mem::size_of::<E>();
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let mut packs = bytes.chunks(pack_bytes);
+        let mut next = Some(packs.next().unwrap_or_default());
+        while let Some(pack) = next {
+            if !self
+                .transport
+                .send_slice(peer, self.template, pack, self.deadline)?
+            {
+                return Err(self.timeout_waiting_for(peer));
+            }
+            next = packs.next();
         }
         Ok(())
     }
@@ -72,91 +81,48 @@ impl<T: Transport> Session<'_, T> {
         mut apply: impl FnMut(usize, &[E]),
     ) -> Result<(), CollectiveError> {
         self.note_peer(peer);
-        let per_pack = self.elems_per_pack::<E>();
-        let mut offset = 0;
-        loop {
-            let expected = per_pack.min(len - offset);
-            let message = self.recv_checked(peer)?;
-            let got = message.payload.len();
-            if got != expected * std::mem::size_of::<E>() {
-                return Err(CollectiveError::Mismatch {
-                    what: "payload size",
-                    expected: format!("{} bytes", expected * std::mem::size_of::<E>()),
-                    got: format!("{got} bytes"),
-                    peer,
-                });
-            }
-            // Payloads are normally aligned for E (allocators align to 16 bytes): view them in
-            // place, and copy only when they are not.
-            match bytemuck::try_cast_slice::<u8, E>(&message.payload) {
-                Ok(values) => apply(offset, values),
-                Err(_) => apply(
-                    offset,
-                    &bytemuck::pod_collect_to_vec::<u8, E>(&message.payload),
-                ),
-            }
-            offset += expected;
-            if offset >= len {
-                return Ok(());
-            }
+        let mut packs = Packs::new(self.template, peer, len, self.elems_per_pack::<E>());
+        while !packs.done() {
+            let Some(message) = self.transport.recv(peer, self.deadline)? else {
+                return Err(self.timeout_waiting_for(peer));
+            };
+            packs.accept(&message, &mut apply)?;
+            self.transport.recycle(peer, message.payload);
         }
+        Ok(())
     }
 
-    /// The next message from `peer`, checked against this collective.
-    fn recv_checked(&mut self, peer: usize) -> Result<Message, CollectiveError> {
-        let t = self.template;
-        let Some(message) = self.transport.recv(peer, self.deadline)? else {
-            return Err(CollectiveError::Timeout {
-                op: t.op,
-                seq: t.seq,
-                missing_ranks: vec![peer],
-                timeout: self.timeout,
-            });
-        };
-        let h = message.header;
-        if h.kind == Kind::Abort {
-            return Err(CollectiveError::Aborted {
-                op: h.op,
-                seq: h.seq,
-                origin: h.source as usize,
-                reason: String::from_utf8_lossy(&message.payload).into_owned(),
-            });
+    /// Sends `outgoing` to `to` while receiving `len` elements from `from` (as [`Session::send`]
+    /// and [`Session::recv`] would one after the other), both directions at once, so the
+    /// network carries both and each received pack is reduced while others are on the wire.
+    pub(crate) fn send_recv<E: Element>(
+        &mut self,
+        to: usize,
+        outgoing: &[E],
+        from: usize,
+        len: usize,
+        mut apply: impl FnMut(usize, &[E]),
+    ) -> Result<(), CollectiveError> {
+        self.note_peer(to);
+        self.note_peer(from);
+        let per_pack = self.elems_per_pack::<E>();
+        let mut packs = Packs::new(self.template, from, len, per_pack);
+        let completion = self.transport.exchange(
+            Outgoing {
+                to,
+                header: self.template,
+                payload: bytemuck::cast_slice(outgoing),
+                pack_bytes: per_pack * std::mem::size_of::<E>(),
+            },
+            from,
+            packs.messages(),
+            self.deadline,
+            &mut |message| packs.accept(message, &mut apply),
+        )?;
+        match completion {
+            Completion::Done => Ok(()),
+            Completion::Expired { waiting_for } => Err(self.timeout_waiting_for(waiting_for)),
         }
-        let mismatch = |what, expected: String, got: String| {
-            Err(CollectiveError::Mismatch {
-                what,
-                expected,
-                got,
-                peer,
-            })
-        };
-        if h.cluster != t.cluster {
-            return mismatch(
-                "cluster identity",
-                format!("{:x}", t.cluster),
-                format!("{:x}", h.cluster),
-            );
-        }
-        if h.seq != t.seq {
-            return mismatch("sequence number", t.seq.to_string(), h.seq.to_string());
-        }
-        if h.op != t.op {
-            return mismatch("operation", t.op.to_string(), h.op.to_string());
-        }
-        if h.dtype != t.dtype {
-            return mismatch(
-                "element type",
-                format!("{:?}", t.dtype),
-                format!("{:?}", h.dtype),
-            );
-        }
-        if h.count != t.count {
-            return mismatch("element count", t.count.to_string(), h.count.to_string());
-        }
-        if h.reduce != t.reduce {
-            return mismatch("reduction", t.reduce.to_string(), h.reduce.to_string());
-        }
-        Ok(message)
     }
 
     /// The error to report for `error`: a lost peer is often the consequence of another
@@ -191,6 +157,8 @@ impl<T: Transport> Session<'_, T> {
             ..self.template
         };
         let rank = self.rank();
+        // A peer that is stalled, not gone, must not hold this rank's error back for long.
+        let deadline = Instant::now() + Duration::from_millis(100);
         for peer in (0..self.world_size()).filter(|&p| p != rank) {
             let _ = self.transport.send(
                 peer,
@@ -198,7 +166,120 @@ impl<T: Transport> Session<'_, T> {
                     header,
                     payload: Bytes::copy_from_slice(reason.as_bytes()),
                 },
+                deadline,
             );
         }
     }
+}
+
+/// The receiving side of one transfer: which pack comes next, checked against the collective.
+struct Packs {
+    template: Header,
+    peer: usize,
+    len: usize,
+    per_pack: usize,
+    offset: usize,
+    received: usize,
+}
+
+impl Packs {
+    fn new(template: Header, peer: usize, len: usize, per_pack: usize) -> Self {
+        Self {
+            template,
+            peer,
+            len,
+            per_pack,
+            offset: 0,
+            received: 0,
+        }
+    }
+
+    /// How many messages carry `len` elements (one, empty, for none).
+    fn messages(&self) -> usize {
+        self.len.div_ceil(self.per_pack).max(1)
+    }
+
+    fn done(&self) -> bool {
+        self.received == self.messages()
+    }
+
+    /// Checks the next message and hands its elements to `apply` with their offset.
+    fn accept<E: Element>(
+        &mut self,
+        message: &Message,
+        apply: &mut impl FnMut(usize, &[E]),
+    ) -> Result<(), CollectiveError> {
+        check(&self.template, self.peer, message)?;
+        let expected = self.per_pack.min(self.len - self.offset) * std::mem::size_of::<E>();
+        let got = message.payload.len();
+        if got != expected {
+            return Err(CollectiveError::Mismatch {
+                what: "payload size",
+                expected: format!("{expected} bytes"),
+                got: format!("{got} bytes"),
+                peer: self.peer,
+            });
+        }
+        // Payloads are normally aligned for E (allocators align to 16 bytes): view them in
+        // place, and copy only when they are not.
+        match bytemuck::try_cast_slice::<u8, E>(&message.payload) {
+            Ok(values) => apply(self.offset, values),
+            Err(_) => apply(
+                self.offset,
+                &bytemuck::pod_collect_to_vec::<u8, E>(&message.payload),
+            ),
+        }
+        self.offset += expected / std::mem::size_of::<E>().max(1);
+        self.received += 1;
+        Ok(())
+    }
+}
+
+/// A message from `peer` that does not belong to the collective `t` describes is an error:
+/// an abort names the rank that failed; anything else is a mismatch.
+fn check(t: &Header, peer: usize, message: &Message) -> Result<(), CollectiveError> {
+    let h = message.header;
+    if h.kind == Kind::Abort {
+        return Err(CollectiveError::Aborted {
+            op: h.op,
+            seq: h.seq,
+            origin: h.source as usize,
+            reason: String::from_utf8_lossy(&message.payload).into_owned(),
+        });
+    }
+    let mismatch = |what, expected: String, got: String| {
+        Err(CollectiveError::Mismatch {
+            what,
+            expected,
+            got,
+            peer,
+        })
+    };
+    if h.cluster != t.cluster {
+        return mismatch(
+            "cluster identity",
+            format!("{:x}", t.cluster),
+            format!("{:x}", h.cluster),
+        );
+    }
+    if h.seq != t.seq {
+        return mismatch("sequence number", t.seq.to_string(), h.seq.to_string());
+    }
+    if h.op != t.op {
+        return mismatch("operation", t.op.to_string(), h.op.to_string());
+    }
+    if h.dtype != t.dtype {
+        return mismatch(
+            "element type",
+            format!("{:?}", t.dtype),
+            format!("{:?}", h.dtype),
+        );
+    }
+    if h.count != t.count {
+        return mismatch("element count", t.count.to_string(), h.count.to_string());
+    }
+    if h.reduce != t.reduce {
+        return mismatch("reduction", t.reduce.to_string(), h.reduce.to_string());
+    }
+    Ok(())
 }

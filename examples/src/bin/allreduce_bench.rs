@@ -7,9 +7,12 @@
 //! [worker:0] 4      4096       tree       ...
 //! ```
 //!
-//! Each size runs a few warm-up rounds, then `--iters` timed rounds; the reported time is the
-//! median over rounds of the slowest rank (a collective is as slow as its slowest member).
-//! Bus bandwidth is as nccl-tests defines it: `size / time × 2(n − 1) / n`.
+//! The method is the one of the reference figures in `shared/anchors/collectives/` (gloo,
+//! Open MPI), so the tables compare directly: 5 warm-up rounds; probe batches of 3, 6, 12, …
+//! rounds until one takes 0.2 s on the slowest rank; then enough back-to-back timed rounds for
+//! 2 s (at least 20, or 5 when 20 would take over 10 s); the reported time is the slowest
+//! rank's median. Bus bandwidth is as nccl-tests defines it: `size / time × 2(n − 1) / n`.
+//! Afterwards every rank checks the sum of `rank + 1` over all ranks.
 
 use std::time::{Duration, Instant};
 
@@ -32,9 +35,12 @@ struct Args {
     /// Algorithms to measure: ring, tree.
     #[arg(long, value_delimiter = ',', default_values_t = ["ring".to_owned(), "tree".to_owned()])]
     algorithms: Vec<String>,
-    /// Timed rounds per size (small sizes run 20× more).
-    #[arg(long, default_value_t = 10)]
-    iters: usize,
+    /// Timed rounds per size, instead of as many as fill `--seconds`.
+    #[arg(long)]
+    iters: Option<usize>,
+    /// Seconds of timed rounds per size.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
     /// Bytes per message.
     #[arg(long, default_value_t = 1 << 20)]
     bytes_per_pack: usize,
@@ -92,8 +98,8 @@ fn measure<T: ClusterTransport>(cluster: &Cluster, args: &Args, wire: &str) -> a
     let n = comm.world_size();
     if comm.rank() == 0 {
         println!(
-            "{:<6} {:<6} {:<10} {:<10} {:>10} {:>11} {:>11}",
-            "ranks", "wire", "bytes", "algorithm", "time_us", "algbw_GBps", "busbw_GBps"
+            "{:<6} {:<6} {:<10} {:<10} {:>7} {:>10} {:>11} {:>11}",
+            "ranks", "wire", "bytes", "algorithm", "rounds", "time_us", "algbw_GBps", "busbw_GBps"
         );
     }
     for name in &args.algorithms {
@@ -105,30 +111,37 @@ fn measure<T: ClusterTransport>(cluster: &Cluster, args: &Args, wire: &str) -> a
         for &bytes in &args.sizes {
             comm.set_options(options);
             let elements = (bytes / 4).max(1);
-            let mut data = vec![1.0_f32; elements];
-            let rounds = if bytes <= 65_536 {
-                args.iters * 20
-            } else {
-                args.iters
-            };
-            for _ in 0..3 {
+            let mut data = vec![0.0_f32; elements];
+            for _ in 0..5 {
                 comm.all_reduce(&mut data, ReduceOp::Sum)?;
             }
+            let rounds = match args.iters {
+                Some(iters) => iters.max(1),
+                None => rounds_for(&mut comm, &mut data, args.seconds)?,
+            };
             let mut times = Vec::with_capacity(rounds);
             for _ in 0..rounds {
                 let started = Instant::now();
                 comm.all_reduce(&mut data, ReduceOp::Sum)?;
                 times.push(started.elapsed().as_secs_f64());
             }
-            // The slowest rank's time, round by round.
-            comm.all_reduce(&mut times, ReduceOp::Max)?;
             times.sort_by(f64::total_cmp);
-            let median = times[times.len() / 2];
+            let mut median = [times[times.len() / 2]];
+            comm.all_reduce(&mut median, ReduceOp::Max)?;
+            let [median] = median;
+
+            data.fill((comm.rank() + 1) as f32);
+            comm.all_reduce(&mut data, ReduceOp::Sum)?;
+            let expected = (n * (n + 1) / 2) as f32;
+            anyhow::ensure!(
+                data.iter().all(|&x| x == expected),
+                "{name} all-reduce of {bytes} bytes gave a wrong sum"
+            );
             if comm.rank() == 0 {
                 let algbw = (elements * 4) as f64 / median / 1e9;
                 let busbw = algbw * 2.0 * (n - 1) as f64 / n as f64;
                 println!(
-                    "{n:<6} {wire:<6} {:<10} {name:<10} {:>10.1} {algbw:>11.3} {busbw:>11.3}",
+                    "{n:<6} {wire:<6} {:<10} {name:<10} {rounds:>7} {:>10.1} {algbw:>11.3} {busbw:>11.3}",
                     elements * 4,
                     median * 1e6
                 );
@@ -136,4 +149,31 @@ fn measure<T: ClusterTransport>(cluster: &Cluster, args: &Args, wire: &str) -> a
         }
     }
     Ok(())
+}
+
+/// How many timed rounds fill `seconds`, from probe batches of 3, 6, 12, … rounds until one
+/// takes 0.2 s on the slowest rank; at least 20 rounds, or 5 when 20 would take over 10 s.
+/// Every rank gets the same answer.
+fn rounds_for<T: ClusterTransport>(
+    comm: &mut Communicator<T>,
+    data: &mut [f32],
+    seconds: f64,
+) -> anyhow::Result<usize> {
+    let mut batch = 3_usize;
+    let per_round = loop {
+        comm.barrier()?;
+        let started = Instant::now();
+        for _ in 0..batch {
+            comm.all_reduce(data, ReduceOp::Sum)?;
+        }
+        let mut elapsed = [started.elapsed().as_secs_f64()];
+        comm.all_reduce(&mut elapsed, ReduceOp::Max)?;
+        if elapsed[0] >= 0.2 || batch > 100_000 {
+            break elapsed[0] / batch as f64;
+        }
+        batch *= 2;
+    };
+    let for_seconds = (seconds / per_round).ceil() as usize;
+    let floor = ((10.0 / per_round).ceil() as usize).clamp(5, 20);
+    Ok(for_seconds.max(floor).min(200_000))
 }

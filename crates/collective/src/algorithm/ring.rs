@@ -1,6 +1,6 @@
 //! Ring algorithms: reduce-scatter, all-gather, and all-reduce as the two in a row.
 
-use super::segment;
+use super::{read_and_write, segment};
 use crate::element::{Element, ReduceOp};
 use crate::error::CollectiveError;
 use crate::session::Session;
@@ -19,9 +19,9 @@ pub(crate) fn reduce_scatter<T: Transport, E: Element>(
     for step in 0..n - 1 {
         let send = segment(data.len(), n, (r + shift + n - step) % n);
         let recv = segment(data.len(), n, (r + shift + 2 * n - step - 1) % n);
-        s.send(next, &data[send])?;
-        let target = &mut data[recv.clone()];
-        s.recv(prev, recv.len(), |offset, incoming: &[E]| {
+        let len = recv.len();
+        let (outgoing, target) = read_and_write(data, send, recv);
+        s.send_recv(next, outgoing, prev, len, |offset, incoming: &[E]| {
             op.combine(&mut target[offset..offset + incoming.len()], incoming);
         })?;
     }
@@ -40,9 +40,9 @@ pub(crate) fn all_gather<T: Transport, E: Element>(
     for step in 0..n - 1 {
         let send = segment(data.len(), n, (r + shift + 1 + n - step) % n);
         let recv = segment(data.len(), n, (r + shift + n - step) % n);
-        s.send(next, &data[send])?;
-        let target = &mut data[recv.clone()];
-        s.recv(prev, recv.len(), |offset, incoming: &[E]| {
+        let len = recv.len();
+        let (outgoing, target) = read_and_write(data, send, recv);
+        s.send_recv(next, outgoing, prev, len, |offset, incoming: &[E]| {
             target[offset..offset + incoming.len()].copy_from_slice(incoming);
         })?;
     }

@@ -381,11 +381,17 @@ impl Transport for GrpcTransport {
         self.cluster
     }
 
-    fn send(&mut self, peer: usize, message: Message) -> Result<(), CollectiveError> {
+    fn send(
+        &mut self,
+        peer: usize,
+        message: Message,
+        _deadline: Instant,
+    ) -> Result<bool, CollectiveError> {
         let frame = to_frame(&message);
         match &self.outbound[peer] {
             Some(out) => out
                 .send(frame)
+                .map(|()| true)
                 .map_err(|_| self.lost(peer, "its stream is closed".into())),
             None => Err(self.lost(peer, "no stream to this rank".into())),
         }

@@ -86,8 +86,16 @@ impl Transport for LocalTransport {
         0
     }
 
-    fn send(&mut self, peer: usize, message: Message) -> Result<(), CollectiveError> {
-        self.to[peer].send(message).map_err(|_| Self::lost(peer))
+    fn send(
+        &mut self,
+        peer: usize,
+        message: Message,
+        _deadline: Instant,
+    ) -> Result<bool, CollectiveError> {
+        self.to[peer]
+            .send(message)
+            .map(|()| true)
+            .map_err(|_| Self::lost(peer))
     }
 
     fn recv(&mut self, peer: usize, deadline: Instant) -> Result<Option<Message>, CollectiveError> {

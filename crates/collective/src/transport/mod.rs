@@ -42,15 +42,21 @@ pub trait Transport: Send {
         None
     }
 
-    /// Sends a message to `peer`.
+    /// Sends a message to `peer`: `Ok(true)` once the transport has taken it, `Ok(false)` when
+    /// `deadline` passed first (a transport with bounded buffers waits for a slow reader).
     ///
     /// # Errors
     ///
     /// [`CollectiveError::PeerLost`] when the peer is gone.
-    fn send(&mut self, peer: usize, message: Message) -> Result<(), CollectiveError>;
+    fn send(
+        &mut self,
+        peer: usize,
+        message: Message,
+        deadline: Instant,
+    ) -> Result<bool, CollectiveError>;
 
-    /// Sends `payload` under `header` to `peer`. Transports that write bytes out (TCP) do so
-    /// straight from the slice; the default copies it into a message.
+    /// Sends `payload` under `header` to `peer`, as [`Transport::send`]. Transports that write
+    /// bytes out (TCP) do so straight from the slice; the default copies it into a message.
     ///
     /// # Errors
     ///
@@ -60,14 +66,69 @@ pub trait Transport: Send {
         peer: usize,
         header: Header,
         payload: &[u8],
-    ) -> Result<(), CollectiveError> {
+        deadline: Instant,
+    ) -> Result<bool, CollectiveError> {
         self.send(
             peer,
             Message {
                 header,
                 payload: Bytes::copy_from_slice(payload),
             },
+            deadline,
         )
+    }
+
+    /// Sends `outgoing` while receiving `messages` messages from `from`, handing each to
+    /// `on_receive` in order; both directions progress together, so neither side's sending
+    /// waits for the other's receiving to finish. The default alternates one send and one
+    /// receive.
+    ///
+    /// # Errors
+    ///
+    /// [`CollectiveError::PeerLost`] when a peer is gone, or what `on_receive` returns.
+    fn exchange(
+        &mut self,
+        outgoing: Outgoing<'_>,
+        from: usize,
+        messages: usize,
+        deadline: Instant,
+        on_receive: &mut dyn FnMut(&Message) -> Result<(), CollectiveError>,
+    ) -> Result<Completion, CollectiveError> {
+        let mut received = 0;
+        let mut receive_one = |transport: &mut Self| -> Result<bool, CollectiveError> {
+            let Some(message) = transport.recv(from, deadline)? else {
+                return Ok(false);
+            };
+            on_receive(&message)?;
+            transport.recycle(from, message.payload);
+            Ok(true)
+        };
+        for pack in outgoing.packs() {
+            if !self.send_slice(outgoing.to, outgoing.header, pack, deadline)? {
+                return Ok(Completion::Expired {
+                    waiting_for: outgoing.to,
+                });
+            }
+            if received < messages {
+                if !receive_one(self)? {
+                    return Ok(Completion::Expired { waiting_for: from });
+                }
+                received += 1;
+            }
+        }
+        while received < messages {
+            if !receive_one(self)? {
+                return Ok(Completion::Expired { waiting_for: from });
+            }
+            received += 1;
+        }
+        Ok(Completion::Done)
+    }
+
+    /// Hands back the payload of a received message once it has been used, so a transport
+    /// that reads into buffers can reuse them; the default drops it.
+    fn recycle(&mut self, peer: usize, payload: Bytes) {
+        let _ = (peer, payload);
     }
 
     /// The next message from `peer`, waiting at most until `deadline`; `Ok(None)` when the
@@ -77,6 +138,42 @@ pub trait Transport: Send {
     ///
     /// [`CollectiveError::PeerLost`] when the peer is gone.
     fn recv(&mut self, peer: usize, deadline: Instant) -> Result<Option<Message>, CollectiveError>;
+}
+
+/// What one side of a [`Transport::exchange`] sends: `payload` to `to` under `header`, cut into
+/// messages of `pack_bytes` (one empty message when `payload` is empty).
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    /// The receiving rank.
+    pub to: usize,
+    /// The header of every message.
+    pub header: Header,
+    /// The bytes to send.
+    pub payload: &'a [u8],
+    /// The most bytes in one message.
+    pub pack_bytes: usize,
+}
+
+impl<'a> Outgoing<'a> {
+    /// The payload as the messages that carry it.
+    pub fn packs(&self) -> impl Iterator<Item = &'a [u8]> + use<'a> {
+        let payload: &'a [u8] = self.payload;
+        let empty = payload.is_empty().then_some(payload);
+        payload.chunks(self.pack_bytes.max(1)).chain(empty)
+    }
+}
+
+/// How a transfer with a deadline ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Completion {
+    /// Everything was sent and received.
+    Done,
+    /// The deadline passed while waiting for this rank.
+    Expired {
+        /// The rank that had not taken or delivered its messages.
+        waiting_for: usize,
+    },
 }
 
 /// A transport that can join the members of a cluster by address: TCP or gRPC.
@@ -138,16 +235,35 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     fn shared_memory(&self) -> Option<&SharedMemoryTransport> {
         (**self).shared_memory()
     }
-    fn send(&mut self, peer: usize, message: Message) -> Result<(), CollectiveError> {
-        (**self).send(peer, message)
+    fn send(
+        &mut self,
+        peer: usize,
+        message: Message,
+        deadline: Instant,
+    ) -> Result<bool, CollectiveError> {
+        (**self).send(peer, message, deadline)
     }
     fn send_slice(
         &mut self,
         peer: usize,
         header: Header,
         payload: &[u8],
-    ) -> Result<(), CollectiveError> {
-        (**self).send_slice(peer, header, payload)
+        deadline: Instant,
+    ) -> Result<bool, CollectiveError> {
+        (**self).send_slice(peer, header, payload, deadline)
+    }
+    fn exchange(
+        &mut self,
+        outgoing: Outgoing<'_>,
+        from: usize,
+        messages: usize,
+        deadline: Instant,
+        on_receive: &mut dyn FnMut(&Message) -> Result<(), CollectiveError>,
+    ) -> Result<Completion, CollectiveError> {
+        (**self).exchange(outgoing, from, messages, deadline, on_receive)
+    }
+    fn recycle(&mut self, peer: usize, payload: Bytes) {
+        (**self).recycle(peer, payload);
     }
     fn recv(&mut self, peer: usize, deadline: Instant) -> Result<Option<Message>, CollectiveError> {
         (**self).recv(peer, deadline)

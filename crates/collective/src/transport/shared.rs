@@ -268,8 +268,13 @@ impl Transport for SharedMemoryTransport {
         0
     }
 
-    fn send(&mut self, peer: usize, message: Message) -> Result<(), CollectiveError> {
-        self.channels.send(peer, message)
+    fn send(
+        &mut self,
+        peer: usize,
+        message: Message,
+        deadline: Instant,
+    ) -> Result<bool, CollectiveError> {
+        self.channels.send(peer, message, deadline)
     }
 
     fn recv(&mut self, peer: usize, deadline: Instant) -> Result<Option<Message>, CollectiveError> {

@@ -1,0 +1,356 @@
+//! One peer's connection, driven from the calling thread: frames are read without blocking
+//! into per-peer queues, and written straight from the caller's slice.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::ops::Range;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::header::{HEADER_LEN, Header, Message};
+
+/// The largest payload a peer may announce: a corrupt length must not allocate gigabytes.
+pub(super) const MAX_PAYLOAD: u32 = 1 << 30;
+/// Small frames arrive many to a read; they are parsed out of this much staging space.
+const STAGING: usize = 64 << 10;
+/// Payload buffers kept for reuse per peer (each as large as one pack).
+const SPARE_BUFFERS: usize = 4;
+/// Smaller payloads are cheap to allocate and not worth keeping.
+const SPARE_MIN_BYTES: usize = 4 << 10;
+
+/// A frame whose payload is still arriving.
+struct Partial {
+    header: Header,
+    payload: BytesMut,
+    filled: usize,
+}
+
+/// The result of one attempt to move bytes.
+pub(super) enum Progress {
+    /// Some bytes moved.
+    Moved,
+    /// The socket has nothing to read, or no room to write, right now.
+    WouldBlock,
+}
+
+/// A non-blocking connection to one peer.
+pub(super) struct Link {
+    stream: TcpStream,
+    staging: Box<[u8]>,
+    staged: Range<usize>,
+    partial: Option<Partial>,
+    /// Complete frames not yet asked for.
+    pub(super) ready: VecDeque<Message>,
+    /// Why the connection ended, once it has (frames before the end stay in `ready`).
+    pub(super) closed: Option<String>,
+    /// Payload buffers handed back after use; their bytes are initialised up to `len`, so
+    /// reusing one costs no zero-fill.
+    spare: Vec<BytesMut>,
+}
+
+impl Link {
+    /// Wraps a connected stream.
+    pub(super) fn new(stream: TcpStream) -> io::Result<Self> {
+        stream.set_nonblocking(true)?;
+        stream.set_nodelay(true)?;
+        Ok(Self {
+            stream,
+            staging: vec![0; STAGING].into_boxed_slice(),
+            staged: 0..0,
+            partial: None,
+            ready: VecDeque::new(),
+            closed: None,
+            spare: Vec::new(),
+        })
+    }
+
+    pub(super) fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
+    /// Reads everything the socket holds now; returns whether anything arrived (a frame, or
+    /// the end of the connection).
+    pub(super) fn pump(&mut self) -> bool {
+        let mut moved = false;
+        while self.closed.is_none() {
+            match self.read_step() {
+                Ok(Progress::Moved) => moved = true,
+                Ok(Progress::WouldBlock) => break,
+                Err(reason) => {
+                    self.closed = Some(reason);
+                    moved = true;
+                }
+            }
+        }
+        moved
+    }
+
+    /// One read from the socket or one frame parsed out of the staging space.
+    fn read_step(&mut self) -> Result<Progress, String> {
+        if self
+            .partial
+            .as_ref()
+            .is_some_and(|p| p.filled == p.payload.len())
+            && let Some(done) = self.partial.take()
+        {
+            self.ready.push_back(Message {
+                header: done.header,
+                payload: done.payload.freeze(),
+            });
+            return Ok(Progress::Moved);
+        }
+        if let Some(partial) = &mut self.partial {
+            let missing = partial.payload.len() - partial.filled;
+            if !self.staged.is_empty() {
+                let n = missing.min(self.staged.len());
+                let from = self.staged.start;
+                partial.payload[partial.filled..partial.filled + n]
+                    .copy_from_slice(&self.staging[from..from + n]);
+                partial.filled += n;
+                self.staged.start += n;
+                return Ok(Progress::Moved);
+            }
+            return match read(&mut self.stream, &mut partial.payload[partial.filled..]) {
+                Ok(Some(0)) => Err("the connection closed in the middle of a message".into()),
+                Ok(Some(n)) => {
+                    partial.filled += n;
+                    Ok(Progress::Moved)
+                }
+                Ok(None) => Ok(Progress::WouldBlock),
+                Err(e) => Err(e.to_string()),
+            };
+        }
+        if self.staged.len() >= HEADER_LEN {
+            let (header, len) =
+                Header::decode(&self.staging[self.staged.clone()]).map_err(|e| e.to_string())?;
+            if len > MAX_PAYLOAD {
+                return Err(format!(
+                    "a frame announced {len} bytes, over the {MAX_PAYLOAD}-byte limit"
+                ));
+            }
+            self.staged.start += HEADER_LEN;
+            let payload = self.buffer(len as usize);
+            self.partial = Some(Partial {
+                header,
+                payload,
+                filled: 0,
+            });
+            return Ok(Progress::Moved);
+        }
+        if self.staged.start > 0 {
+            self.staging.copy_within(self.staged.clone(), 0);
+            self.staged = 0..self.staged.len();
+        }
+        match read(&mut self.stream, &mut self.staging[self.staged.end..]) {
+            Ok(Some(0)) if self.staged.is_empty() => Err("the connection closed".into()),
+            Ok(Some(0)) => Err("the connection closed in the middle of a header".into()),
+            Ok(Some(n)) => {
+                self.staged.end += n;
+                Ok(Progress::Moved)
+            }
+            Ok(None) => Ok(Progress::WouldBlock),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// A `len`-byte buffer to read a payload into: a spare one when one is large enough.
+    fn buffer(&mut self, len: usize) -> BytesMut {
+        match self.spare.iter().position(|b| b.capacity() >= len) {
+            Some(at) => {
+                let mut buffer = self.spare.swap_remove(at);
+                // Growing within capacity zero-fills only what was never initialised.
+                buffer.resize(len, 0);
+                buffer
+            }
+            None => BytesMut::zeroed(len),
+        }
+    }
+
+    /// Keeps a used payload's memory for the next frame, when nobody else holds it.
+    pub(super) fn recycle(&mut self, payload: Bytes) {
+        if self.spare.len() < SPARE_BUFFERS
+            && payload.len() >= SPARE_MIN_BYTES
+            && let Ok(buffer) = payload.try_into_mut()
+        {
+            self.spare.push(buffer);
+        }
+    }
+
+    /// Writes as much of `header ++ payload` from byte `written` on as the socket takes now;
+    /// returns the new count of bytes written.
+    pub(super) fn write_step(
+        &mut self,
+        head: &[u8],
+        payload: &[u8],
+        written: usize,
+    ) -> io::Result<(usize, Progress)> {
+        let slices = if written < head.len() {
+            [IoSlice::new(&head[written..]), IoSlice::new(payload)]
+        } else {
+            [
+                IoSlice::new(&payload[written - head.len()..]),
+                IoSlice::new(&[]),
+            ]
+        };
+        match self.stream.write_vectored(&slices) {
+            Ok(0) => Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "the connection accepts no more bytes",
+            )),
+            Ok(n) => Ok((written + n, Progress::Moved)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok((written, Progress::WouldBlock)),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok((written, Progress::Moved)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Ends the connection for both sides: a peer must see an end, never half a frame
+    /// followed by another.
+    pub(super) fn cut(&mut self, reason: String) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+        self.closed.get_or_insert(reason);
+    }
+
+    /// Tells the peer no more frames follow (their reads end after our last frame).
+    pub(super) fn finish(&self) {
+        let _ = self.stream.shutdown(Shutdown::Write);
+    }
+}
+
+/// A non-blocking read: `Ok(None)` when nothing is available.
+fn read(stream: &mut TcpStream, into: &mut [u8]) -> io::Result<Option<usize>> {
+    loop {
+        match stream.read(into) {
+            Ok(n) => return Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+    use std::time::{Duration, Instant};
+
+    use bytes::BufMut;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::header::{DType, Kind, Op};
+
+    fn pair() -> (TcpStream, Link) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let writer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (reader, _) = listener.accept().unwrap();
+        (writer, Link::new(reader).unwrap())
+    }
+
+    fn frame(seq: u64, payload: &[u8]) -> Vec<u8> {
+        let header = Header {
+            kind: Kind::Data,
+            op: Op::AllReduce,
+            dtype: DType::F32,
+            reduce: 0,
+            cluster: 7,
+            seq,
+            count: 0,
+            source: 1,
+        };
+        let mut out = BytesMut::new();
+        header.encode(payload.len() as u32, &mut out);
+        out.put_slice(payload);
+        out.to_vec()
+    }
+
+    /// Pumps until `want` frames are ready or the link closes (bounded in time).
+    fn pump_until(link: &mut Link, want: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while link.ready.len() < want && link.closed.is_none() && Instant::now() < deadline {
+            if !link.pump() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        #[test]
+        fn frames_cut_anywhere_arrive_whole_and_in_order(
+            payloads in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..70_000), 1..5),
+            cuts in prop::collection::vec(1_usize..9_000, 1..40),
+        ) {
+            let (mut writer, mut link) = pair();
+            let bytes: Vec<u8> = payloads
+                .iter()
+                .enumerate()
+                .flat_map(|(seq, p)| frame(seq as u64, p))
+                .collect();
+            let sender = std::thread::spawn(move || {
+                let mut at = 0;
+                for cut in cuts.iter().cycle() {
+                    if at == bytes.len() {
+                        break;
+                    }
+                    let end = (at + cut).min(bytes.len());
+                    writer.write_all(&bytes[at..end]).unwrap();
+                    writer.flush().unwrap();
+                    at = end;
+                }
+                writer
+            });
+            pump_until(&mut link, payloads.len());
+            let _writer = sender.join().unwrap();
+            prop_assert_eq!(link.ready.len(), payloads.len());
+            for (seq, payload) in payloads.iter().enumerate() {
+                let message = link.ready.pop_front().unwrap();
+                prop_assert_eq!(message.header.seq, seq as u64);
+                prop_assert_eq!(&message.payload[..], &payload[..]);
+                link.recycle(message.payload);
+            }
+        }
+
+        #[test]
+        fn garbage_on_the_wire_ends_the_connection_with_a_reason(
+            garbage in prop::collection::vec(any::<u8>(), HEADER_LEN..200),
+        ) {
+            prop_assume!(Header::decode(&garbage).is_err());
+            let (mut writer, mut link) = pair();
+            writer.write_all(&garbage).unwrap();
+            pump_until(&mut link, 1);
+            prop_assert!(link.ready.is_empty());
+            prop_assert!(link.closed.is_some());
+        }
+    }
+
+    #[test]
+    fn a_connection_that_ends_mid_message_is_reported_as_such() {
+        let (mut writer, mut link) = pair();
+        let bytes = frame(0, &[1; 100]);
+        writer.write_all(&bytes[..HEADER_LEN + 10]).unwrap();
+        drop(writer);
+        pump_until(&mut link, 1);
+        assert!(link.ready.is_empty());
+        let reason = link.closed.unwrap();
+        assert!(reason.contains("middle of a message"), "{reason}");
+    }
+
+    #[test]
+    fn recycled_buffers_are_reused_for_later_payloads() {
+        let (mut writer, mut link) = pair();
+        writer.write_all(&frame(0, &[3; 8192])).unwrap();
+        pump_until(&mut link, 1);
+        let first = link.ready.pop_front().unwrap().payload;
+        let address = first.as_ptr();
+        link.recycle(first);
+        writer.write_all(&frame(1, &[4; 5000])).unwrap();
+        pump_until(&mut link, 1);
+        let second = link.ready.pop_front().unwrap();
+        assert_eq!(second.payload.as_ptr(), address);
+        assert!(second.payload.iter().all(|&b| b == 4));
+        assert_eq!(second.payload.len(), 5000);
+    }
+}

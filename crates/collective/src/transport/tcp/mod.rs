@@ -1,0 +1,637 @@
+//! Ranks in separate processes or hosts, connected by plain TCP: one connection per pair and
+//! a handshake that checks the cluster identity. There are no helper threads: the calling
+//! thread reads and writes every socket itself (non-blocking, waiting in `poll(2)`), so a
+//! message costs no thread hand-off on either side, and while a write waits for room it keeps
+//! reading, so two ranks sending to each other never block each other.
+
+mod link;
+
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::num::NonZeroUsize;
+use std::os::fd::AsFd;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+
+use self::link::{Link, MAX_PAYLOAD, Progress};
+use super::{Completion, Outgoing, Transport};
+use crate::error::CollectiveError;
+use crate::header::{HEADER_LEN, Header, Message};
+
+const HELLO_MAGIC: u32 = 0x4C53_4848; // "LSHH"
+const HELLO_LEN: usize = 4 + 8 + 4 + 4;
+/// How long a receive checks its socket in a loop before sleeping in `poll`: a wake-up from
+/// `poll` costs tens of microseconds on a VM, a round trip on loopback less.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// How a TCP group forms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpOptions {
+    /// Every member must present the same identity; others are refused.
+    pub cluster: u64,
+    /// How long to keep trying to reach all peers at start-up.
+    pub rendezvous_timeout: Duration,
+}
+
+impl Default for TcpOptions {
+    fn default() -> Self {
+        Self {
+            cluster: 0,
+            rendezvous_timeout: Duration::from_mins(1),
+        }
+    }
+}
+
+/// One rank of a group connected over TCP.
+///
+/// Rank `i` listens on `addresses[i]`, dials every higher rank and accepts every lower one.
+/// Dialling retries with backoff until the rendezvous deadline, so processes may start in any
+/// order. A connection that does not present this group's cluster identity, a valid rank and
+/// the right world size is closed and ignored.
+pub struct TcpTransport {
+    rank: usize,
+    cluster: u64,
+    addresses: Vec<String>,
+    links: Vec<Option<Link>>,
+    spin: Duration,
+    /// More ranks than cores on this host: spinning must yield, or it steals a peer's core.
+    oversubscribed: bool,
+}
+
+fn setup(what: impl std::fmt::Display) -> CollectiveError {
+    CollectiveError::Setup(what.to_string())
+}
+
+fn hello(cluster: u64, rank: usize, world: usize) -> [u8; HELLO_LEN] {
+    let mut out = [0_u8; HELLO_LEN];
+    out[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+    out[4..12].copy_from_slice(&cluster.to_le_bytes());
+    out[12..16].copy_from_slice(&(rank as u32).to_le_bytes());
+    out[16..20].copy_from_slice(&(world as u32).to_le_bytes());
+    out
+}
+
+/// Reads a peer's hello: `(cluster, rank, world)`.
+fn read_hello(stream: &mut TcpStream) -> io::Result<(u64, usize, usize)> {
+    let mut raw = [0_u8; HELLO_LEN];
+    stream.read_exact(&mut raw)?;
+    let word = |at: usize| u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
+    if word(0) != HELLO_MAGIC {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a Lockstep collective peer",
+        ));
+    }
+    let mut cluster = [0_u8; 8];
+    cluster.copy_from_slice(&raw[4..12]);
+    Ok((
+        u64::from_le_bytes(cluster),
+        word(12) as usize,
+        word(16) as usize,
+    ))
+}
+
+impl TcpTransport {
+    /// Forms the group: binds `addresses[rank]`, connects to every other rank, and checks
+    /// every peer's identity.
+    ///
+    /// # Errors
+    ///
+    /// [`CollectiveError::Setup`] when the address cannot be bound or some rank is not
+    /// reached before the rendezvous deadline (the error names the missing ranks).
+    pub fn connect(
+        rank: usize,
+        addresses: &[String],
+        options: &TcpOptions,
+    ) -> Result<Self, CollectiveError> {
+        let world = addresses.len();
+        if rank >= world {
+            return Err(setup(format!(
+                "rank {rank} is not below the world size {world}"
+            )));
+        }
+        let deadline = Instant::now() + options.rendezvous_timeout;
+        let listener = TcpListener::bind(&addresses[rank])
+            .map_err(|e| setup(format!("binding {}: {e}", addresses[rank])))?;
+        listener.set_nonblocking(true).map_err(setup)?;
+        let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+
+        for (peer, address) in addresses.iter().enumerate().skip(rank + 1) {
+            streams[peer] = Some(dial(address, peer, rank, world, options.cluster, deadline)?);
+        }
+        loop {
+            let missing: Vec<usize> = (0..rank).filter(|&p| streams[p].is_none()).collect();
+            if missing.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(setup(format!(
+                    "rank(s) {missing:?} did not connect within {:?}",
+                    options.rendezvous_timeout
+                )));
+            }
+            match listener.accept() {
+                Ok((mut stream, from)) => {
+                    stream.set_nonblocking(false).map_err(setup)?;
+                    stream
+                        .set_read_timeout(Some(Duration::from_secs(5)))
+                        .map_err(setup)?;
+                    match read_hello(&mut stream) {
+                        Ok((cluster, peer, peer_world))
+                            if cluster == options.cluster
+                                && peer_world == world
+                                && peer < rank
+                                && streams[peer].is_none() =>
+                        {
+                            stream
+                                .write_all(&hello(options.cluster, rank, world))
+                                .map_err(setup)?;
+                            streams[peer] = Some(stream);
+                        }
+                        Ok((cluster, peer, peer_world)) => {
+                            tracing::warn!(%from, cluster, peer, peer_world, "refused a connection from outside this group");
+                        }
+                        Err(e) => {
+                            tracing::warn!(%from, %e, "refused a connection that did not say hello");
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(setup(format!("accepting on {}: {e}", addresses[rank]))),
+            }
+        }
+
+        let mut links = Vec::with_capacity(world);
+        for stream in streams {
+            links.push(match stream {
+                Some(stream) => {
+                    stream.set_read_timeout(None).map_err(setup)?;
+                    Some(Link::new(stream).map_err(setup)?)
+                }
+                None => None,
+            });
+        }
+        Ok(Self {
+            rank,
+            cluster: options.cluster,
+            spin: SPIN,
+            oversubscribed: oversubscribed(addresses, rank),
+            addresses: addresses.to_vec(),
+            links,
+        })
+    }
+
+    /// A group of one (a local run): no sockets at all.
+    pub fn single() -> Self {
+        Self {
+            rank: 0,
+            cluster: 0,
+            addresses: vec!["local".into()],
+            links: vec![None],
+            spin: Duration::ZERO,
+            oversubscribed: false,
+        }
+    }
+}
+
+/// Whether this rank's host runs more ranks of the group than it has cores.
+fn oversubscribed(addresses: &[String], rank: usize) -> bool {
+    let host = |address: &str| {
+        address
+            .rsplit_once(':')
+            .map_or("", |(host, _)| host)
+            .to_owned()
+    };
+    let here = host(&addresses[rank]);
+    let colocated = addresses.iter().filter(|a| host(a) == here).count();
+    colocated > thread::available_parallelism().map_or(1, NonZeroUsize::get)
+}
+
+/// Dials `address` until it answers with the expected hello, or the deadline passes.
+fn dial(
+    address: &str,
+    peer: usize,
+    rank: usize,
+    world: usize,
+    cluster: u64,
+    deadline: Instant,
+) -> Result<TcpStream, CollectiveError> {
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let attempt = (|| -> io::Result<TcpStream> {
+            let target = address
+                .to_socket_addrs()?
+                .next()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"))?;
+            let wait = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1));
+            let mut stream = TcpStream::connect_timeout(&target, wait)?;
+            stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+            stream.write_all(&hello(cluster, rank, world))?;
+            let (their_cluster, their_rank, their_world) = read_hello(&mut stream)?;
+            if (their_cluster, their_rank, their_world) != (cluster, peer, world) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{address} is rank {their_rank} of {their_world} in cluster {their_cluster:x}"
+                    ),
+                ));
+            }
+            Ok(stream)
+        })();
+        match attempt {
+            Ok(stream) => return Ok(stream),
+            Err(e) if Instant::now() + backoff < deadline => {
+                tracing::debug!(peer, address, %e, "peer not ready; retrying");
+                thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+            Err(e) => {
+                return Err(setup(format!(
+                    "could not reach rank {peer} at {address} before the deadline: {e}"
+                )));
+            }
+        }
+    }
+}
+
+impl TcpTransport {
+    fn lost(&self, peer: usize, reason: String) -> CollectiveError {
+        CollectiveError::PeerLost {
+            rank: peer,
+            address: self.addresses[peer].clone(),
+            reason,
+        }
+    }
+
+    fn link(&mut self, peer: usize) -> Result<&mut Link, CollectiveError> {
+        match self.links.get_mut(peer) {
+            Some(Some(link)) => Ok(link),
+            _ => Err(CollectiveError::PeerLost {
+                rank: peer,
+                address: self.addresses.get(peer).cloned().unwrap_or_default(),
+                reason: "no connection to this rank".into(),
+            }),
+        }
+    }
+
+    /// Writes what `peer`'s socket takes of `frame` now.
+    fn write(&mut self, peer: usize, frame: &mut Frame<'_>) -> Result<Progress, CollectiveError> {
+        let link = self.link(peer)?;
+        match link.write_step(&frame.head, frame.payload, frame.written) {
+            Ok((written, progress)) => {
+                frame.written = written;
+                Ok(progress)
+            }
+            Err(e) => {
+                link.cut(e.to_string());
+                Err(self.lost(peer, e.to_string()))
+            }
+        }
+    }
+
+    /// Gives up on `frame`: when part of it is out, the connection is cut, since half a frame
+    /// followed by the next would be misread as data.
+    fn abandon(&mut self, peer: usize, frame: &Frame<'_>) {
+        if frame.written > 0
+            && let Some(Some(link)) = self.links.get_mut(peer)
+        {
+            link.cut("a send was abandoned part-way through a message".into());
+        }
+    }
+
+    /// Waits when nothing could move: checks again in a loop for [`SPIN`] after the last
+    /// progress (yielding the core when ranks outnumber cores), then sleeps in
+    /// [`TcpTransport::wait`]. Returns `None` once `deadline` has passed, else whether
+    /// `writer` may take more bytes (always worth a try while spinning).
+    fn idle(
+        &mut self,
+        idle_since: &mut Option<Instant>,
+        writer: Option<usize>,
+        deadline: Instant,
+    ) -> Option<bool> {
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        if now.duration_since(*idle_since.get_or_insert(now)) < self.spin {
+            if self.oversubscribed {
+                thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            return Some(true);
+        }
+        self.wait(writer, deadline)
+    }
+
+    /// Sleeps in `poll` until some connection has bytes to read (every such connection is
+    /// drained into its queue), `writer`'s connection has room, or `deadline` passes. Returns
+    /// `None` in the last case, else whether `writer` can take more bytes.
+    fn wait(&mut self, writer: Option<usize>, deadline: Instant) -> Option<bool> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        // Whole milliseconds, rounded up so a wait never ends just short of the deadline;
+        // capped, since the callers loop anyway.
+        let millis = u16::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u16::MAX);
+        let mut watched = Vec::with_capacity(self.links.len());
+        let readable = {
+            let mut fds = Vec::with_capacity(self.links.len());
+            for (peer, link) in self.links.iter().enumerate() {
+                let Some(link) = link else { continue };
+                let mut events = PollFlags::empty();
+                if link.closed.is_none() {
+                    events |= PollFlags::POLLIN;
+                }
+                if writer == Some(peer) {
+                    events |= PollFlags::POLLOUT;
+                }
+                if !events.is_empty() {
+                    fds.push(PollFd::new(link.stream().as_fd(), events));
+                    watched.push(peer);
+                }
+            }
+            if fds.is_empty() {
+                thread::sleep(left.min(Duration::from_millis(u64::from(millis))));
+                return (Instant::now() < deadline).then_some(false);
+            }
+            // An interrupted or failed poll just means looking again; the deadline bounds it.
+            let _ = poll(&mut fds, PollTimeout::from(millis));
+            let input = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
+            let output = PollFlags::POLLOUT | PollFlags::POLLHUP | PollFlags::POLLERR;
+            fds.iter()
+                .map(|fd| {
+                    let events = fd.revents().unwrap_or(PollFlags::empty());
+                    (events.intersects(input), events.intersects(output))
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut writable = false;
+        for (peer, (can_read, can_write)) in watched.into_iter().zip(readable) {
+            if can_read && let Some(Some(link)) = self.links.get_mut(peer) {
+                link.pump();
+            }
+            writable |= can_write && writer == Some(peer);
+        }
+        Some(writable)
+    }
+}
+
+/// One message on its way out: the encoded header, the caller's payload, and how much of the
+/// two the socket has taken.
+struct Frame<'a> {
+    head: BytesMut,
+    payload: &'a [u8],
+    written: usize,
+}
+
+impl<'a> Frame<'a> {
+    fn new(header: Header, payload: &'a [u8]) -> Result<Self, CollectiveError> {
+        let len = u32::try_from(payload.len())
+            .ok()
+            .filter(|&len| len <= MAX_PAYLOAD)
+            .ok_or_else(|| CollectiveError::InvalidArgument {
+                op: "send",
+                why: format!(
+                    "a message of {} bytes is over the {MAX_PAYLOAD}-byte limit",
+                    payload.len()
+                ),
+            })?;
+        let mut head = BytesMut::with_capacity(HEADER_LEN);
+        header.encode(len, &mut head);
+        Ok(Self {
+            head,
+            payload,
+            written: 0,
+        })
+    }
+
+    fn is_sent(&self) -> bool {
+        self.written == self.head.len() + self.payload.len()
+    }
+}
+
+impl Transport for TcpTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.addresses.len()
+    }
+
+    fn address(&self, peer: usize) -> String {
+        self.addresses[peer].clone()
+    }
+
+    fn cluster(&self) -> u64 {
+        self.cluster
+    }
+
+    fn send(
+        &mut self,
+        peer: usize,
+        message: Message,
+        deadline: Instant,
+    ) -> Result<bool, CollectiveError> {
+        self.send_slice(peer, message.header, &message.payload, deadline)
+    }
+
+    fn send_slice(
+        &mut self,
+        peer: usize,
+        header: Header,
+        payload: &[u8],
+        deadline: Instant,
+    ) -> Result<bool, CollectiveError> {
+        let mut frame = Frame::new(header, payload)?;
+        loop {
+            match self.write(peer, &mut frame)? {
+                Progress::Moved if frame.is_sent() => return Ok(true),
+                Progress::Moved => {}
+                Progress::WouldBlock => {
+                    if self.wait(Some(peer), deadline).is_none() {
+                        self.abandon(peer, &frame);
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+    }
+
+    fn recv(&mut self, peer: usize, deadline: Instant) -> Result<Option<Message>, CollectiveError> {
+        let mut idle_since = None;
+        loop {
+            let link = self.link(peer)?;
+            if let Some(message) = link.ready.pop_front() {
+                return Ok(Some(message));
+            }
+            if let Some(reason) = link.closed.clone() {
+                return Err(self.lost(peer, reason));
+            }
+            if link.pump() {
+                idle_since = None;
+            } else if self.idle(&mut idle_since, None, deadline).is_none() {
+                return Ok(None);
+            }
+        }
+    }
+
+    fn exchange(
+        &mut self,
+        outgoing: Outgoing<'_>,
+        from: usize,
+        messages: usize,
+        deadline: Instant,
+        on_receive: &mut dyn FnMut(&Message) -> Result<(), CollectiveError>,
+    ) -> Result<Completion, CollectiveError> {
+        let to = outgoing.to;
+        let mut packs = outgoing.packs();
+        let mut sending = packs
+            .next()
+            .map(|pack| Frame::new(outgoing.header, pack))
+            .transpose()?;
+        let mut received = 0;
+        let mut idle_since = None;
+        // After a write would block, the next waits for `poll` to say there is room: retrying
+        // at once would trickle the payload out in many small writes.
+        let mut can_write = true;
+        // How many packs sending may run ahead of receiving. With a core per rank, pack for
+        // pack keeps the bytes in flight few enough to stay in cache (2 ranks on 2 cores:
+        // ~2× the bandwidth of unbounded); when ranks share cores, each turn on a core should
+        // move as much as the sockets hold (4 ranks on 2 cores: ~1.4×).
+        let ahead = if self.oversubscribed {
+            usize::MAX / 2
+        } else {
+            0
+        };
+        let mut sent = 0;
+        loop {
+            let mut moved = false;
+            // Take what has arrived first: reducing it overlaps with the bytes in flight.
+            let link = self.link(from)?;
+            while received < messages
+                && let Some(message) = link.ready.pop_front()
+            {
+                let handled = on_receive(&message);
+                link.recycle(message.payload);
+                if let Err(e) = handled {
+                    if let Some(frame) = &sending {
+                        self.abandon(to, frame);
+                    }
+                    return Err(e);
+                }
+                received += 1;
+                moved = true;
+            }
+            if received < messages && link.ready.is_empty() {
+                if let Some(reason) = link.closed.clone() {
+                    return Err(self.lost(from, reason));
+                }
+                moved |= link.pump();
+            }
+            while can_write
+                && sent <= received + ahead
+                && let Some(frame) = &mut sending
+            {
+                match self.write(to, frame)? {
+                    Progress::Moved if frame.is_sent() => {
+                        sent += 1;
+                        sending = packs
+                            .next()
+                            .map(|pack| Frame::new(outgoing.header, pack))
+                            .transpose()?;
+                        moved = true;
+                    }
+                    Progress::Moved => moved = true,
+                    Progress::WouldBlock => can_write = false,
+                }
+            }
+            if sending.is_none() && received == messages {
+                return Ok(Completion::Done);
+            }
+            if moved {
+                idle_since = None;
+                continue;
+            }
+            let writer = sending
+                .as_ref()
+                .filter(|_| sent <= received + ahead)
+                .map(|_| to);
+            let waited = if writer.is_some() && self.oversubscribed {
+                self.wait(writer, deadline)
+            } else {
+                self.idle(&mut idle_since, writer, deadline)
+            };
+            if let Some(writable) = waited {
+                can_write = writable;
+            }
+            if waited.is_none() {
+                if let Some(frame) = &sending {
+                    self.abandon(to, frame);
+                }
+                let waiting_for = if received < messages { from } else { to };
+                return Ok(Completion::Expired { waiting_for });
+            }
+        }
+    }
+
+    fn recycle(&mut self, peer: usize, payload: Bytes) {
+        if let Some(Some(link)) = self.links.get_mut(peer) {
+            link.recycle(payload);
+        }
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        for link in self.links.iter().flatten() {
+            link.finish();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    use crate::header::{DType, Kind, Op};
+
+    fn frame(message: &Message) -> Bytes {
+        let mut out = BytesMut::new();
+        message
+            .header
+            .encode(message.payload.len() as u32, &mut out);
+        out.extend_from_slice(&message.payload);
+        out.freeze()
+    }
+
+    #[test]
+    fn frames_start_with_a_decodable_header() {
+        let message = Message {
+            header: Header {
+                kind: Kind::Data,
+                op: Op::AllReduce,
+                dtype: DType::F32,
+                reduce: 0,
+                cluster: 1,
+                seq: 2,
+                count: 3,
+                source: 0,
+            },
+            payload: Bytes::from_static(&[1, 2, 3, 4]),
+        };
+        let bytes = frame(&message);
+        assert_eq!(Header::decode(&bytes).unwrap(), (message.header, 4));
+        assert_eq!(&bytes[HEADER_LEN..], &[1, 2, 3, 4]);
+    }
+}
