@@ -27,8 +27,9 @@ pub enum Implementation {
 
 /// Buffers up to this size go through the tree under [`Implementation::Auto`]: its `2·log₂ n`
 /// steps beat the ring's `2(n−1)` when latency, not bandwidth, dominates. Measured between
-/// processes on 127.0.0.1 (`cargo xtask bench allreduce`, `docs/PERFORMANCE.md`): the tree is
-/// faster up to 256 KiB on 2 and 4 ranks (up to 1 MiB on 2), and the two are even above.
+/// processes on 127.0.0.1 (`cargo xtask bench allreduce`, `docs/PERFORMANCE.md`): on 4 ranks
+/// the tree is 2–4× faster up to 256 KiB and the ring faster from 1 MiB; on 2 ranks the two
+/// are within noise of each other from 16 to 256 KiB and the ring is 2.5× faster at 1 MiB.
 pub const AUTO_TREE_MAX_BYTES: usize = 256 * 1024;
 
 /// Options of every collective on a communicator, as `tf.distribute.experimental.CommunicationOptions`.
