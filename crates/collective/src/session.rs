@@ -7,7 +7,7 @@ use bytes::Bytes;
 use crate::element::Element;
 use crate::error::CollectiveError;
 use crate::header::{Header, Kind, Message};
-use crate::transport::{Completion, Outgoing, Transport};
+use crate::transport::{Completion, Flow, Transport};
 
 pub(crate) struct Session<'a, T: Transport> {
     pub(crate) transport: &'a mut T,
@@ -92,34 +92,16 @@ impl<T: Transport> Session<'_, T> {
         Ok(())
     }
 
-    /// Sends `outgoing` to `to` while receiving `len` elements from `from` (as [`Session::send`]
-    /// and [`Session::recv`] would one after the other), both directions at once, so the
-    /// network carries both and each received pack is reduced while others are on the wire.
-    pub(crate) fn send_recv<E: Element>(
-        &mut self,
-        to: usize,
-        outgoing: &[E],
-        from: usize,
-        len: usize,
-        mut apply: impl FnMut(usize, &[E]),
-    ) -> Result<(), CollectiveError> {
-        self.note_peer(to);
-        self.note_peer(from);
-        let per_pack = self.elems_per_pack::<E>();
-        let mut packs = Packs::new(self.template, from, len, per_pack);
-        let completion = self.transport.exchange(
-            Outgoing {
-                to,
-                header: self.template,
-                payload: bytemuck::cast_slice(outgoing),
-                pack_bytes: per_pack * std::mem::size_of::<E>(),
-            },
-            from,
-            packs.messages(),
-            self.deadline,
-            &mut |message| packs.accept(message, &mut apply),
-        )?;
-        match completion {
+    /// The number of elements per message for elements of type `E`.
+    pub(crate) fn pack_elems<E>(&self) -> usize {
+        self.elems_per_pack::<E>()
+    }
+
+    /// Runs `flow` (see [`Transport::exchange`]) against this collective's deadline.
+    pub(crate) fn exchange(&mut self, flow: &mut dyn Flow) -> Result<(), CollectiveError> {
+        self.note_peer(flow.to());
+        self.note_peer(flow.from());
+        match self.transport.exchange(flow, self.deadline)? {
             Completion::Done => Ok(()),
             Completion::Expired { waiting_for } => Err(self.timeout_waiting_for(waiting_for)),
         }
@@ -211,15 +193,7 @@ impl Packs {
     ) -> Result<(), CollectiveError> {
         check(&self.template, self.peer, message)?;
         let expected = self.per_pack.min(self.len - self.offset) * std::mem::size_of::<E>();
-        let got = message.payload.len();
-        if got != expected {
-            return Err(CollectiveError::Mismatch {
-                what: "payload size",
-                expected: format!("{expected} bytes"),
-                got: format!("{got} bytes"),
-                peer: self.peer,
-            });
-        }
+        check_size(expected, message, self.peer)?;
         // Payloads are normally aligned for E (allocators align to 16 bytes): view them in
         // place, and copy only when they are not.
         match bytemuck::try_cast_slice::<u8, E>(&message.payload) {
@@ -235,9 +209,34 @@ impl Packs {
     }
 }
 
+/// A payload of other than `expected` bytes from `peer` is a mismatch.
+pub(crate) fn check_size(
+    expected: usize,
+    message: &Message,
+    peer: usize,
+) -> Result<(), CollectiveError> {
+    let got = message.payload.len();
+    if got == expected {
+        return Ok(());
+    }
+    Err(CollectiveError::Mismatch {
+        what: "payload size",
+        expected: format!("{expected} bytes"),
+        got: format!("{got} bytes"),
+        peer,
+    })
+}
+
+/// Whether `h` is a data message of the collective `t` describes (what [`check`] accepts).
+pub(crate) fn belongs(t: &Header, h: &Header) -> bool {
+    h.kind == Kind::Data
+        && (h.cluster, h.seq, h.op, h.dtype, h.count, h.reduce)
+            == (t.cluster, t.seq, t.op, t.dtype, t.count, t.reduce)
+}
+
 /// A message from `peer` that does not belong to the collective `t` describes is an error:
 /// an abort names the rank that failed; anything else is a mismatch.
-fn check(t: &Header, peer: usize, message: &Message) -> Result<(), CollectiveError> {
+pub(crate) fn check(t: &Header, peer: usize, message: &Message) -> Result<(), CollectiveError> {
     let h = message.header;
     if h.kind == Kind::Abort {
         return Err(CollectiveError::Aborted {

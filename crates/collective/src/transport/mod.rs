@@ -78,49 +78,51 @@ pub trait Transport: Send {
         )
     }
 
-    /// Sends `outgoing` while receiving `messages` messages from `from`, handing each to
-    /// `on_receive` in order; both directions progress together, so neither side's sending
-    /// waits for the other's receiving to finish. The default alternates one send and one
-    /// receive.
+    /// Runs `flow`: sends its outgoing messages while receiving its incoming ones, both
+    /// directions progressing together, and each outgoing message leaving only once the
+    /// incoming messages it depends on have been applied. The default alternates: it receives
+    /// what the next send waits for, sends, and receives one more.
     ///
     /// # Errors
     ///
-    /// [`CollectiveError::PeerLost`] when a peer is gone, or what `on_receive` returns.
+    /// [`CollectiveError::PeerLost`] when a peer is gone, or what [`Flow::apply`] returns.
     fn exchange(
         &mut self,
-        outgoing: Outgoing<'_>,
-        from: usize,
-        messages: usize,
+        flow: &mut dyn Flow,
         deadline: Instant,
-        on_receive: &mut dyn FnMut(&Message) -> Result<(), CollectiveError>,
     ) -> Result<Completion, CollectiveError> {
+        let (to, from) = (flow.to(), flow.from());
         let mut received = 0;
-        let mut receive_one = |transport: &mut Self| -> Result<bool, CollectiveError> {
+        let receive_one = |transport: &mut Self,
+                           flow: &mut dyn Flow,
+                           received: &mut usize|
+         -> Result<bool, CollectiveError> {
             let Some(message) = transport.recv(from, deadline)? else {
                 return Ok(false);
             };
-            on_receive(&message)?;
+            flow.apply(*received, Arrival::Message(&message))?;
             transport.recycle(from, message.payload);
+            *received += 1;
             Ok(true)
         };
-        for pack in outgoing.packs() {
-            if !self.send_slice(outgoing.to, outgoing.header, pack, deadline)? {
-                return Ok(Completion::Expired {
-                    waiting_for: outgoing.to,
-                });
-            }
-            if received < messages {
-                if !receive_one(self)? {
+        for index in 0..flow.outgoing() {
+            while received < flow.needs(index).min(flow.incoming()) {
+                if !receive_one(self, flow, &mut received)? {
                     return Ok(Completion::Expired { waiting_for: from });
                 }
-                received += 1;
             }
-        }
-        while received < messages {
-            if !receive_one(self)? {
+            let (header, payload) = flow.message(index);
+            if !self.send_slice(to, header, payload, deadline)? {
+                return Ok(Completion::Expired { waiting_for: to });
+            }
+            if received < flow.incoming() && !receive_one(self, flow, &mut received)? {
                 return Ok(Completion::Expired { waiting_for: from });
             }
-            received += 1;
+        }
+        while received < flow.incoming() {
+            if !receive_one(self, flow, &mut received)? {
+                return Ok(Completion::Expired { waiting_for: from });
+            }
         }
         Ok(Completion::Done)
     }
@@ -140,27 +142,58 @@ pub trait Transport: Send {
     fn recv(&mut self, peer: usize, deadline: Instant) -> Result<Option<Message>, CollectiveError>;
 }
 
-/// What one side of a [`Transport::exchange`] sends: `payload` to `to` under `header`, cut into
-/// messages of `pack_bytes` (one empty message when `payload` is empty).
-#[derive(Debug, Clone, Copy)]
-pub struct Outgoing<'a> {
-    /// The receiving rank.
-    pub to: usize,
-    /// The header of every message.
-    pub header: Header,
-    /// The bytes to send.
-    pub payload: &'a [u8],
-    /// The most bytes in one message.
-    pub pack_bytes: usize,
+/// Both directions of one pipelined transfer, as [`Transport::exchange`] runs it: messages to
+/// one peer and from another, where an outgoing message may depend on incoming ones (a ring
+/// all-reduce forwards each pack as soon as it has reduced it, while it is still in cache).
+///
+/// Incoming messages are numbered from 0 in arrival order, outgoing ones in sending order.
+pub trait Flow {
+    /// The rank outgoing messages go to.
+    fn to(&self) -> usize;
+
+    /// The rank incoming messages come from.
+    fn from(&self) -> usize;
+
+    /// How many messages go out.
+    fn outgoing(&self) -> usize;
+
+    /// How many messages come in.
+    fn incoming(&self) -> usize;
+
+    /// How many incoming messages must have been applied before outgoing message `index` may
+    /// leave.
+    fn needs(&self, index: usize) -> usize;
+
+    /// Outgoing message `index`: its header and payload. Asked for only once its needs are
+    /// met, possibly more than once while a transport writes it out piece by piece; the
+    /// answer must not change meanwhile.
+    fn message(&self, index: usize) -> (Header, &[u8]);
+
+    /// Where the `len`-byte payload of incoming message `index`, announced by `header`, may be
+    /// written directly, saving a copy; `None` (the default) to receive it whole and hand it
+    /// to [`Flow::apply`]. Transports may ask more than once for one message and must get the
+    /// same answer; a flow must answer `None` for any header it would not accept, so that
+    /// [`Flow::apply`] sees the message and reports what is wrong with it.
+    fn place(&mut self, index: usize, header: &Header, len: usize) -> Option<&mut [u8]> {
+        let _ = (index, header, len);
+        None
+    }
+
+    /// Incoming message `index` has arrived, in order: check it and apply it.
+    ///
+    /// # Errors
+    ///
+    /// Whatever makes the message unacceptable (a mismatch, an abort from its sender).
+    fn apply(&mut self, index: usize, arrival: Arrival<'_>) -> Result<(), CollectiveError>;
 }
 
-impl<'a> Outgoing<'a> {
-    /// The payload as the messages that carry it.
-    pub fn packs(&self) -> impl Iterator<Item = &'a [u8]> + use<'a> {
-        let payload: &'a [u8] = self.payload;
-        let empty = payload.is_empty().then_some(payload);
-        payload.chunks(self.pack_bytes.max(1)).chain(empty)
-    }
+/// How an incoming message of a [`Flow`] arrived.
+#[derive(Debug, Clone, Copy)]
+pub enum Arrival<'a> {
+    /// Whole, in a buffer of the transport's.
+    Message(&'a Message),
+    /// Its payload already written where [`Flow::place`] said; this is its header.
+    Placed(Header),
 }
 
 /// How a transfer with a deadline ended.
@@ -254,13 +287,10 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn exchange(
         &mut self,
-        outgoing: Outgoing<'_>,
-        from: usize,
-        messages: usize,
+        flow: &mut dyn Flow,
         deadline: Instant,
-        on_receive: &mut dyn FnMut(&Message) -> Result<(), CollectiveError>,
     ) -> Result<Completion, CollectiveError> {
-        (**self).exchange(outgoing, from, messages, deadline, on_receive)
+        (**self).exchange(flow, deadline)
     }
     fn recycle(&mut self, peer: usize, payload: Bytes) {
         (**self).recycle(peer, payload);

@@ -1,5 +1,6 @@
 //! One peer's connection, driven from the calling thread: frames are read without blocking
-//! into per-peer queues, and written straight from the caller's slice.
+//! into per-peer queues (or straight into a [`Flow`]'s buffer), and written straight from the
+//! caller's slice.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
@@ -9,21 +10,49 @@ use std::ops::Range;
 use bytes::{Bytes, BytesMut};
 
 use crate::header::{HEADER_LEN, Header, Message};
+use crate::transport::Flow;
 
 /// The largest payload a peer may announce: a corrupt length must not allocate gigabytes.
 pub(super) const MAX_PAYLOAD: u32 = 1 << 30;
 /// Small frames arrive many to a read; they are parsed out of this much staging space.
 const STAGING: usize = 64 << 10;
-/// Payload buffers kept for reuse per peer (each as large as one pack).
-const SPARE_BUFFERS: usize = 4;
+/// Payload buffers kept for reuse per peer (each as large as one pack): enough for the frames
+/// a sender may run ahead by when ranks share cores, so steady state allocates nothing.
+const SPARE_BUFFERS: usize = 16;
 /// Smaller payloads are cheap to allocate and not worth keeping.
 const SPARE_MIN_BYTES: usize = 4 << 10;
 
 /// A frame whose payload is still arriving.
-struct Partial {
-    header: Header,
-    payload: BytesMut,
-    filled: usize,
+enum Arriving {
+    /// Into a buffer of the link's, to be queued whole.
+    Whole {
+        header: Header,
+        payload: BytesMut,
+        filled: usize,
+    },
+    /// Into the buffer a [`Flow`] named for its incoming message `index`.
+    Placed {
+        header: Header,
+        index: usize,
+        len: usize,
+        filled: usize,
+    },
+}
+
+/// A frame that has arrived.
+pub(super) enum Arrived {
+    /// Whole, with its payload.
+    Message(Message),
+    /// Its payload already where a [`Flow`] wanted it.
+    Placed(Header),
+}
+
+/// The flow whose incoming messages this link is receiving, and how many of them have been
+/// taken out of the ready queue so far: the frame read next is its message number
+/// `applied + ready.len()`.
+pub(super) struct Placing<'f> {
+    pub(super) flow: &'f mut dyn Flow,
+    pub(super) applied: usize,
 }
 
 /// The result of one attempt to move bytes.
@@ -39,9 +68,9 @@ pub(super) struct Link {
     stream: TcpStream,
     staging: Box<[u8]>,
     staged: Range<usize>,
-    partial: Option<Partial>,
+    arriving: Option<Arriving>,
     /// Complete frames not yet asked for.
-    pub(super) ready: VecDeque<Message>,
+    pub(super) ready: VecDeque<Arrived>,
     /// Why the connection ended, once it has (frames before the end stay in `ready`).
     pub(super) closed: Option<String>,
     /// Payload buffers handed back after use; their bytes are initialised up to `len`, so
@@ -58,7 +87,7 @@ impl Link {
             stream,
             staging: vec![0; STAGING].into_boxed_slice(),
             staged: 0..0,
-            partial: None,
+            arriving: None,
             ready: VecDeque::new(),
             closed: None,
             spare: Vec::new(),
@@ -69,12 +98,29 @@ impl Link {
         &self.stream
     }
 
+    /// Whether a frame is part-way into a flow's buffer: only that flow may read on.
+    pub(super) fn is_placing(&self) -> bool {
+        matches!(self.arriving, Some(Arriving::Placed { .. }))
+    }
+
+    /// The next whole message, skipping frames that were placed for a flow which has since
+    /// ended (they belonged to a collective that failed).
+    pub(super) fn next_message(&mut self) -> Option<Message> {
+        while let Some(arrived) = self.ready.pop_front() {
+            if let Arrived::Message(message) = arrived {
+                return Some(message);
+            }
+        }
+        None
+    }
+
     /// Reads everything the socket holds now; returns whether anything arrived (a frame, or
-    /// the end of the connection).
-    pub(super) fn pump(&mut self) -> bool {
+    /// the end of the connection). With `placing`, frames that are the flow's incoming
+    /// messages go where it says.
+    pub(super) fn pump(&mut self, mut placing: Option<&mut Placing<'_>>) -> bool {
         let mut moved = false;
         while self.closed.is_none() {
-            match self.read_step() {
+            match self.read_step(placing.as_deref_mut()) {
                 Ok(Progress::Moved) => moved = true,
                 Ok(Progress::WouldBlock) => break,
                 Err(reason) => {
@@ -87,57 +133,101 @@ impl Link {
     }
 
     /// One read from the socket or one frame parsed out of the staging space.
-    fn read_step(&mut self) -> Result<Progress, String> {
-        if self
-            .partial
-            .as_ref()
-            .is_some_and(|p| p.filled == p.payload.len())
-            && let Some(done) = self.partial.take()
-        {
-            self.ready.push_back(Message {
-                header: done.header,
-                payload: done.payload.freeze(),
-            });
-            return Ok(Progress::Moved);
-        }
-        if let Some(partial) = &mut self.partial {
-            let missing = partial.payload.len() - partial.filled;
-            if !self.staged.is_empty() {
-                let n = missing.min(self.staged.len());
-                let from = self.staged.start;
-                partial.payload[partial.filled..partial.filled + n]
-                    .copy_from_slice(&self.staging[from..from + n]);
-                partial.filled += n;
-                self.staged.start += n;
-                return Ok(Progress::Moved);
-            }
-            return match read(&mut self.stream, &mut partial.payload[partial.filled..]) {
-                Ok(Some(0)) => Err("the connection closed in the middle of a message".into()),
-                Ok(Some(n)) => {
-                    partial.filled += n;
-                    Ok(Progress::Moved)
-                }
-                Ok(None) => Ok(Progress::WouldBlock),
-                Err(e) => Err(e.to_string()),
-            };
-        }
-        if self.staged.len() >= HEADER_LEN {
-            let (header, len) =
-                Header::decode(&self.staging[self.staged.clone()]).map_err(|e| e.to_string())?;
-            if len > MAX_PAYLOAD {
-                return Err(format!(
-                    "a frame announced {len} bytes, over the {MAX_PAYLOAD}-byte limit"
-                ));
-            }
-            self.staged.start += HEADER_LEN;
-            let payload = self.buffer(len as usize);
-            self.partial = Some(Partial {
+    fn read_step(&mut self, placing: Option<&mut Placing<'_>>) -> Result<Progress, String> {
+        match &mut self.arriving {
+            Some(Arriving::Whole {
                 header,
                 payload,
-                filled: 0,
-            });
-            return Ok(Progress::Moved);
+                filled,
+            }) => {
+                if *filled == payload.len() {
+                    let message = Message {
+                        header: *header,
+                        payload: std::mem::take(payload).freeze(),
+                    };
+                    self.arriving = None;
+                    self.ready.push_back(Arrived::Message(message));
+                    return Ok(Progress::Moved);
+                }
+                fill(
+                    &mut self.stream,
+                    &self.staging,
+                    &mut self.staged,
+                    &mut payload[*filled..],
+                    filled,
+                )
+            }
+            Some(Arriving::Placed {
+                header,
+                index,
+                len,
+                filled,
+            }) => {
+                let Some(placing) = placing else {
+                    return Err("a message meant for a transfer arrived after it ended".into());
+                };
+                let Some(into) = placing
+                    .flow
+                    .place(*index, header, *len)
+                    .filter(|into| into.len() == *len)
+                else {
+                    return Err("a transfer withdrew the room for a message part-way".into());
+                };
+                if *filled == *len {
+                    self.ready.push_back(Arrived::Placed(*header));
+                    self.arriving = None;
+                    return Ok(Progress::Moved);
+                }
+                fill(
+                    &mut self.stream,
+                    &self.staging,
+                    &mut self.staged,
+                    &mut into[*filled..],
+                    filled,
+                )
+            }
+            None if self.staged.len() >= HEADER_LEN => self.begin_frame(placing),
+            None => self.stage(),
         }
+    }
+
+    /// Decodes the staged header of the next frame and decides where its payload goes.
+    fn begin_frame(&mut self, placing: Option<&mut Placing<'_>>) -> Result<Progress, String> {
+        let (header, len) =
+            Header::decode(&self.staging[self.staged.clone()]).map_err(|e| e.to_string())?;
+        if len > MAX_PAYLOAD {
+            return Err(format!(
+                "a frame announced {len} bytes, over the {MAX_PAYLOAD}-byte limit"
+            ));
+        }
+        self.staged.start += HEADER_LEN;
+        let len = len as usize;
+        let index = placing.as_ref().map(|p| p.applied + self.ready.len());
+        let placed = placing.zip(index).is_some_and(|(placing, index)| {
+            index < placing.flow.incoming()
+                && placing
+                    .flow
+                    .place(index, &header, len)
+                    .is_some_and(|into| into.len() == len)
+        });
+        self.arriving = Some(match index {
+            Some(index) if placed => Arriving::Placed {
+                header,
+                index,
+                len,
+                filled: 0,
+            },
+            _ => Arriving::Whole {
+                header,
+                payload: self.buffer(len),
+                filled: 0,
+            },
+        });
+        Ok(Progress::Moved)
+    }
+
+    /// Reads more bytes into the staging space, for headers and small frames.
+    fn stage(&mut self) -> Result<Progress, String> {
         if self.staged.start > 0 {
             self.staging.copy_within(self.staged.clone(), 0);
             self.staged = 0..self.staged.len();
@@ -218,6 +308,33 @@ impl Link {
     }
 }
 
+/// Moves payload bytes into `into` (the part of a payload still missing): first what the
+/// staging space already holds, else straight from the socket; counts them in `filled`.
+fn fill(
+    stream: &mut TcpStream,
+    staging: &[u8],
+    staged: &mut Range<usize>,
+    into: &mut [u8],
+    filled: &mut usize,
+) -> Result<Progress, String> {
+    if staged.start < staged.end {
+        let n = into.len().min(staged.len());
+        into[..n].copy_from_slice(&staging[staged.start..staged.start + n]);
+        *filled += n;
+        staged.start += n;
+        return Ok(Progress::Moved);
+    }
+    match read(stream, into) {
+        Ok(Some(0)) => Err("the connection closed in the middle of a message".into()),
+        Ok(Some(n)) => {
+            *filled += n;
+            Ok(Progress::Moved)
+        }
+        Ok(None) => Ok(Progress::WouldBlock),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// A non-blocking read: `Ok(None)` when nothing is available.
 fn read(stream: &mut TcpStream, into: &mut [u8]) -> io::Result<Option<usize>> {
     loop {
@@ -269,7 +386,7 @@ mod tests {
     fn pump_until(link: &mut Link, want: usize) {
         let deadline = Instant::now() + Duration::from_secs(5);
         while link.ready.len() < want && link.closed.is_none() && Instant::now() < deadline {
-            if !link.pump() {
+            if !link.pump(None) {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
@@ -306,7 +423,7 @@ mod tests {
             let _writer = sender.join().unwrap();
             prop_assert_eq!(link.ready.len(), payloads.len());
             for (seq, payload) in payloads.iter().enumerate() {
-                let message = link.ready.pop_front().unwrap();
+                let message = link.next_message().unwrap();
                 prop_assert_eq!(message.header.seq, seq as u64);
                 prop_assert_eq!(&message.payload[..], &payload[..]);
                 link.recycle(message.payload);
@@ -343,14 +460,117 @@ mod tests {
         let (mut writer, mut link) = pair();
         writer.write_all(&frame(0, &[3; 8192])).unwrap();
         pump_until(&mut link, 1);
-        let first = link.ready.pop_front().unwrap().payload;
+        let first = link.next_message().unwrap().payload;
         let address = first.as_ptr();
         link.recycle(first);
         writer.write_all(&frame(1, &[4; 5000])).unwrap();
         pump_until(&mut link, 1);
-        let second = link.ready.pop_front().unwrap();
+        let second = link.next_message().unwrap();
         assert_eq!(second.payload.as_ptr(), address);
         assert!(second.payload.iter().all(|&b| b == 4));
         assert_eq!(second.payload.len(), 5000);
+    }
+
+    /// A flow that takes `slots` incoming payloads of `len` bytes in place, unless their
+    /// sequence number is 99.
+    struct Slots {
+        len: usize,
+        buffer: Vec<u8>,
+    }
+
+    impl Flow for Slots {
+        fn to(&self) -> usize {
+            0
+        }
+        fn from(&self) -> usize {
+            0
+        }
+        fn outgoing(&self) -> usize {
+            0
+        }
+        fn incoming(&self) -> usize {
+            self.buffer.len() / self.len
+        }
+        fn needs(&self, _: usize) -> usize {
+            0
+        }
+        fn message(&self, _: usize) -> (Header, &[u8]) {
+            unreachable!("this flow sends nothing")
+        }
+        fn place(&mut self, index: usize, header: &Header, len: usize) -> Option<&mut [u8]> {
+            let at = index * self.len;
+            (header.seq != 99 && len == self.len).then(|| &mut self.buffer[at..at + self.len])
+        }
+        fn apply(
+            &mut self,
+            _: usize,
+            _: crate::transport::Arrival<'_>,
+        ) -> Result<(), crate::error::CollectiveError> {
+            Ok(())
+        }
+    }
+
+    fn pump_placing_until(link: &mut Link, flow: &mut Slots, want: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while link.ready.len() < want && link.closed.is_none() && Instant::now() < deadline {
+            let mut placing = Placing { flow, applied: 0 };
+            if !link.pump(Some(&mut placing)) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    #[test]
+    fn a_flows_messages_land_in_its_buffer_and_the_rest_arrive_whole() {
+        let (mut writer, mut link) = pair();
+        let mut flow = Slots {
+            len: 70_000,
+            buffer: vec![0; 3 * 70_000],
+        };
+        for (seq, fill) in [(0, 1_u8), (99, 2), (2, 3), (3, 4)] {
+            writer.write_all(&frame(seq, &[fill; 70_000])).unwrap();
+        }
+        pump_placing_until(&mut link, &mut flow, 4);
+        let kinds: Vec<_> = link
+            .ready
+            .iter()
+            .map(|arrived| match arrived {
+                Arrived::Placed(h) => ("placed", h.seq),
+                Arrived::Message(m) => ("whole", m.header.seq),
+            })
+            .collect();
+        // Message 1 is refused by the flow, message 3 is past its end.
+        assert_eq!(
+            kinds,
+            [("placed", 0), ("whole", 99), ("placed", 2), ("whole", 3)]
+        );
+        assert!(flow.buffer[..70_000].iter().all(|&b| b == 1));
+        assert!(flow.buffer[70_000..140_000].iter().all(|&b| b == 0));
+        assert!(flow.buffer[140_000..].iter().all(|&b| b == 3));
+        assert_eq!(link.next_message().unwrap().header.seq, 99);
+        assert_eq!(link.next_message().unwrap().payload[..], [4; 70_000]);
+    }
+
+    #[test]
+    fn reading_on_without_the_flow_a_frame_is_landing_in_ends_the_connection() {
+        let (mut writer, mut link) = pair();
+        let mut flow = Slots {
+            len: 1000,
+            buffer: vec![0; 1000],
+        };
+        let bytes = frame(0, &[7; 1000]);
+        writer.write_all(&bytes[..HEADER_LEN + 10]).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !link.is_placing() && Instant::now() < deadline {
+            link.pump(Some(&mut Placing {
+                flow: &mut flow,
+                applied: 0,
+            }));
+        }
+        assert!(link.is_placing());
+        writer.write_all(&bytes[HEADER_LEN + 10..]).unwrap();
+        pump_until(&mut link, 1);
+        assert!(link.ready.is_empty());
+        assert!(link.closed.unwrap().contains("after it ended"));
     }
 }

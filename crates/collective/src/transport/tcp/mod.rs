@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
-use self::link::{Link, MAX_PAYLOAD, Progress};
-use super::{Completion, Outgoing, Transport};
+use self::link::{Arrived, Link, MAX_PAYLOAD, Placing, Progress};
+use super::{Arrival, Completion, Flow, Transport};
 use crate::error::CollectiveError;
 use crate::header::{HEADER_LEN, Header, Message};
 
@@ -281,10 +281,15 @@ impl TcpTransport {
         }
     }
 
-    /// Writes what `peer`'s socket takes of `frame` now.
-    fn write(&mut self, peer: usize, frame: &mut Frame<'_>) -> Result<Progress, CollectiveError> {
+    /// Writes what `peer`'s socket takes of `frame` (whose payload is `payload`) now.
+    fn write(
+        &mut self,
+        peer: usize,
+        frame: &mut Frame,
+        payload: &[u8],
+    ) -> Result<Progress, CollectiveError> {
         let link = self.link(peer)?;
-        match link.write_step(&frame.head, frame.payload, frame.written) {
+        match link.write_step(&frame.head, payload, frame.written) {
             Ok((written, progress)) => {
                 frame.written = written;
                 Ok(progress)
@@ -298,11 +303,24 @@ impl TcpTransport {
 
     /// Gives up on `frame`: when part of it is out, the connection is cut, since half a frame
     /// followed by the next would be misread as data.
-    fn abandon(&mut self, peer: usize, frame: &Frame<'_>) {
+    fn abandon(&mut self, peer: usize, frame: &Frame) {
         if frame.written > 0
             && let Some(Some(link)) = self.links.get_mut(peer)
         {
             link.cut("a send was abandoned part-way through a message".into());
+        }
+    }
+
+    /// Ends an exchange early: a message part-way out is abandoned, and one part-way into the
+    /// flow's buffer cuts its connection (the rest of it has nowhere to go).
+    fn give_up(&mut self, to: usize, from: usize, sending: Option<&Frame>) {
+        if let Some(frame) = sending {
+            self.abandon(to, frame);
+        }
+        if let Some(Some(link)) = self.links.get_mut(from)
+            && link.is_placing()
+        {
+            link.cut("a receive was abandoned part-way through a message".into());
         }
     }
 
@@ -314,6 +332,7 @@ impl TcpTransport {
         &mut self,
         idle_since: &mut Option<Instant>,
         writer: Option<usize>,
+        reader: Option<usize>,
         deadline: Instant,
     ) -> Option<bool> {
         let now = Instant::now();
@@ -328,13 +347,19 @@ impl TcpTransport {
             }
             return Some(true);
         }
-        self.wait(writer, deadline)
+        self.wait(writer, reader, deadline)
     }
 
-    /// Sleeps in `poll` until some connection has bytes to read (every such connection is
-    /// drained into its queue), `writer`'s connection has room, or `deadline` passes. Returns
-    /// `None` in the last case, else whether `writer` can take more bytes.
-    fn wait(&mut self, writer: Option<usize>, deadline: Instant) -> Option<bool> {
+    /// Sleeps in `poll` until some connection has bytes to read (every such connection but
+    /// `reader`'s, which the caller reads itself, is drained into its queue), `writer`'s
+    /// connection has room, or `deadline` passes. Returns `None` in the last case, else
+    /// whether `writer` can take more bytes.
+    fn wait(
+        &mut self,
+        writer: Option<usize>,
+        reader: Option<usize>,
+        deadline: Instant,
+    ) -> Option<bool> {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return None;
@@ -376,8 +401,11 @@ impl TcpTransport {
         };
         let mut writable = false;
         for (peer, (can_read, can_write)) in watched.into_iter().zip(readable) {
-            if can_read && let Some(Some(link)) = self.links.get_mut(peer) {
-                link.pump();
+            if can_read
+                && reader != Some(peer)
+                && let Some(Some(link)) = self.links.get_mut(peer)
+            {
+                link.pump(None);
             }
             writable |= can_write && writer == Some(peer);
         }
@@ -385,16 +413,16 @@ impl TcpTransport {
     }
 }
 
-/// One message on its way out: the encoded header, the caller's payload, and how much of the
-/// two the socket has taken.
-struct Frame<'a> {
+/// One message on its way out: the encoded header, and how much of it and the payload (the
+/// caller's slice, `len` bytes) the socket has taken.
+struct Frame {
     head: BytesMut,
-    payload: &'a [u8],
+    len: usize,
     written: usize,
 }
 
-impl<'a> Frame<'a> {
-    fn new(header: Header, payload: &'a [u8]) -> Result<Self, CollectiveError> {
+impl Frame {
+    fn new(header: Header, payload: &[u8]) -> Result<Self, CollectiveError> {
         let len = u32::try_from(payload.len())
             .ok()
             .filter(|&len| len <= MAX_PAYLOAD)
@@ -409,13 +437,13 @@ impl<'a> Frame<'a> {
         header.encode(len, &mut head);
         Ok(Self {
             head,
-            payload,
+            len: payload.len(),
             written: 0,
         })
     }
 
     fn is_sent(&self) -> bool {
-        self.written == self.head.len() + self.payload.len()
+        self.written == self.head.len() + self.len
     }
 }
 
@@ -454,11 +482,11 @@ impl Transport for TcpTransport {
     ) -> Result<bool, CollectiveError> {
         let mut frame = Frame::new(header, payload)?;
         loop {
-            match self.write(peer, &mut frame)? {
+            match self.write(peer, &mut frame, payload)? {
                 Progress::Moved if frame.is_sent() => return Ok(true),
                 Progress::Moved => {}
                 Progress::WouldBlock => {
-                    if self.wait(Some(peer), deadline).is_none() {
+                    if self.wait(Some(peer), None, deadline).is_none() {
                         self.abandon(peer, &frame);
                         return Ok(false);
                     }
@@ -471,15 +499,15 @@ impl Transport for TcpTransport {
         let mut idle_since = None;
         loop {
             let link = self.link(peer)?;
-            if let Some(message) = link.ready.pop_front() {
+            if let Some(message) = link.next_message() {
                 return Ok(Some(message));
             }
             if let Some(reason) = link.closed.clone() {
                 return Err(self.lost(peer, reason));
             }
-            if link.pump() {
+            if link.pump(None) {
                 idle_since = None;
-            } else if self.idle(&mut idle_since, None, deadline).is_none() {
+            } else if self.idle(&mut idle_since, None, None, deadline).is_none() {
                 return Ok(None);
             }
         }
@@ -487,19 +515,13 @@ impl Transport for TcpTransport {
 
     fn exchange(
         &mut self,
-        outgoing: Outgoing<'_>,
-        from: usize,
-        messages: usize,
+        flow: &mut dyn Flow,
         deadline: Instant,
-        on_receive: &mut dyn FnMut(&Message) -> Result<(), CollectiveError>,
     ) -> Result<Completion, CollectiveError> {
-        let to = outgoing.to;
-        let mut packs = outgoing.packs();
-        let mut sending = packs
-            .next()
-            .map(|pack| Frame::new(outgoing.header, pack))
-            .transpose()?;
-        let mut received = 0;
+        let (to, from) = (flow.to(), flow.from());
+        let (outgoing, incoming) = (flow.outgoing(), flow.incoming());
+        let (mut sent, mut applied) = (0, 0);
+        let mut sending: Option<Frame> = None;
         let mut idle_since = None;
         // After a write would block, the next waits for `poll` to say there is room: retrying
         // at once would trickle the payload out in many small writes.
@@ -513,72 +535,76 @@ impl Transport for TcpTransport {
         } else {
             0
         };
-        let mut sent = 0;
         loop {
             let mut moved = false;
-            // Take what has arrived first: reducing it overlaps with the bytes in flight.
+            // Take what has arrived first: applying it overlaps with the bytes in flight, and
+            // may let the next message out.
             let link = self.link(from)?;
-            while received < messages
-                && let Some(message) = link.ready.pop_front()
+            while applied < incoming
+                && let Some(arrived) = link.ready.pop_front()
             {
-                let handled = on_receive(&message);
-                link.recycle(message.payload);
+                let handled = match &arrived {
+                    Arrived::Message(message) => flow.apply(applied, Arrival::Message(message)),
+                    Arrived::Placed(header) => flow.apply(applied, Arrival::Placed(*header)),
+                };
+                if let Arrived::Message(message) = arrived {
+                    link.recycle(message.payload);
+                }
                 if let Err(e) = handled {
-                    if let Some(frame) = &sending {
-                        self.abandon(to, frame);
-                    }
+                    self.give_up(to, from, sending.as_ref());
                     return Err(e);
                 }
-                received += 1;
+                applied += 1;
                 moved = true;
             }
-            if received < messages && link.ready.is_empty() {
+            if applied < incoming && link.ready.is_empty() {
                 if let Some(reason) = link.closed.clone() {
+                    self.give_up(to, from, sending.as_ref());
                     return Err(self.lost(from, reason));
                 }
-                moved |= link.pump();
+                moved |= link.pump(Some(&mut Placing { flow, applied }));
             }
-            while can_write
-                && sent <= received + ahead
-                && let Some(frame) = &mut sending
-            {
-                match self.write(to, frame)? {
+            while can_write {
+                if sending.is_none()
+                    && sent < outgoing
+                    && sent <= applied + ahead
+                    && applied >= flow.needs(sent)
+                {
+                    let (header, payload) = flow.message(sent);
+                    sending = Some(Frame::new(header, payload)?);
+                }
+                let Some(frame) = &mut sending else { break };
+                match self.write(to, frame, flow.message(sent).1)? {
                     Progress::Moved if frame.is_sent() => {
                         sent += 1;
-                        sending = packs
-                            .next()
-                            .map(|pack| Frame::new(outgoing.header, pack))
-                            .transpose()?;
+                        sending = None;
                         moved = true;
                     }
                     Progress::Moved => moved = true,
                     Progress::WouldBlock => can_write = false,
                 }
             }
-            if sending.is_none() && received == messages {
+            if sent == outgoing && applied == incoming {
                 return Ok(Completion::Done);
             }
             if moved {
                 idle_since = None;
                 continue;
             }
-            let writer = sending
-                .as_ref()
-                .filter(|_| sent <= received + ahead)
-                .map(|_| to);
+            let writer = (sending.is_some()
+                || (sent < outgoing && sent <= applied + ahead && applied >= flow.needs(sent)))
+            .then_some(to);
+            let reader = (applied < incoming).then_some(from);
             let waited = if writer.is_some() && self.oversubscribed {
-                self.wait(writer, deadline)
+                self.wait(writer, reader, deadline)
             } else {
-                self.idle(&mut idle_since, writer, deadline)
+                self.idle(&mut idle_since, writer, reader, deadline)
             };
             if let Some(writable) = waited {
                 can_write = writable;
-            }
-            if waited.is_none() {
-                if let Some(frame) = &sending {
-                    self.abandon(to, frame);
-                }
-                let waiting_for = if received < messages { from } else { to };
+            } else {
+                self.give_up(to, from, sending.as_ref());
+                let waiting_for = if applied < incoming { from } else { to };
                 return Ok(Completion::Expired { waiting_for });
             }
         }
