@@ -411,7 +411,7 @@ const LINGER: Duration = Duration::from_secs(2);
 impl Drop for GrpcTransport {
     /// Closes gracefully: sends are asynchronous, so frames may still be queued for a slower
     /// peer when this rank is done. Ending our streams lets tonic deliver what is queued; then
-    /// each peer's stream ends when that peer closes too (bounded by [`LINGER`]), and only then
+    /// each peer's stream ends when that peer closes too (bounded by `LINGER`), and only then
     /// does the runtime stop.
     fn drop(&mut self) {
         self.outbound.clear();
