@@ -528,7 +528,7 @@ mod tests {
             buffer: vec![0; 3 * 70_000],
         };
         for (seq, fill) in [(0, 1_u8), (99, 2), (2, 3), (3, 4)] {
-            writer.write_all(&frame(seq, &[fill; 70_000])).unwrap();
+            writer.write_all(&frame(seq, &vec![fill; 70_000])).unwrap();
         }
         pump_placing_until(&mut link, &mut flow, 4);
         let kinds: Vec<_> = link
@@ -548,7 +548,10 @@ mod tests {
         assert!(flow.buffer[70_000..140_000].iter().all(|&b| b == 0));
         assert!(flow.buffer[140_000..].iter().all(|&b| b == 3));
         assert_eq!(link.next_message().unwrap().header.seq, 99);
-        assert_eq!(link.next_message().unwrap().payload[..], [4; 70_000]);
+        assert_eq!(
+            link.next_message().unwrap().payload[..],
+            vec![4_u8; 70_000][..]
+        );
     }
 
     #[test]
