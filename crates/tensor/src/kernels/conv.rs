@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::gemm::{MatRef, matmul};
+use super::gemm::{MatRef, matmul, matmul_new};
 
 /// The sizes of one convolution (or pooling window) over NHWC input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,9 +147,7 @@ pub(crate) fn conv2d_kernel_grad(
     g: &Geometry,
 ) -> Vec<f32> {
     let rows = g.batch * g.out_pixels();
-    let mut grad = vec![0.0_f32; g.patch() * filters];
-    matmul(
-        &mut grad,
+    matmul_new(
         MatRef {
             data: cols,
             rows,
@@ -162,9 +160,7 @@ pub(crate) fn conv2d_kernel_grad(
             cols: filters,
             transposed: false,
         },
-        false,
-    );
-    grad
+    )
 }
 
 /// Gradient of the input: `col2im(d_out · kernelᵀ)`.
@@ -175,9 +171,7 @@ pub(crate) fn conv2d_input_grad(
     g: &Geometry,
 ) -> Vec<f32> {
     let rows = g.batch * g.out_pixels();
-    let mut d_cols = vec![0.0_f32; rows * g.patch()];
-    matmul(
-        &mut d_cols,
+    let d_cols = matmul_new(
         MatRef {
             data: d_out,
             rows,
@@ -190,7 +184,6 @@ pub(crate) fn conv2d_input_grad(
             cols: filters,
             transposed: true,
         },
-        false,
     );
     col2im(&d_cols, g)
 }

@@ -4,31 +4,18 @@ use rayon::prelude::*;
 
 use super::CHUNK;
 
-/// `out[i] = f(x[i])`.
+/// `out[i] = f(x[i])`. Collected straight into the output: no zero-fill first.
 pub(crate) fn map(x: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
-    let mut out = vec![0.0; x.len()];
-    out.par_chunks_mut(CHUNK)
-        .zip(x.par_chunks(CHUNK))
-        .for_each(|(o, x)| {
-            for (o, &x) in o.iter_mut().zip(x) {
-                *o = f(x);
-            }
-        });
-    out
+    x.par_iter().with_min_len(CHUNK).map(|&x| f(x)).collect()
 }
 
 /// `out[i] = f(a[i], b[i])` for equal-length slices.
 pub(crate) fn zip(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
-    let mut out = vec![0.0; a.len()];
-    out.par_chunks_mut(CHUNK)
-        .zip(a.par_chunks(CHUNK))
-        .zip(b.par_chunks(CHUNK))
-        .for_each(|((o, a), b)| {
-            for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
-                *o = f(a, b);
-            }
-        });
-    out
+    a.par_iter()
+        .zip(b)
+        .with_min_len(CHUNK)
+        .map(|(&a, &b)| f(a, b))
+        .collect()
 }
 
 /// Adds `bias[c]` to every row of `x[rows×c]`, then applies `f`.
@@ -49,18 +36,12 @@ pub(crate) fn add_rows(x: &[f32], bias: &[f32], f: impl Fn(f32) -> f32 + Sync) -
 }
 
 /// `rows` copies of `row` back to back (zeros without a row): the starting value of an output
-/// that a GEMM accumulates onto.
+/// that a GEMM accumulates onto. One pass of copies, with no zero-fill before it.
 pub(crate) fn repeat_rows(row: Option<&[f32]>, rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0_f32; rows * cols];
-    if let Some(row) = row {
-        let rows_per_task = (CHUNK / cols.max(1)).max(1);
-        out.par_chunks_mut(rows_per_task * cols).for_each(|block| {
-            for dst in block.chunks_exact_mut(cols) {
-                dst.copy_from_slice(row);
-            }
-        });
+    match row {
+        Some(row) => row.repeat(rows),
+        None => vec![0.0_f32; rows * cols],
     }
-    out
 }
 
 /// `max(x, 0)` in place.

@@ -58,6 +58,49 @@ const PARALLEL_THRESHOLD: usize = 48 * 48 * 48;
 /// When the operands' inner dimensions differ or a slice is shorter than its dimensions say:
 /// callers check shapes first, and these are the memory-safety conditions of the product.
 pub fn matmul(dst: &mut [f32], a: MatRef<'_>, b: MatRef<'_>, accumulate: bool) {
+    let (m, n) = check(a, b);
+    assert!(dst.len() >= m * n, "matmul: destination too short");
+    if m * n == 0 || a.logical().1 == 0 {
+        if !accumulate {
+            dst[..m * n].fill(0.0);
+        }
+        return;
+    }
+    // SAFETY: `dst` is a unique borrow of at least m·n elements (asserted above), so it aliases
+    // neither operand and every element gemm writes is in bounds.
+    #[allow(unsafe_code)]
+    unsafe {
+        product_into(dst.as_mut_ptr(), a, b, accumulate);
+    }
+}
+
+/// `a · b` as a new row-major buffer. The product writes every element before anything reads
+/// it, so the buffer skips the zero-fill a `vec![0.0; m·n]` would cost (megabytes for a
+/// convolution's gradient).
+///
+/// # Panics
+///
+/// As [`matmul`].
+pub fn matmul_new(a: MatRef<'_>, b: MatRef<'_>) -> Vec<f32> {
+    let (m, n) = check(a, b);
+    if m * n == 0 || a.logical().1 == 0 {
+        return vec![0.0; m * n];
+    }
+    let mut out = Vec::with_capacity(m * n);
+    // SAFETY: the buffer has room for m·n elements and aliases nothing. With `accumulate`
+    // false, gemm never reads the destination (the product overwrites it: the tests fill it
+    // with NaN first to prove it) and writes every one of its m·n elements, so all are
+    // initialised before `set_len`.
+    #[allow(unsafe_code)]
+    unsafe {
+        product_into(out.as_mut_ptr(), a, b, false);
+        out.set_len(m * n);
+    }
+    out
+}
+
+/// The product's `(m, n)`, after the checks that keep gemm's reads in bounds.
+fn check(a: MatRef<'_>, b: MatRef<'_>) -> (usize, usize) {
     let (m, k) = a.logical();
     let (k2, n) = b.logical();
     assert_eq!(k, k2, "matmul: inner dimensions differ");
@@ -65,16 +108,20 @@ pub fn matmul(dst: &mut [f32], a: MatRef<'_>, b: MatRef<'_>, accumulate: bool) {
         a.data.len() >= a.rows * a.cols && b.data.len() >= b.rows * b.cols,
         "matmul: operand too short"
     );
-    assert!(dst.len() >= m * n, "matmul: destination too short");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            dst[..m * n].fill(0.0);
-        }
-        return;
-    }
+    (m, n)
+}
+
+/// `dst = a · b` (or `dst += a · b`) through gemm, `dst` row-major `m×n`.
+///
+/// # Safety
+///
+/// `dst` must be valid for writes of `m·n` elements (and reads, when `accumulate`), alias
+/// neither operand, and the operands must have passed [`check`]; `m`, `n` and `k` must be
+/// non-zero.
+#[allow(unsafe_code)]
+unsafe fn product_into(dst: *mut f32, a: MatRef<'_>, b: MatRef<'_>, accumulate: bool) {
+    let (m, k) = a.logical();
+    let n = b.logical().1;
     let parallelism = if m * n * k >= PARALLEL_THRESHOLD && rayon::current_num_threads() > 1 {
         Parallelism::Rayon(rayon::current_num_threads())
     } else {
@@ -82,17 +129,14 @@ pub fn matmul(dst: &mut [f32], a: MatRef<'_>, b: MatRef<'_>, accumulate: bool) {
     };
     let (a_rs, a_cs) = a.strides();
     let (b_rs, b_cs) = b.strides();
-    #[allow(unsafe_code)]
-    // SAFETY: `gemm` reads a[i·a_rs + p·a_cs] for i < m, p < k and b[p·b_rs + j·b_cs] for
-    // p < k, j < n, and writes dst[i·n + j]; the assertions above keep all of these in bounds
-    // (row-major strides of matrices of the asserted sizes). `dst` is a unique borrow, so it
-    // aliases neither operand.
+    // SAFETY: gemm reads a[i·a_rs + p·a_cs] for i < m, p < k and b[p·b_rs + j·b_cs] for
+    // p < k, j < n, in bounds by `check`; it writes dst[i·n + j], in bounds by the caller.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            dst.as_mut_ptr(),
+            dst,
             1,
             n.cast_signed(),
             accumulate,
@@ -197,5 +241,38 @@ mod tests {
             true,
         );
         assert_eq!(c, [15.0]);
+    }
+
+    #[test]
+    fn a_new_product_equals_the_product_into_a_zeroed_buffer() {
+        let (m, k, n) = (19, 7, 23);
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 3) % 17) as f32 - 8.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 11) % 7) as f32 - 3.0).collect();
+        let lhs = MatRef {
+            data: &a,
+            rows: m,
+            cols: k,
+            transposed: false,
+        };
+        let rhs = MatRef {
+            data: &b,
+            rows: k,
+            cols: n,
+            transposed: false,
+        };
+        assert_eq!(matmul_new(lhs, rhs), naive(&a, &b, m, k, n));
+        let empty = MatRef {
+            data: &[],
+            rows: m,
+            cols: 0,
+            transposed: false,
+        };
+        let none = MatRef {
+            data: &[],
+            rows: 0,
+            cols: n,
+            transposed: false,
+        };
+        assert_eq!(matmul_new(empty, none), vec![0.0; m * n]);
     }
 }

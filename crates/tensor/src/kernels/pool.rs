@@ -30,13 +30,14 @@ pub(crate) fn max_pool(input: &[f32], g: &Geometry) -> (Vec<f32>, Vec<u32>) {
                             continue;
                         };
                         let from = (y * g.width + x) * c;
-                        for ch in 0..c {
-                            let v = image[from + ch];
+                        let window = out.iter_mut().zip(arg.iter_mut());
+                        for (ch, ((out, arg), &v)) in window.zip(&image[from..from + c]).enumerate()
+                        {
                             // `>` keeps the first maximum, as TensorFlow does; NaN propagates.
-                            if v > out[ch] || v.is_nan() && !out[ch].is_nan() {
-                                out[ch] = v;
-                                arg[ch] = (from + ch) as u32;
-                            }
+                            // Selects rather than branches, so the channel loop vectorises.
+                            let take = (v > *out) | (v.is_nan() & !out.is_nan());
+                            *out = if take { v } else { *out };
+                            *arg = if take { (from + ch) as u32 } else { *arg };
                         }
                     }
                 }

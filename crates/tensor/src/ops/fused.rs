@@ -7,7 +7,7 @@ use super::conv::{Padding, geometry};
 use crate::error::TensorError;
 use crate::kernels::conv::{conv2d as conv_kernel, conv2d_input_grad, conv2d_kernel_grad};
 use crate::kernels::elementwise::{relu_in_place, repeat_rows};
-use crate::kernels::gemm::{MatRef, matmul as gemm};
+use crate::kernels::gemm::{MatRef, matmul as gemm, matmul_new as gemm_new};
 use crate::kernels::reduce::sum_rows;
 use crate::tensor::Tensor;
 
@@ -167,9 +167,7 @@ pub(crate) fn product(
         move |d, y| {
             let d = if relu { relu_grad(d, y) } else { d.clone() };
             let dx = input.requires_grad().then(|| {
-                let mut dx = vec![0.0_f32; m * k];
-                gemm(
-                    &mut dx,
+                let dx = gemm_new(
                     plain(&d, m, n),
                     MatRef {
                         data: weights.data(),
@@ -177,14 +175,11 @@ pub(crate) fn product(
                         cols: n,
                         transposed: true,
                     },
-                    false,
                 );
                 Tensor::raw(dx, vec![m, k])
             });
             let dw = weights.requires_grad().then(|| {
-                let mut dw = vec![0.0_f32; k * n];
-                gemm(
-                    &mut dw,
+                let dw = gemm_new(
                     MatRef {
                         data: input.data(),
                         rows: m,
@@ -192,7 +187,6 @@ pub(crate) fn product(
                         transposed: true,
                     },
                     plain(&d, m, n),
-                    false,
                 );
                 Tensor::raw(dw, vec![k, n])
             });
