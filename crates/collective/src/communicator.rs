@@ -189,6 +189,24 @@ impl<T: Transport> Communicator<T> {
         result
     }
 
+    /// Gives up this rank's next collective, `op`, without running it, because of `error`
+    /// from elsewhere (a hierarchical all-reduce's cross-process step): the peers, waiting in
+    /// theirs, receive an abort naming this rank and `error` instead of timing out, and this
+    /// communicator is broken. Returns `error`.
+    pub(crate) fn abandon_next(&mut self, op: Op, error: CollectiveError) -> CollectiveError {
+        let reason = error.to_string();
+        let _ = self.run::<f32>(op, 0, None, "abandoned", |s| {
+            s.abort(&reason);
+            Err(CollectiveError::Aborted {
+                op,
+                seq: s.template.seq,
+                origin: s.rank(),
+                reason: reason.clone(),
+            })
+        });
+        error
+    }
+
     fn transport_cluster(&self) -> u64 {
         self.transport.cluster()
     }

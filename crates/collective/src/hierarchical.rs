@@ -5,6 +5,7 @@
 use crate::communicator::{CommunicationOptions, Communicator};
 use crate::element::{Element, ReduceOp};
 use crate::error::CollectiveError;
+use crate::header::Op;
 use crate::transport::{SharedMemoryTransport, Transport};
 
 /// One replica's handle on a two-level group: `local_replicas` threads in each of
@@ -68,7 +69,8 @@ impl<X: Transport> HierarchicalCommunicator<X> {
     /// # Errors
     ///
     /// As [`Communicator::all_reduce`] at either level. A cross-process failure reaches the
-    /// other local replicas as a timeout of the local broadcast.
+    /// other local replicas as [`CollectiveError::Aborted`] of the local broadcast, carrying
+    /// the cross-process error.
     pub fn all_reduce<E: Element>(
         &mut self,
         data: &mut [E],
@@ -81,8 +83,12 @@ impl<X: Transport> HierarchicalCommunicator<X> {
             op
         };
         self.local.all_reduce(data, level_op)?;
-        if let Some(cross) = &mut self.cross {
-            cross.all_reduce(data, level_op)?;
+        if let Some(cross) = &mut self.cross
+            && let Err(e) = cross.all_reduce(data, level_op)
+        {
+            // The other replicas are already waiting for the local broadcast: they learn why
+            // it will not come, rather than time out.
+            return Err(self.local.abandon_next(Op::Broadcast, e));
         }
         self.local.broadcast(data, 0)?;
         if op == ReduceOp::Mean {

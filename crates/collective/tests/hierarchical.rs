@@ -8,9 +8,12 @@
 mod common;
 
 use std::thread;
+use std::time::{Duration, Instant};
 
 use common::{Wire, transports};
-use lockstep_collective::{CommunicationOptions, HierarchicalCommunicator, ReduceOp};
+use lockstep_collective::{
+    CollectiveError, CommunicationOptions, HierarchicalCommunicator, ReduceOp,
+};
 use proptest::prelude::*;
 
 fn value(rank: usize, i: usize) -> f64 {
@@ -55,4 +58,42 @@ proptest! {
         ranks.sort_unstable();
         prop_assert_eq!(ranks, (0..n).collect::<Vec<_>>());
     }
+}
+
+#[test]
+fn a_cross_process_failure_reaches_every_local_replica_with_its_cause() {
+    let timeout = Duration::from_secs(20);
+    let options = CommunicationOptions {
+        timeout,
+        ..CommunicationOptions::default()
+    };
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    // The two processes disagree about the buffer's length: their cross-process step fails.
+    for (process, cross) in transports(Wire::Local, 2).into_iter().enumerate() {
+        for mut replica in HierarchicalCommunicator::group(3, cross, options) {
+            handles.push(thread::spawn(move || {
+                let mut data = vec![1.0_f32; 8 + process];
+                (replica.rank(), replica.all_reduce(&mut data, ReduceOp::Sum))
+            }));
+        }
+    }
+    for handle in handles {
+        let (rank, result) = handle.join().unwrap();
+        match result {
+            // A leader sees the mismatch, or the other leader's abort over it.
+            Err(CollectiveError::Mismatch { .. } | CollectiveError::Aborted { .. })
+                if rank % 3 == 0 => {}
+            Err(CollectiveError::Aborted {
+                origin: 0, reason, ..
+            }) if rank % 3 != 0 => {
+                assert!(reason.contains("mismatch"), "rank {rank}: {reason}");
+            }
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
+    assert!(
+        started.elapsed() < timeout / 2,
+        "replicas waited for the timeout"
+    );
 }
