@@ -413,6 +413,12 @@ impl TcpTransport {
     }
 }
 
+/// Whether `flow`'s outgoing message `sent` may start: it exists, sending is at most `ahead`
+/// messages ahead of receiving, and the incoming messages it depends on have been applied.
+fn may_start(flow: &dyn Flow, sent: usize, applied: usize, ahead: usize) -> bool {
+    sent < flow.outgoing() && sent <= applied + ahead && applied >= flow.needs(sent)
+}
+
 /// One message on its way out: the encoded header, and how much of it and the payload (the
 /// caller's slice, `len` bytes) the socket has taken.
 struct Frame {
@@ -565,11 +571,7 @@ impl Transport for TcpTransport {
                 moved |= link.pump(Some(&mut Placing { flow, applied }));
             }
             while can_write {
-                if sending.is_none()
-                    && sent < outgoing
-                    && sent <= applied + ahead
-                    && applied >= flow.needs(sent)
-                {
+                if sending.is_none() && may_start(flow, sent, applied, ahead) {
                     let (header, payload) = flow.message(sent);
                     sending = Some(Frame::new(header, payload)?);
                 }
@@ -591,9 +593,7 @@ impl Transport for TcpTransport {
                 idle_since = None;
                 continue;
             }
-            let writer = (sending.is_some()
-                || (sent < outgoing && sent <= applied + ahead && applied >= flow.needs(sent)))
-            .then_some(to);
+            let writer = (sending.is_some() || may_start(flow, sent, applied, ahead)).then_some(to);
             let reader = (applied < incoming).then_some(from);
             let waited = if writer.is_some() && self.oversubscribed {
                 self.wait(writer, reader, deadline)
