@@ -1,5 +1,6 @@
 //! SGEMM throughput (GFLOP/s) at square sizes and at the im2col shapes of the tutorial CNN,
-//! on 1 and 2 threads, with ndarray's own product beside it for a same-run ratio.
+//! on 1 and 2 threads, with ndarray's own product beside it for a same-run ratio; and the
+//! tutorial CNN's second convolution (Winograd) forward, and forward with both gradients.
 //!
 //! `cargo bench -p lockstep-benches --bench kernels`
 
@@ -7,7 +8,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use lockstep_tensor::Tensor;
 use lockstep_tensor::kernels::gemm::{MatRef, matmul};
+use lockstep_tensor::ops::{self, Padding};
 use ndarray::Array2;
 
 fn pool(threads: usize) -> rayon::ThreadPool {
@@ -75,5 +78,57 @@ fn sgemm(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, sgemm);
+/// `relu(conv2d(x, kernel) + bias)` at the CNN's second layer, batch 64: `[64, 13, 13, 32]`
+/// into 64 filters. Throughput counts the direct method's multiply-adds (×2 for FLOPs; ×3 for
+/// the forward and both gradients), so Winograd's saving shows as more than the GEMM's peak.
+fn conv2d(c: &mut Criterion) {
+    let values = |len: usize| {
+        (0..len)
+            .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
+            .collect()
+    };
+    let x = Tensor::parameter(values(64 * 13 * 13 * 32), &[64, 13, 13, 32]).expect("x");
+    let kernel = Tensor::parameter(values(3 * 3 * 32 * 64), &[3, 3, 32, 64]).expect("kernel");
+    let bias = Tensor::parameter(values(64), &[64]).expect("bias");
+    let direct_flops = 2 * 64 * 11 * 11 * 64 * 288;
+    let layer = || {
+        ops::conv2d_bias_relu(&x, &kernel, Some(&bias), true, (1, 1), Padding::Valid)
+            .expect("conv2d")
+    };
+    // A loss whose own cost is negligible beside the layer's: the output's sum as a product
+    // with a vector of ones (its backward is one outer product).
+    let outputs = 64 * 11 * 11 * 64;
+    let ones = Tensor::from_vec(vec![1.0; outputs], &[outputs, 1]).expect("ones");
+    let loss = |y: &Tensor| {
+        let row = ops::reshape(y, &[1, outputs]).expect("reshape");
+        ops::matmul(&row, &ones).expect("matmul")
+    };
+    let mut group = c.benchmark_group("conv2d");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    for threads in [1, 2] {
+        let pool = pool(threads);
+        group.throughput(Throughput::Elements(direct_flops));
+        group.bench_function(
+            BenchmarkId::new("conv2_forward", format!("{threads}t")),
+            |bench| {
+                pool.install(|| bench.iter(|| black_box(layer())));
+            },
+        );
+        group.throughput(Throughput::Elements(3 * direct_flops));
+        group.bench_function(
+            BenchmarkId::new("conv2_forward_backward", format!("{threads}t")),
+            |bench| {
+                pool.install(|| {
+                    bench.iter(|| black_box(loss(&layer()).backward().expect("backward")));
+                });
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, sgemm, conv2d);
 criterion_main!(benches);

@@ -1,8 +1,13 @@
-//! 2-D convolution in NHWC layout by im2col and GEMM, as Keras lays tensors out.
+//! 2-D convolution in NHWC layout, as Keras lays tensors out: 3×3 kernels at stride 1 with
+//! enough channels by Winograd's algorithm ([`super::winograd`]), everything else by im2col
+//! and GEMM.
 
 use rayon::prelude::*;
 
+use super::elementwise::{relu_in_place, zip};
 use super::gemm::{MatRef, matmul, matmul_new};
+use super::reduce::sum_rows;
+use super::winograd::{self, Tiling};
 
 /// The sizes of one convolution (or pooling window) over NHWC input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,10 +112,104 @@ pub(crate) fn col2im(cols: &[f32], g: &Geometry) -> Vec<f32> {
     input
 }
 
-/// Forward convolution: returns `(output [batch, out_h, out_w, filters], im2col rows)`; the
-/// rows are kept for the kernel's gradient. With a bias, the output starts as the bias and the
-/// product accumulates onto it: no separate pass.
+/// How a convolution was computed, with what its kernel's gradient needs from the forward
+/// pass.
+#[derive(Debug)]
+pub(crate) enum Lowering {
+    /// By im2col: the rows, which the kernel's gradient multiplies again.
+    Im2col(Vec<f32>),
+    /// By Winograd's algorithm: the backward pass transforms the input again (cheaper than
+    /// keeping every tile).
+    Winograd(Tiling),
+}
+
+/// `relu?(conv2d(input, kernel) + bias)` as `[batch, out_h, out_w, filters]`, and how it was
+/// computed.
 pub(crate) fn conv2d(
+    input: &[f32],
+    kernel: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+    filters: usize,
+    g: &Geometry,
+) -> (Vec<f32>, Lowering) {
+    if let Some(t) = winograd::tiling(g, filters) {
+        let out = winograd::conv2d(t, input, kernel, bias, relu, filters, g);
+        return (out, Lowering::Winograd(t));
+    }
+    let (mut out, cols) = im2col_conv2d(input, kernel, bias, filters, g);
+    if relu {
+        relu_in_place(&mut out);
+    }
+    (out, Lowering::Im2col(cols))
+}
+
+/// The gradient arriving at a convolution's output, masked where a fused relu was zero.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OutputGrad<'a> {
+    /// `dL/dy`, `[batch, out_h, out_w, filters]`.
+    pub(crate) values: &'a [f32],
+    /// The relu's output, when the convolution had one: the gradient passes where it is
+    /// positive.
+    pub(crate) relu_output: Option<&'a [f32]>,
+}
+
+/// Which gradients a backward pass computes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wanted {
+    pub(crate) input: bool,
+    pub(crate) kernel: bool,
+    pub(crate) bias: bool,
+}
+
+/// A convolution's gradients, each present when it was wanted.
+#[derive(Debug, Default)]
+pub(crate) struct Grads {
+    pub(crate) input: Option<Vec<f32>>,
+    pub(crate) kernel: Option<Vec<f32>>,
+    pub(crate) bias: Option<Vec<f32>>,
+}
+
+/// The gradients of `relu?(conv2d(input, kernel) + bias)`, computed as `lowering` computed the
+/// forward pass.
+pub(crate) fn conv2d_backward(
+    lowering: &Lowering,
+    input: &[f32],
+    kernel: &[f32],
+    grad: OutputGrad<'_>,
+    filters: usize,
+    g: &Geometry,
+    wanted: Wanted,
+) -> Grads {
+    let cols = match lowering {
+        Lowering::Winograd(t) => {
+            return winograd::backward(*t, input, kernel, grad, filters, g, wanted);
+        }
+        Lowering::Im2col(cols) => cols,
+    };
+    let masked;
+    let d_out = match grad.relu_output {
+        Some(out) => {
+            masked = zip(grad.values, out, |d, y| if y > 0.0 { d } else { 0.0 });
+            &masked
+        }
+        None => grad.values,
+    };
+    Grads {
+        input: wanted
+            .input
+            .then(|| im2col_conv2d_input_grad(kernel, d_out, filters, g)),
+        kernel: wanted
+            .kernel
+            .then(|| im2col_conv2d_kernel_grad(cols, d_out, filters, g)),
+        bias: wanted.bias.then(|| sum_rows(d_out, filters)),
+    }
+}
+
+/// Forward convolution by im2col: returns `(output [batch, out_h, out_w, filters], im2col
+/// rows)`; the rows are kept for the kernel's gradient. With a bias, the output starts as the
+/// bias and the product accumulates onto it: no separate pass.
+pub(crate) fn im2col_conv2d(
     input: &[f32],
     kernel: &[f32],
     bias: Option<&[f32]>,
@@ -139,8 +238,9 @@ pub(crate) fn conv2d(
     (out, cols)
 }
 
-/// Gradient of the kernel: `colsᵀ · d_out`, shaped `[kernel_h, kernel_w, channels, filters]`.
-pub(crate) fn conv2d_kernel_grad(
+/// Gradient of the kernel by im2col: `colsᵀ · d_out`, shaped
+/// `[kernel_h, kernel_w, channels, filters]`.
+pub(crate) fn im2col_conv2d_kernel_grad(
     cols: &[f32],
     d_out: &[f32],
     filters: usize,
@@ -163,8 +263,8 @@ pub(crate) fn conv2d_kernel_grad(
     )
 }
 
-/// Gradient of the input: `col2im(d_out · kernelᵀ)`.
-pub(crate) fn conv2d_input_grad(
+/// Gradient of the input by im2col: `col2im(d_out · kernelᵀ)`.
+pub(crate) fn im2col_conv2d_input_grad(
     kernel: &[f32],
     d_out: &[f32],
     filters: usize,

@@ -58,19 +58,45 @@ const PARALLEL_THRESHOLD: usize = 48 * 48 * 48;
 /// When the operands' inner dimensions differ or a slice is shorter than its dimensions say:
 /// callers check shapes first, and these are the memory-safety conditions of the product.
 pub fn matmul(dst: &mut [f32], a: MatRef<'_>, b: MatRef<'_>, accumulate: bool) {
+    product(dst, a, b, accumulate, false);
+}
+
+/// As [`matmul`], on the calling thread only: for the many small products of a kernel that is
+/// already parallel over its own pieces (where a nested split would only add forks), and so
+/// the result cannot depend on the thread count.
+///
+/// # Panics
+///
+/// As [`matmul`].
+pub(crate) fn matmul_on_this_thread(
+    dst: &mut [f32],
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    accumulate: bool,
+) {
+    product(dst, a, b, accumulate, true);
+}
+
+fn product(dst: &mut [f32], a: MatRef<'_>, b: MatRef<'_>, accumulate: bool, one_thread: bool) {
     let (m, n) = check(a, b);
     assert!(dst.len() >= m * n, "matmul: destination too short");
-    if m * n == 0 || a.logical().1 == 0 {
+    let k = a.logical().1;
+    if m * n == 0 || k == 0 {
         if !accumulate {
             dst[..m * n].fill(0.0);
         }
         return;
     }
+    let parallelism = if one_thread {
+        Parallelism::None
+    } else {
+        threads_for(m, n, k)
+    };
     // SAFETY: `dst` is a unique borrow of at least m·n elements (asserted above), so it aliases
     // neither operand and every element gemm writes is in bounds.
     #[allow(unsafe_code)]
     unsafe {
-        product_into(dst.as_mut_ptr(), a, b, accumulate);
+        product_into(dst.as_mut_ptr(), a, b, accumulate, parallelism);
     }
 }
 
@@ -93,7 +119,13 @@ pub fn matmul_new(a: MatRef<'_>, b: MatRef<'_>) -> Vec<f32> {
     // initialised before `set_len`.
     #[allow(unsafe_code)]
     unsafe {
-        product_into(out.as_mut_ptr(), a, b, false);
+        product_into(
+            out.as_mut_ptr(),
+            a,
+            b,
+            false,
+            threads_for(m, n, a.logical().1),
+        );
         out.set_len(m * n);
     }
     out
@@ -111,6 +143,15 @@ fn check(a: MatRef<'_>, b: MatRef<'_>) -> (usize, usize) {
     (m, n)
 }
 
+/// All of rayon's threads for a product large enough to repay the forks, else this one.
+fn threads_for(m: usize, n: usize, k: usize) -> Parallelism {
+    if m * n * k >= PARALLEL_THRESHOLD && rayon::current_num_threads() > 1 {
+        Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        Parallelism::None
+    }
+}
+
 /// `dst = a · b` (or `dst += a · b`) through gemm, `dst` row-major `m×n`.
 ///
 /// # Safety
@@ -119,14 +160,15 @@ fn check(a: MatRef<'_>, b: MatRef<'_>) -> (usize, usize) {
 /// neither operand, and the operands must have passed [`check`]; `m`, `n` and `k` must be
 /// non-zero.
 #[allow(unsafe_code)]
-unsafe fn product_into(dst: *mut f32, a: MatRef<'_>, b: MatRef<'_>, accumulate: bool) {
+unsafe fn product_into(
+    dst: *mut f32,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    accumulate: bool,
+    parallelism: Parallelism,
+) {
     let (m, k) = a.logical();
     let n = b.logical().1;
-    let parallelism = if m * n * k >= PARALLEL_THRESHOLD && rayon::current_num_threads() > 1 {
-        Parallelism::Rayon(rayon::current_num_threads())
-    } else {
-        Parallelism::None
-    };
     let (a_rs, a_cs) = a.strides();
     let (b_rs, b_cs) = b.strides();
     // SAFETY: gemm reads a[i·a_rs + p·a_cs] for i < m, p < k and b[p·b_rs + j·b_cs] for

@@ -11,6 +11,7 @@ pub mod gemm;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod softmax;
+pub(crate) mod winograd;
 
 /// Elements per parallel task in elementwise kernels: large enough to amortise a task.
 pub(crate) const CHUNK: usize = 1 << 14;

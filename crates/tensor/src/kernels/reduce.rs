@@ -2,6 +2,8 @@
 
 use rayon::prelude::*;
 
+use super::CHUNK;
+
 /// Rows summed by one task before partial sums are combined.
 const ROW_BLOCK: usize = 256;
 
@@ -34,20 +36,26 @@ pub(crate) fn sum_rows(x: &[f32], cols: usize) -> Vec<f32> {
     out
 }
 
-/// Sums over the middle axis of `x[outer×mid×inner]` into `out[outer×inner]`.
+/// Sums over the middle axis of `x[outer×mid×inner]` into `out[outer×inner]`. A task takes as
+/// many outer slices as make up about [`CHUNK`] inputs: one task per slice would cost more
+/// than the sums when `mid × inner` is small (a last-axis sum).
 pub(crate) fn sum_middle(x: &[f32], outer: usize, mid: usize, inner: usize) -> Vec<f32> {
     let mut out = vec![0.0_f32; outer * inner];
-    if inner == 0 {
+    if inner == 0 || mid == 0 {
         return out;
     }
-    out.par_chunks_mut(inner).enumerate().for_each(|(o, acc)| {
-        let block = &x[o * mid * inner..(o + 1) * mid * inner];
-        for row in block.chunks_exact(inner) {
-            for (a, &v) in acc.iter_mut().zip(row) {
-                *a += v;
+    let slices_per_task = (CHUNK / (mid * inner).max(1)).max(1);
+    out.par_chunks_mut(slices_per_task * inner)
+        .zip(x.par_chunks(slices_per_task * mid * inner))
+        .for_each(|(accs, blocks)| {
+            for (acc, block) in accs.chunks_exact_mut(inner).zip(blocks.chunks(mid * inner)) {
+                for row in block.chunks_exact(inner) {
+                    for (a, &v) in acc.iter_mut().zip(row) {
+                        *a += v;
+                    }
+                }
             }
-        }
-    });
+        });
     out
 }
 
@@ -80,5 +88,15 @@ mod tests {
             sum_middle(&x, 2, 3, 4),
             [12.0, 15.0, 18.0, 21.0, 48.0, 51.0, 54.0, 57.0]
         );
+        assert_eq!(sum_middle(&[], 2, 0, 3), [0.0; 6]);
+    }
+
+    #[test]
+    fn last_axis_sums_cover_every_slice_across_task_boundaries() {
+        let (outer, mid) = (20_000, 3);
+        let x: Vec<f32> = (0..outer * mid).map(|i| (i % 17) as f32).collect();
+        let sums = sum_middle(&x, outer, mid, 1);
+        let naive: Vec<f32> = x.chunks(mid).map(|s| s.iter().sum()).collect();
+        assert_eq!(sums, naive);
     }
 }

@@ -5,7 +5,7 @@
 use super::activation::relu_grad;
 use super::conv::{Padding, geometry};
 use crate::error::TensorError;
-use crate::kernels::conv::{conv2d as conv_kernel, conv2d_input_grad, conv2d_kernel_grad};
+use crate::kernels::conv::{OutputGrad, Wanted, conv2d as conv_kernel, conv2d_backward};
 use crate::kernels::elementwise::{relu_in_place, repeat_rows};
 use crate::kernels::gemm::{MatRef, matmul as gemm, matmul_new as gemm_new};
 use crate::kernels::reduce::sum_rows;
@@ -77,10 +77,14 @@ pub fn conv2d_bias_relu(
         ));
     }
     check_bias("conv2d", bias, x, filters)?;
-    let (mut out, cols) = conv_kernel(x.data(), kernel.data(), bias.map(Tensor::data), filters, &g);
-    if relu {
-        relu_in_place(&mut out);
-    }
+    let (out, lowering) = conv_kernel(
+        x.data(),
+        kernel.data(),
+        bias.map(Tensor::data),
+        relu,
+        filters,
+        &g,
+    );
     let (input, weights, has_bias) = (x.clone(), kernel.clone(), bias.is_some());
     let shape = vec![g.batch, g.out_h, g.out_w, filters];
     Ok(Tensor::from_op(
@@ -88,28 +92,34 @@ pub fn conv2d_bias_relu(
         shape,
         &inputs(x, kernel, bias),
         move |d, y| {
-            let d = if relu { relu_grad(d, y) } else { d.clone() };
-            let mut grads = vec![
-                input.requires_grad().then(|| {
-                    Tensor::raw(
-                        conv2d_input_grad(weights.data(), d.data(), filters, &g),
-                        input.shape().to_vec(),
-                    )
-                }),
-                weights.requires_grad().then(|| {
-                    Tensor::raw(
-                        conv2d_kernel_grad(&cols, d.data(), filters, &g),
-                        weights.shape().to_vec(),
-                    )
-                }),
+            let wanted = Wanted {
+                input: input.requires_grad(),
+                kernel: weights.requires_grad(),
+                bias: has_bias,
+            };
+            let grad = OutputGrad {
+                values: d.data(),
+                relu_output: relu.then(|| y.data()),
+            };
+            let grads = conv2d_backward(
+                &lowering,
+                input.data(),
+                weights.data(),
+                grad,
+                filters,
+                &g,
+                wanted,
+            );
+            let mut out = vec![
+                grads.input.map(|v| Tensor::raw(v, input.shape().to_vec())),
+                grads
+                    .kernel
+                    .map(|v| Tensor::raw(v, weights.shape().to_vec())),
             ];
             if has_bias {
-                grads.push(Some(Tensor::raw(
-                    sum_rows(d.data(), filters),
-                    vec![filters],
-                )));
+                out.push(grads.bias.map(|v| Tensor::raw(v, vec![filters])));
             }
-            Ok(grads)
+            Ok(out)
         },
     ))
 }
