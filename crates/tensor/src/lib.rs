@@ -19,12 +19,15 @@
 //! - [`Tensor`]: immutable, cheaply cloned, row-major `f32`; its [`Device`] is part of the value.
 //! - [`ops`]: differentiable operations that check shapes and record backward rules only when
 //!   gradients are wanted.
-//! - [`kernels`]: the CPU kernels behind them (GEMM through the `gemm` crate; im2col
-//!   convolution; pooling; stable softmax), parallel on rayon with a fixed partition of work.
+//! - [`kernels`]: the CPU kernels behind them (GEMM through the `gemm` crate; Winograd
+//!   F(2×2, 3×3) and F(4×4, 3×3) for 3×3 stride-1 convolutions with 8 or more channels, im2col
+//!   for the rest; pooling; stable softmax), parallel on rayon with a fixed partition of work.
 //!
 //! Dependencies: `gemm` for matrix products near the machine's peak (`ndarray`'s own product
-//! reaches about half); `ndarray` for conversions; `rayon` for parallel kernels; `rand_pcg`
-//! for seeded dropout masks; `thiserror` for the error type.
+//! reaches about half); `ndarray` for conversions; `rayon` for parallel kernels; `wide` for the
+//! Winograd transforms' 8-lane SIMD values on stable Rust (arrays of `[f32; 8]` were copied
+//! through memory instead of staying in registers); `rand_pcg` for seeded dropout masks;
+//! `thiserror` for the error type.
 
 mod autograd;
 mod device;

@@ -8,6 +8,7 @@
 pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub mod gemm;
+pub(crate) mod lanes;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod softmax;

@@ -23,35 +23,7 @@ use super::conv::{Geometry, Grads, OutputGrad, Wanted};
 use wide::f32x8;
 
 use super::gemm::{MatRef, matmul_on_this_thread};
-
-/// Channel values one transform step works on: one 256-bit register.
-const LANES: usize = 8;
-
-/// [`LANES`] channels of one position of a tile, as one SIMD value: arrays of these stay in
-/// registers where arrays of `[f32; 8]` were copied through memory.
-type Lanes = f32x8;
-
-#[inline]
-fn add(a: Lanes, b: Lanes) -> Lanes {
-    a + b
-}
-
-#[inline]
-fn sub(a: Lanes, b: Lanes) -> Lanes {
-    a - b
-}
-
-/// `a + c·b`.
-#[inline]
-fn add_scaled(a: Lanes, c: f32, b: Lanes) -> Lanes {
-    b.mul_add(f32x8::splat(c), a)
-}
-
-/// `c·a`.
-#[inline]
-fn scale(c: f32, a: Lanes) -> Lanes {
-    a * f32x8::splat(c)
-}
+use super::lanes::{LANES, Lanes, add, add_into, add_scaled, load, scale, store, sub};
 
 /// `values(j)` for `j < N`, built by a plain loop that the compiler unrolls.
 #[inline]
@@ -67,34 +39,6 @@ fn gather_lanes<const N: usize>(mut values: impl FnMut(usize) -> Lanes) -> [Lane
 #[inline]
 fn row_of<const R: usize, const C: usize>(columns: &[[Lanes; R]; C], i: usize) -> [Lanes; C] {
     gather_lanes(|l| columns[l][i])
-}
-
-/// Up to [`LANES`] values, zeros after them. A full vector has its own path: a copy of a
-/// slice whose length the compiler does not know becomes a `memcpy` call.
-#[inline]
-fn load(src: &[f32]) -> Lanes {
-    if let Ok(full) = <&[f32; LANES]>::try_from(src) {
-        return f32x8::from(*full);
-    }
-    let mut lanes = [0.0; LANES];
-    for (lane, &v) in lanes.iter_mut().zip(src) {
-        *lane = v;
-    }
-    f32x8::from(lanes)
-}
-
-/// The first `dst.len()` (at most [`LANES`]) values, a full vector by its own path as in
-/// [`load`].
-#[inline]
-fn store(dst: &mut [f32], lanes: Lanes) {
-    let lanes = lanes.to_array();
-    if let Ok(full) = <&mut [f32; LANES]>::try_from(&mut *dst) {
-        *full = lanes;
-        return;
-    }
-    for (d, v) in dst.iter_mut().zip(lanes) {
-        *d = v;
-    }
 }
 
 /// The one-dimensional transforms of F(m×m, 3×3) with input tiles of side `s = m + 2`, written
@@ -932,8 +876,7 @@ fn transform_output_grad<T: Transform<M, S>, const M: usize, const S: usize>(
                     *column = T::output_adjoint(dy);
                 }
                 if !bias.is_empty() {
-                    let sum = add(load(&bias[f0..f0 + n]), bias_sum);
-                    store(&mut bias[f0..f0 + n], sum);
+                    add_into(&mut bias[f0..f0 + n], bias_sum);
                 }
                 for xi in 0..S {
                     let row = T::output_adjoint(row_of(&columns, xi));
@@ -989,8 +932,7 @@ fn add_input_grad<T: Transform<M, S>, const M: usize, const S: usize>(
                             continue;
                         }
                         let at = (y.unsigned_abs() * g.width + x.unsigned_abs()) * c + c0;
-                        let sum = add(load(&d_image[at..at + n]), lanes);
-                        store(&mut d_image[at..at + n], sum);
+                        add_into(&mut d_image[at..at + n], lanes);
                     }
                 }
             }
