@@ -7,21 +7,22 @@
 //! becomes (m+2)² matrix products, one per point of the transformed tile,
 //! `[tiles × c_in] · [c_in × c_out]`; the transforms around them are sums of channel vectors.
 //!
-//! The same algorithm gives the input's gradient (a convolution of the output's gradient with
-//! the flipped kernel) and the kernel's gradient (`dU = Σ Vᵀ · (A dY Aᵀ)` per point, then
-//! `dg = Gᵀ dU G`).
+//! The backward pass is the forward's adjoint: each tile's output gradient is transformed once,
+//! `P = A dY Aᵀ`, and gives the kernel's gradient (`dU = Σ Vᵀ · P` per point, then
+//! `dg = Gᵀ dU G`) and the input's (`dV = P · Uᵀ` per point, then `B dV Bᵀ` added into the
+//! overlapping input windows).
 //!
-//! Work is split into fixed chunks of tile rows, each transformed, multiplied on one thread and
-//! transformed back while it is in the cache; the kernel's gradient sums a fixed number of
-//! parts in a fixed order. Results do not depend on the thread count.
+//! Work is split into fixed chunks of whole images, each transformed, multiplied on one thread
+//! and transformed back while it is in the cache; the gradients' sums run over a fixed number
+//! of parts in a fixed order. Results do not depend on the thread count.
 
 use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::conv::{Geometry, Grads, OutputGrad, Wanted};
 use wide::f32x8;
 
+use super::conv::{Geometry, Grads, OutputGrad, Wanted};
 use super::gemm::{MatRef, matmul_on_this_thread};
 use super::lanes::{LANES, Lanes, add, add_into, add_scaled, load, scale, store, sub};
 
