@@ -471,35 +471,71 @@ fn transform_input<T: Transform<M, S>, const M: usize, const S: usize>(
     }
 }
 
-/// `products[p] = transformed[p] · u[p]` for every point `p`, with `tiles` rows, `c` inner
-/// and `f` output columns.
-fn multiply_points(
-    transformed: &[f32],
-    u: &[f32],
-    products: &mut [f32],
-    (tiles, c, f): (usize, usize, usize),
+/// One point's piece of a product operand: rows and columns as stored, and whether the
+/// product reads it transposed.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    rows: usize,
+    cols: usize,
+    transposed: bool,
+}
+
+impl Piece {
+    fn plain(rows: usize, cols: usize) -> Piece {
+        Piece {
+            rows,
+            cols,
+            transposed: false,
+        }
+    }
+
+    fn transposed(rows: usize, cols: usize) -> Piece {
+        Piece {
+            rows,
+            cols,
+            transposed: true,
+        }
+    }
+
+    fn len(self) -> usize {
+        self.rows * self.cols
+    }
+
+    fn of(self, data: &[f32]) -> MatRef<'_> {
+        MatRef {
+            data,
+            rows: self.rows,
+            cols: self.cols,
+            transposed: self.transposed,
+        }
+    }
+}
+
+/// `dst[p] = a[p] · b[p]` (or `dst[p] += …` when `accumulate`) for every point `p`, each
+/// operand cut into consecutive pieces of its shape: the per-point products of the forward
+/// pass (`V · U`), the kernel's gradient (`Vᵀ · P`) and the input's (`P · Uᵀ`).
+fn multiply_each_point(
+    dst: &mut [f32],
+    (a, a_piece): (&[f32], Piece),
+    (b, b_piece): (&[f32], Piece),
+    accumulate: bool,
 ) {
-    for ((product, v), u) in products
-        .chunks_exact_mut(tiles * f)
-        .zip(transformed.chunks_exact(tiles * c))
-        .zip(u.chunks_exact(c * f))
+    let rows = if a_piece.transposed {
+        a_piece.cols
+    } else {
+        a_piece.rows
+    };
+    let cols = if b_piece.transposed {
+        b_piece.rows
+    } else {
+        b_piece.cols
+    };
+    for ((dst, a), b) in dst
+        .chunks_exact_mut(rows * cols)
+        .zip(a.chunks_exact(a_piece.len()))
+        .zip(b.chunks_exact(b_piece.len()))
     {
-        matmul_on_this_thread(
-            product,
-            MatRef {
-                data: v,
-                rows: tiles,
-                cols: c,
-                transposed: false,
-            },
-            MatRef {
-                data: u,
-                rows: c,
-                cols: f,
-                transposed: false,
-            },
-            false,
-        );
+        matmul_on_this_thread(dst, a_piece.of(a), b_piece.of(b), accumulate);
     }
 }
 
@@ -560,7 +596,12 @@ fn conv2d_with<T: Transform<M, S>, const M: usize, const S: usize>(
             let transformed = sized(&mut scratch.transformed, S * S * tiles * g.channels);
             transform_input::<T, M, S>(&layout, input, g, rows.clone(), transformed);
             let products = sized(&mut scratch.products, S * S * tiles * filters);
-            multiply_points(transformed, u, products, (tiles, g.channels, filters));
+            multiply_each_point(
+                products,
+                (transformed, Piece::plain(tiles, g.channels)),
+                (u, Piece::plain(g.channels, filters)),
+                false,
+            );
             let base = layout.offset(rows.start, g, filters);
             for (r, row) in rows.enumerate() {
                 let (image, y) = layout.origin(row);
@@ -762,11 +803,21 @@ fn backward_parts<T: Transform<M, S>, const M: usize, const S: usize>(
                 if wanted.kernel {
                     let v = sized(transformed, S * S * tiles * c);
                     transform_input::<T, M, S>(&layout, input, g, rows.clone(), v);
-                    accumulate_kernel_products(&mut partial.kernel, v, p, (tiles, c, filters));
+                    multiply_each_point(
+                        &mut partial.kernel,
+                        (v, Piece::transposed(tiles, c)),
+                        (p, Piece::plain(tiles, filters)),
+                        true,
+                    );
                 }
                 if let Some(u) = u {
                     let dv = sized(transformed, S * S * tiles * c);
-                    input_products(dv, p, u, (tiles, c, filters));
+                    multiply_each_point(
+                        dv,
+                        (p, Piece::plain(tiles, filters)),
+                        (u, Piece::transposed(c, filters)),
+                        false,
+                    );
                     add_input_grad::<T, M, S>(&layout, dv, g, rows, d_input, first_image);
                 }
             }
@@ -776,64 +827,6 @@ fn backward_parts<T: Transform<M, S>, const M: usize, const S: usize>(
     Parts {
         input: d_input,
         partial,
-    }
-}
-
-/// `du[p] += v[p]ᵀ · grads[p]` for every point `p`: `v [points][tiles][c]`, `grads
-/// [points][tiles][f]`, `du [points][c][f]`.
-fn accumulate_kernel_products(
-    du: &mut [f32],
-    v: &[f32],
-    grads: &[f32],
-    (tiles, c, f): (usize, usize, usize),
-) {
-    for ((du, v), p) in du
-        .chunks_exact_mut(c * f)
-        .zip(v.chunks_exact(tiles * c))
-        .zip(grads.chunks_exact(tiles * f))
-    {
-        matmul_on_this_thread(
-            du,
-            MatRef {
-                data: v,
-                rows: tiles,
-                cols: c,
-                transposed: true,
-            },
-            MatRef {
-                data: p,
-                rows: tiles,
-                cols: f,
-                transposed: false,
-            },
-            true,
-        );
-    }
-}
-
-/// `dv[p] = grads[p] · u[p]ᵀ` for every point `p`: the transformed input's gradient.
-fn input_products(dv: &mut [f32], grads: &[f32], u: &[f32], (tiles, c, f): (usize, usize, usize)) {
-    for ((dv, p), u) in dv
-        .chunks_exact_mut(tiles * c)
-        .zip(grads.chunks_exact(tiles * f))
-        .zip(u.chunks_exact(c * f))
-    {
-        matmul_on_this_thread(
-            dv,
-            MatRef {
-                data: p,
-                rows: tiles,
-                cols: f,
-                transposed: false,
-            },
-            MatRef {
-                data: u,
-                rows: c,
-                cols: f,
-                transposed: true,
-            },
-            false,
-        );
     }
 }
 
