@@ -1,6 +1,7 @@
 //! SGEMM throughput (GFLOP/s) at square sizes and at the im2col shapes of the tutorial CNN,
 //! on 1 and 2 threads, with ndarray's own product beside it for a same-run ratio; and the
-//! tutorial CNN's second convolution (Winograd) forward, and forward with both gradients.
+//! tutorial CNN's second convolution (Winograd) and its first with its max pooling (fused, and
+//! apart), forward, and forward with the gradients.
 //!
 //! `cargo bench -p lockstep-benches --bench kernels`
 
@@ -10,8 +11,13 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use lockstep_tensor::Tensor;
 use lockstep_tensor::kernels::gemm::{MatRef, matmul};
-use lockstep_tensor::ops::{self, Padding};
+use lockstep_tensor::ops::{self, MaxPool, Padding};
 use ndarray::Array2;
+
+/// As in the training-step bench: a caching allocator, so page faults on the layers' buffers
+/// do not swamp the kernels (every ML framework ships one).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn pool(threads: usize) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new()
@@ -78,57 +84,99 @@ fn sgemm(c: &mut Criterion) {
     group.finish();
 }
 
+/// Values in [-0.6, 0.6).
+fn values(len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
+        .collect()
+}
+
+/// A loss whose own cost is negligible beside a layer's: the sum of `y` as a product with a
+/// vector of ones (its backward is one outer product).
+fn sum_loss(y: &Tensor) -> Tensor {
+    let outputs = y.len();
+    let ones = Tensor::from_vec(vec![1.0; outputs], &[outputs, 1]).expect("ones");
+    let row = ops::reshape(y, &[1, outputs]).expect("reshape");
+    ops::matmul(&row, &ones).expect("matmul")
+}
+
+/// `layer` forward, and forward with its gradients, on 1 and 2 threads; `flops` is the
+/// forward's count, the backward's taken as twice it.
+fn bench_layer(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    flops: u64,
+    layer: &(dyn Fn() -> Tensor + Sync),
+) {
+    for threads in [1, 2] {
+        let pool = pool(threads);
+        group.throughput(Throughput::Elements(flops));
+        group.bench_function(
+            BenchmarkId::new(format!("{name}_forward"), format!("{threads}t")),
+            |bench| {
+                pool.install(|| bench.iter(|| black_box(layer())));
+            },
+        );
+        group.throughput(Throughput::Elements(3 * flops));
+        group.bench_function(
+            BenchmarkId::new(format!("{name}_forward_backward"), format!("{threads}t")),
+            |bench| {
+                pool.install(|| {
+                    bench.iter(|| black_box(sum_loss(&layer()).backward().expect("backward")));
+                });
+            },
+        );
+    }
+}
+
 /// `relu(conv2d(x, kernel) + bias)` at the CNN's second layer, batch 64: `[64, 13, 13, 32]`
 /// into 64 filters. Throughput counts the direct method's multiply-adds (×2 for FLOPs; ×3 for
 /// the forward and both gradients), so Winograd's saving shows as more than the GEMM's peak.
 fn conv2d(c: &mut Criterion) {
-    let values = |len: usize| {
-        (0..len)
-            .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
-            .collect()
-    };
     let x = Tensor::parameter(values(64 * 13 * 13 * 32), &[64, 13, 13, 32]).expect("x");
     let kernel = Tensor::parameter(values(3 * 3 * 32 * 64), &[3, 3, 32, 64]).expect("kernel");
     let bias = Tensor::parameter(values(64), &[64]).expect("bias");
-    let direct_flops = 2 * 64 * 11 * 11 * 64 * 288;
-    let layer = || {
-        ops::conv2d_bias_relu(&x, &kernel, Some(&bias), true, (1, 1), Padding::Valid)
-            .expect("conv2d")
-    };
-    // A loss whose own cost is negligible beside the layer's: the output's sum as a product
-    // with a vector of ones (its backward is one outer product).
-    let outputs = 64 * 11 * 11 * 64;
-    let ones = Tensor::from_vec(vec![1.0; outputs], &[outputs, 1]).expect("ones");
-    let loss = |y: &Tensor| {
-        let row = ops::reshape(y, &[1, outputs]).expect("reshape");
-        ops::matmul(&row, &ones).expect("matmul")
-    };
     let mut group = c.benchmark_group("conv2d");
     group
         .sample_size(20)
         .measurement_time(Duration::from_secs(3))
         .warm_up_time(Duration::from_secs(1));
-    for threads in [1, 2] {
-        let pool = pool(threads);
-        group.throughput(Throughput::Elements(direct_flops));
-        group.bench_function(
-            BenchmarkId::new("conv2_forward", format!("{threads}t")),
-            |bench| {
-                pool.install(|| bench.iter(|| black_box(layer())));
-            },
-        );
-        group.throughput(Throughput::Elements(3 * direct_flops));
-        group.bench_function(
-            BenchmarkId::new("conv2_forward_backward", format!("{threads}t")),
-            |bench| {
-                pool.install(|| {
-                    bench.iter(|| black_box(loss(&layer()).backward().expect("backward")));
-                });
-            },
-        );
-    }
+    bench_layer(&mut group, "conv2", 2 * 64 * 11 * 11 * 64 * 288, &|| {
+        ops::conv2d_bias_relu(&x, &kernel, Some(&bias), true, (1, 1), Padding::Valid)
+            .expect("conv2d")
+    });
     group.finish();
 }
 
-criterion_group!(benches, sgemm, conv2d);
+/// The CNN's first layer and its pooling, batch 64: `[64, 28, 28, 1]` through 32 3×3 filters
+/// and relu, max-pooled 2×2 to `[64, 13, 13, 32]`; fused, and as the two operations apart.
+/// Throughput counts the convolution's multiply-adds (×2 for FLOPs).
+fn conv2d_max_pool(c: &mut Criterion) {
+    let x = Tensor::from_vec(values(64 * 28 * 28), &[64, 28, 28, 1]).expect("x");
+    let kernel = Tensor::parameter(values(3 * 3 * 32), &[3, 3, 1, 32]).expect("kernel");
+    let bias = Tensor::parameter(values(32), &[32]).expect("bias");
+    let pool = MaxPool {
+        size: (2, 2),
+        stride: (2, 2),
+        padding: Padding::Valid,
+    };
+    let flops = 2 * 64 * 26 * 26 * 32 * 9;
+    let mut group = c.benchmark_group("conv2d_max_pool");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    bench_layer(&mut group, "conv1_pool_fused", flops, &|| {
+        ops::conv2d_bias_relu_max_pool(&x, &kernel, Some(&bias), true, (1, 1), Padding::Valid, pool)
+            .expect("fused")
+    });
+    bench_layer(&mut group, "conv1_pool_apart", flops, &|| {
+        let y = ops::conv2d_bias_relu(&x, &kernel, Some(&bias), true, (1, 1), Padding::Valid)
+            .expect("conv2d");
+        ops::max_pool2d(&y, pool.size, pool.stride, pool.padding).expect("max_pool2d")
+    });
+    group.finish();
+}
+
+criterion_group!(benches, sgemm, conv2d, conv2d_max_pool);
 criterion_main!(benches);

@@ -139,10 +139,22 @@ impl Sequential {
     ) -> Result<Tensor, NnError> {
         self.check_input(x)?;
         let mut h = x.clone();
-        for built in &self.layers {
-            h = built
-                .layer
-                .forward(&built.name, &h, &variables[built.params.clone()], ctx)?;
+        let mut layers = self.layers.iter().peekable();
+        while let Some(built) = layers.next() {
+            let params = &variables[built.params.clone()];
+            let pool = layers.peek().and_then(|next| next.layer.as_max_pool());
+            let fused = pool.and_then(|pool| {
+                built
+                    .layer
+                    .forward_then_max_pool(&built.name, &h, params, pool)
+            });
+            h = match fused {
+                Some(pooled) => {
+                    layers.next();
+                    pooled?
+                }
+                None => built.layer.forward(&built.name, &h, params, ctx)?,
+            };
         }
         Ok(h)
     }

@@ -9,8 +9,9 @@
 use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, MnistSplit};
 use lockstep_nn::{
-    Activation, Adam, Conv2D, Dense, Flatten, ForwardContext, Layer, MaxPooling2D, Metric,
-    Optimizer, Reduction, Sequential, SparseCategoricalAccuracy, SparseCategoricalCrossentropy,
+    Activation, ActivationLayer, Adam, Conv2D, Dense, Flatten, ForwardContext, Layer, MaxPooling2D,
+    Metric, Optimizer, Reduction, Sequential, SparseCategoricalAccuracy,
+    SparseCategoricalCrossentropy,
 };
 use lockstep_tensor::Tensor;
 
@@ -194,4 +195,65 @@ fn a_batch_of_the_wrong_shape_is_an_error_naming_the_expected_shape() {
             .contains("cannot apply to a 2×2 input")
     );
     assert!(Sequential::new(&[4], vec![Box::new(Dense::new(0))], 0).is_err());
+}
+
+#[test]
+fn a_convolution_and_the_pooling_after_it_run_fused_with_the_results_of_running_apart() {
+    // An activation layer between the two keeps them apart; its layer has no variables, so the
+    // same seed gives both models the same weights.
+    let fused = cnn(5);
+    let layers: Vec<Box<dyn Layer>> = vec![
+        Box::new(Conv2D::new(32, (3, 3))),
+        Box::new(ActivationLayer(Activation::Relu)),
+        Box::new(MaxPooling2D::new((2, 2))),
+        Box::new(Conv2D::new(64, (3, 3)).activation(Activation::Relu)),
+        Box::new(ActivationLayer(Activation::Linear)),
+        Box::new(MaxPooling2D::new((2, 2))),
+        Box::new(Flatten),
+        Box::new(Dense::new(128).activation(Activation::Relu)),
+        Box::new(Dense::new(10)),
+    ];
+    let apart = Sequential::new(&[28, 28, 1], layers, 5).unwrap();
+    assert_eq!(fused.parameters().values(), apart.parameters().values());
+    let mnist = Mnist::embedded().unwrap();
+    let images = mnist.train.images_f32();
+    let x = to_tensor(
+        images.slice(ndarray::s![..16, .., .., ..]).to_owned(),
+        false,
+    );
+    let labels: Vec<usize> = mnist
+        .train
+        .labels
+        .iter()
+        .take(16)
+        .map(|&l| usize::from(l))
+        .collect();
+    let loss_fn = SparseCategoricalCrossentropy {
+        from_logits: true,
+        reduction: Reduction::SumOverBatchSize,
+    };
+    let outputs_and_gradients = |model: &Sequential| {
+        let forward = model.forward(&x, ForwardContext::default()).unwrap();
+        let loss = loss_fn.call(&forward.output, &labels).unwrap();
+        let mut grads = vec![0.0; model.parameters().len()];
+        model
+            .gradients(&forward, &loss.backward().unwrap(), &mut grads)
+            .unwrap();
+        (forward.output.data().to_vec(), grads)
+    };
+    let (fused_out, fused_grads) = outputs_and_gradients(&fused);
+    let (apart_out, apart_grads) = outputs_and_gradients(&apart);
+    let scale = |v: &[f32]| v.iter().fold(1e-3_f32, |m, x| m.max(x.abs()));
+    for (what, f, a) in [
+        ("outputs", &fused_out, &apart_out),
+        ("gradients", &fused_grads, &apart_grads),
+    ] {
+        let tolerance = 1e-4 * scale(a);
+        for (i, (f, a)) in f.iter().zip(a.iter()).enumerate() {
+            assert!(
+                (f - a).abs() <= tolerance,
+                "{what}[{i}]: fused {f} vs apart {a}"
+            );
+        }
+    }
 }

@@ -10,7 +10,7 @@
     reason = "a test helper that meets an error must fail the test loudly"
 )]
 
-use lockstep_tensor::ops::{self, Padding};
+use lockstep_tensor::ops::{self, MaxPool, Padding};
 use lockstep_tensor::{Tensor, TensorError};
 use proptest::prelude::*;
 
@@ -179,6 +179,53 @@ proptest! {
     }
 
     #[test]
+    fn fused_conv_and_max_pool_gradients(
+        (h, w) in (4..8_usize, 4..8_usize), c_in in dims(3), c_out in dims(20), pool in (dims(3), dims(3)),
+        overlapping: bool, relu: bool, same: bool, x in values(2 * 7 * 7 * 3), k in values(9 * 3 * 20), b in values(20),
+    ) {
+        // The input is a constant, as a first layer's is: the fused path computes no input
+        // gradient (an input that wants one takes the separate path, checked above).
+        let padding = if same { Padding::Same } else { Padding::Valid };
+        let pool = MaxPool { size: pool, stride: if overlapping { (1, 1) } else { pool }, padding: Padding::Valid };
+        let out = if same { (h, w) } else { (h - 2, w - 2) };
+        prop_assume!(pool.size.0 <= out.0 && pool.size.1 <= out.1);
+        let x = Tensor::from_vec(x[..2 * h * w * c_in].to_vec(), &[2, h, w, c_in]).unwrap();
+        let inputs = [(k[..9 * c_in * c_out].to_vec(), vec![3, 3, c_in, c_out]), (b[..c_out].to_vec(), vec![c_out])];
+        check(&inputs, &|t| ops::conv2d_bias_relu_max_pool(&x, &t[0], Some(&t[1]), relu, (1, 1), padding, pool))?;
+        check(&inputs[..1], &|t| ops::conv2d_bias_relu_max_pool(&x, &t[0], None, relu, (1, 1), padding, pool))?;
+    }
+
+    #[test]
+    fn fused_conv_and_max_pool_equal_their_separate_parts(
+        c_out in dims(40), relu: bool, same: bool, x in values(3 * 9 * 9), k in values(9 * 40), b in values(40),
+    ) {
+        let padding = if same { Padding::Same } else { Padding::Valid };
+        let pool = MaxPool { size: (2, 2), stride: (2, 2), padding: Padding::Valid };
+        let x = Tensor::from_vec(x, &[3, 9, 9, 1]).unwrap();
+        let k = Tensor::parameter(k[..9 * c_out].to_vec(), &[3, 3, 1, c_out]).unwrap();
+        let b = Tensor::parameter(b[..c_out].to_vec(), &[c_out]).unwrap();
+        let fused = ops::conv2d_bias_relu_max_pool(&x, &k, Some(&b), relu, (1, 1), padding, pool).unwrap();
+        let conv = ops::conv2d_bias_relu(&x, &k, Some(&b), relu, (1, 1), padding).unwrap();
+        let separate = ops::max_pool2d(&conv, pool.size, pool.stride, pool.padding).unwrap();
+        prop_assert_eq!(fused.shape(), separate.shape());
+        let close = |f: &[f32], s: &[f32]| f.iter().zip(s).all(|(f, s)| (f - s).abs() <= 1e-5 * (1.0 + s.abs()));
+        prop_assert!(close(fused.data(), separate.data()));
+        let weights: Vec<f32> = (0..fused.len()).map(|i| (i % 5) as f32 - 2.0).collect();
+        let weights = Tensor::from_vec(weights, fused.shape()).unwrap();
+        let grads = |y: &Tensor| {
+            let loss = ops::sum(&ops::mul(y, &weights).unwrap(), &[0, 1, 2, 3], false).unwrap();
+            let g = loss.backward().unwrap();
+            (g.get(&k).unwrap().data().to_vec(), g.get(&b).unwrap().data().to_vec())
+        };
+        let (fused_k, fused_b) = grads(&fused);
+        let (separate_k, separate_b) = grads(&separate);
+        let scale = separate_k.iter().chain(&separate_b).fold(1.0_f32, |m, v| m.max(v.abs()));
+        let near = |f: &[f32], s: &[f32]| f.iter().zip(s).all(|(f, s)| (f - s).abs() <= 1e-5 * scale);
+        prop_assert!(near(&fused_k, &separate_k), "{:?} vs {:?}", fused_k, separate_k);
+        prop_assert!(near(&fused_b, &separate_b), "{:?} vs {:?}", fused_b, separate_b);
+    }
+
+    #[test]
     fn max_pool_gradients(
         batch in dims(2), (h, w) in (2..7_usize, 2..7_usize), c in dims(3), pool in (dims(3), dims(3)),
         stride in (dims(3), dims(3)), same: bool, x in distinct(2 * 6 * 6 * 3),
@@ -258,6 +305,22 @@ fn bad_shapes_and_arguments_are_errors_not_panics() {
         )
         .is_err()
     );
+    let pool = MaxPool {
+        size: (3, 3),
+        stride: (3, 3),
+        padding: Padding::Valid,
+    };
+    let err = ops::conv2d_bias_relu_max_pool(
+        &Tensor::zeros(&[1, 4, 4, 1]),
+        &Tensor::zeros(&[3, 3, 1, 2]),
+        None,
+        true,
+        (1, 1),
+        Padding::Valid,
+        pool,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("max_pool2d"), "{err}");
     assert!(Tensor::zeros(&[2]).backward().is_err());
 }
 

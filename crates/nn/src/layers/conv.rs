@@ -1,5 +1,5 @@
 use lockstep_tensor::Tensor;
-use lockstep_tensor::ops::{self, Padding};
+use lockstep_tensor::ops::{self, MaxPool, Padding};
 
 use super::{Activation, ForwardContext, Layer};
 use crate::error::{InLayer, NnError};
@@ -144,5 +144,32 @@ impl Layer for Conv2D {
         } else {
             self.activation.apply(y, name)
         }
+    }
+
+    fn forward_then_max_pool(
+        &self,
+        name: &str,
+        x: &Tensor,
+        params: &[Tensor],
+        pool: MaxPool,
+    ) -> Option<Result<Tensor, NnError>> {
+        let relu = match self.activation {
+            Activation::Relu => true,
+            Activation::Linear => false,
+            Activation::Softmax => return None,
+        };
+        let bias = self.use_bias.then(|| &params[1]);
+        Some(
+            ops::conv2d_bias_relu_max_pool(
+                x,
+                &params[0],
+                bias,
+                relu,
+                self.strides,
+                self.padding,
+                pool,
+            )
+            .in_layer(name),
+        )
     }
 }

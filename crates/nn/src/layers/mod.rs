@@ -16,6 +16,7 @@ pub use pooling::MaxPooling2D;
 pub use reshape::{Flatten, Reshape};
 
 use lockstep_tensor::Tensor;
+use lockstep_tensor::ops::MaxPool;
 
 use crate::error::NnError;
 use crate::params::ParamBuilder;
@@ -63,4 +64,28 @@ pub trait Layer: Send + Sync {
         params: &[Tensor],
         ctx: ForwardContext,
     ) -> Result<Tensor, NnError>;
+
+    /// The pooling this layer does, when it is max pooling: a layer before it may then compute
+    /// both in one pass ([`Layer::forward_then_max_pool`]).
+    fn as_max_pool(&self) -> Option<MaxPool> {
+        None
+    }
+
+    /// This layer followed by max pooling `pool`, in one pass, as XLA fuses them; `None` when
+    /// the layer has no such pass, and [`Sequential`](crate::Sequential) runs the two apart.
+    /// The result must equal the two layers' (up to rounding).
+    ///
+    /// # Errors
+    ///
+    /// When a tensor operation fails.
+    fn forward_then_max_pool(
+        &self,
+        name: &str,
+        x: &Tensor,
+        params: &[Tensor],
+        pool: MaxPool,
+    ) -> Option<Result<Tensor, NnError>> {
+        let _ = (name, x, params, pool);
+        None
+    }
 }

@@ -1,5 +1,5 @@
 use lockstep_tensor::Tensor;
-use lockstep_tensor::ops::{self, Padding};
+use lockstep_tensor::ops::{self, MaxPool, Padding};
 
 use super::conv::spatial_out;
 use super::{ForwardContext, Layer};
@@ -93,5 +93,13 @@ impl Layer for MaxPooling2D {
         _ctx: ForwardContext,
     ) -> Result<Tensor, NnError> {
         ops::max_pool2d(x, self.pool_size, self.stride(), self.padding).in_layer(name)
+    }
+
+    fn as_max_pool(&self) -> Option<MaxPool> {
+        Some(MaxPool {
+            size: self.pool_size,
+            stride: self.stride(),
+            padding: self.padding,
+        })
     }
 }

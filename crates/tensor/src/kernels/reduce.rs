@@ -59,6 +59,18 @@ pub(crate) fn sum_middle(x: &[f32], outer: usize, mid: usize, inner: usize) -> V
     out
 }
 
+/// `Σ values` elementwise, in the order given (a fixed order keeps sums bit-identical from run
+/// to run); zeros of `len` when there are none.
+pub(crate) fn sum_in_order(mut values: impl Iterator<Item = Vec<f32>>, len: usize) -> Vec<f32> {
+    let mut total = values.next().unwrap_or_else(|| vec![0.0; len]);
+    for value in values {
+        for (t, v) in total.iter_mut().zip(value) {
+            *t += v;
+        }
+    }
+    total
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,6 +25,7 @@ use wide::f32x8;
 use super::conv::{Geometry, Grads, OutputGrad, Wanted};
 use super::gemm::{MatRef, matmul_on_this_thread};
 use super::lanes::{LANES, Lanes, add, add_into, add_scaled, load, scale, store, sub};
+use super::reduce::sum_in_order;
 
 /// `values(j)` for `j < N`, built by a plain loop that the compiler unrolls.
 #[inline]
@@ -708,17 +709,6 @@ pub(crate) fn backward(
         kernel,
         bias,
     }
-}
-
-/// `Σ values` in the order given; zeros when there are none.
-fn sum_in_order(mut values: impl Iterator<Item = Vec<f32>>, len: usize) -> Vec<f32> {
-    let mut total = values.next().unwrap_or_else(|| vec![0.0; len]);
-    for value in values {
-        for (t, v) in total.iter_mut().zip(value) {
-            *t += v;
-        }
-    }
-    total
 }
 
 /// One part's sums: the kernel's gradient in the transformed domain, `[points][c][f]`, and the

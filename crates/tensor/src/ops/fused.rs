@@ -3,9 +3,10 @@
 //! over large activations (and their allocations) cost as much as the products themselves.
 
 use super::activation::relu_grad;
-use super::conv::{Padding, geometry};
+use super::conv::{Padding, geometry, max_pool2d};
 use crate::error::TensorError;
-use crate::kernels::conv::{OutputGrad, Wanted, conv2d as conv_kernel, conv2d_backward};
+use crate::kernels::conv::{Geometry, OutputGrad, Wanted, conv2d as conv_kernel, conv2d_backward};
+use crate::kernels::conv_pool::{self, PoolWindow, PooledGrad};
 use crate::kernels::elementwise::{relu_in_place, repeat_rows};
 use crate::kernels::gemm::{MatRef, matmul as gemm, matmul_new as gemm_new};
 use crate::kernels::reduce::sum_rows;
@@ -32,6 +33,39 @@ fn inputs<'a>(first: &'a Tensor, second: &'a Tensor, bias: Option<&'a Tensor>) -
     [first, second].into_iter().chain(bias).collect()
 }
 
+/// The convolution's geometry and filter count, once `x`, the kernel and the bias are checked
+/// to fit.
+fn conv_geometry(
+    x: &Tensor,
+    kernel: &Tensor,
+    bias: Option<&Tensor>,
+    stride: (usize, usize),
+    padding: Padding,
+) -> Result<(Geometry, usize), TensorError> {
+    let &[kh, kw, c_in, filters] = kernel.shape() else {
+        return Err(TensorError::mismatch(
+            "conv2d",
+            x.shape(),
+            kernel.shape(),
+            "the kernel must be [kh, kw, c_in, c_out]",
+        ));
+    };
+    let g = geometry("conv2d", x.shape(), (kh, kw), stride, padding)?;
+    if g.channels != c_in {
+        return Err(TensorError::mismatch(
+            "conv2d",
+            x.shape(),
+            kernel.shape(),
+            format!(
+                "the input has {} channels, the kernel expects {c_in}",
+                g.channels
+            ),
+        ));
+    }
+    check_bias("conv2d", bias, x, filters)?;
+    Ok((g, filters))
+}
+
 /// `relu?(conv2d(x, kernel) + bias)` — what a Keras `Conv2D` layer computes.
 ///
 /// ```
@@ -56,27 +90,7 @@ pub fn conv2d_bias_relu(
     stride: (usize, usize),
     padding: Padding,
 ) -> Result<Tensor, TensorError> {
-    let &[kh, kw, c_in, filters] = kernel.shape() else {
-        return Err(TensorError::mismatch(
-            "conv2d",
-            x.shape(),
-            kernel.shape(),
-            "the kernel must be [kh, kw, c_in, c_out]",
-        ));
-    };
-    let g = geometry("conv2d", x.shape(), (kh, kw), stride, padding)?;
-    if g.channels != c_in {
-        return Err(TensorError::mismatch(
-            "conv2d",
-            x.shape(),
-            kernel.shape(),
-            format!(
-                "the input has {} channels, the kernel expects {c_in}",
-                g.channels
-            ),
-        ));
-    }
-    check_bias("conv2d", bias, x, filters)?;
+    let (g, filters) = conv_geometry(x, kernel, bias, stride, padding)?;
     let (out, lowering) = conv_kernel(
         x.data(),
         kernel.data(),
@@ -118,6 +132,105 @@ pub fn conv2d_bias_relu(
             ];
             if has_bias {
                 out.push(grads.bias.map(|v| Tensor::raw(v, vec![filters])));
+            }
+            Ok(out)
+        },
+    ))
+}
+
+/// The max pooling that follows a convolution in [`conv2d_bias_relu_max_pool`]: its window,
+/// stride and padding, as [`super::max_pool2d`] takes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxPool {
+    /// The window, rows × columns.
+    pub size: (usize, usize),
+    /// How far the window moves.
+    pub stride: (usize, usize),
+    /// How windows meet the border.
+    pub padding: Padding,
+}
+
+/// `max_pool2d(relu?(conv2d(x, kernel) + bias))` — a Keras `Conv2D` layer followed by
+/// `MaxPooling2D`, in one pass where that is faster.
+///
+/// A convolution with few kernel values per output (a first layer: 3×3 over grey or colour
+/// pixels) pooled by non-overlapping windows is computed directly, without ever storing its
+/// full-size output or that output's gradient; when `x` wants a gradient, or the layer does not
+/// suit that method, this is exactly the two operations one after the other. Either way the
+/// values are theirs up to rounding.
+///
+/// ```
+/// use lockstep_tensor::{Tensor, ops::{self, MaxPool, Padding}};
+///
+/// let x = Tensor::from_vec((0..16).map(|v| v as f32).collect(), &[1, 4, 4, 1])?;
+/// let k = Tensor::from_vec(vec![-1.0], &[1, 1, 1, 1])?;
+/// let b = Tensor::from_vec(vec![10.0], &[1])?;
+/// let pool = MaxPool { size: (2, 2), stride: (2, 2), padding: Padding::Valid };
+/// let y = ops::conv2d_bias_relu_max_pool(&x, &k, Some(&b), true, (1, 1), Padding::Valid, pool)?;
+/// assert_eq!(y.shape(), [1, 2, 2, 1]);
+/// assert_eq!(y.data(), [10.0, 8.0, 2.0, 0.0]);
+/// # Ok::<(), lockstep_tensor::TensorError>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`conv2d_bias_relu`], and as [`super::max_pool2d`] for the pooling of its output.
+pub fn conv2d_bias_relu_max_pool(
+    x: &Tensor,
+    kernel: &Tensor,
+    bias: Option<&Tensor>,
+    relu: bool,
+    stride: (usize, usize),
+    padding: Padding,
+    pool: MaxPool,
+) -> Result<Tensor, TensorError> {
+    let (g, filters) = conv_geometry(x, kernel, bias, stride, padding)?;
+    let conv_out = [g.batch, g.out_h, g.out_w, filters];
+    let pooled = geometry(
+        "max_pool2d",
+        &conv_out,
+        pool.size,
+        pool.stride,
+        pool.padding,
+    )?;
+    let window = PoolWindow {
+        h: pool.size.0,
+        w: pool.size.1,
+    };
+    let direct = pool.stride == pool.size
+        && pool.padding == Padding::Valid
+        && !x.requires_grad()
+        && conv_pool::applies(&g, window);
+    if !direct {
+        let y = conv2d_bias_relu(x, kernel, bias, relu, stride, padding)?;
+        return max_pool2d(&y, pool.size, pool.stride, pool.padding);
+    }
+    let (out, argmax) = conv_pool::conv2d_max_pool(
+        x.data(),
+        kernel.data(),
+        bias.map(Tensor::data),
+        relu,
+        filters,
+        &g,
+        window,
+    );
+    let (input, kernel_shape, has_bias) = (x.clone(), kernel.shape().to_vec(), bias.is_some());
+    let shape = vec![g.batch, pooled.out_h, pooled.out_w, filters];
+    Ok(Tensor::from_op(
+        out,
+        shape,
+        &inputs(x, kernel, bias),
+        move |d, y| {
+            let grad = PooledGrad {
+                values: d.data(),
+                relu_output: relu.then(|| y.data()),
+                argmax: &argmax,
+            };
+            let (kernel_grad, bias_grad) =
+                conv_pool::conv2d_max_pool_backward(input.data(), grad, filters, &g, window);
+            let mut out = vec![None, Some(Tensor::raw(kernel_grad, kernel_shape.clone()))];
+            if has_bias {
+                out.push(Some(Tensor::raw(bias_grad, vec![filters])));
             }
             Ok(out)
         },

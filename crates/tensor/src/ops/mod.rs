@@ -17,7 +17,7 @@ pub use activation::{clip, log, relu, softmax};
 pub use arith::{add, bias_add, div, mul, scale, sub};
 pub use conv::{Padding, conv2d, max_pool2d};
 pub use dropout::dropout;
-pub use fused::{conv2d_bias_relu, dense};
+pub use fused::{MaxPool, conv2d_bias_relu, conv2d_bias_relu_max_pool, dense};
 pub use loss::{argmax, log_softmax, sparse_softmax_cross_entropy_with_logits};
 pub use matmul::matmul;
 pub use reduce::{mean, sum};

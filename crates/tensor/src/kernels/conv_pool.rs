@@ -1,0 +1,703 @@
+//! A convolution with a small window over few channels (a first layer: 3×3 over grey or
+//! colour pixels) fused with the max pooling after it, computed directly.
+//!
+//! Such a layer does little arithmetic (nine multiply-adds per output value over one channel)
+//! on a large output (26×26×32 values per MNIST image), so apart its time goes to memory: the
+//! im2col rows, the whole activation, reading it again to pool it, a four-byte argmax per
+//! pooled value, and in the backward pass a whole-size gradient, its relu mask and the
+//! kernel-gradient product over both. Fused, the convolution outputs of one pooling window live
+//! only in registers: the forward pass writes the pooled values and a one-byte argmax; the
+//! backward pass rebuilds each window's gradient from those, in registers, and adds its outer
+//! product with the window's inputs to the kernel's gradient.
+//!
+//! Each window's inputs are first gathered into a small patch (its im2col rows, in L1): by a
+//! table of offsets where the window lies inside the image, value by value with zeros for the
+//! padding elsewhere. The inner loops then take a group of four window positions and sixteen
+//! filters at a time: each input value is broadcast once for two vectors of filters, each kernel
+//! vector loaded once for four positions, and the eight sums stay in registers.
+//!
+//! The values are those of convolution → bias → relu → max pooling, in that order, up to
+//! rounding (the products are summed tap by tap instead of by GEMM's blocks); ties and NaN go as
+//! in [`super::pool::max_pool`]. Only the kernel's and the bias's gradients are computed: the
+//! caller goes the separate way when the input wants a gradient (a first layer's never does).
+//!
+//! Work splits into fixed pieces (images forward, [`BACKWARD_PARTS`] ranges of images
+//! backward, summed in order): results do not depend on the thread count.
+
+use rayon::prelude::*;
+use wide::f32x8;
+
+use super::conv::Geometry;
+use super::lanes::{LANES, Lanes, load, store};
+use super::reduce::sum_in_order;
+
+/// Kernel values per output (`kernel_h · kernel_w · channels`) up to which the direct method
+/// is used: 3×3 over one or three channels, 5×5 over one. Beyond it GEMM's reuse of each loaded
+/// value wins and the activation is no longer large next to the arithmetic.
+const MAX_PATCH: usize = 32;
+
+/// Pooling window sizes up to which the argmax fits a byte with room for "none".
+const MAX_POSITIONS: usize = 16;
+
+/// Window positions computed together (the inner loops name the four).
+const GROUP: usize = 4;
+
+/// Filters computed together: two vectors, so that with [`GROUP`] positions the sums fill
+/// eight of the sixteen AVX registers and the loaded values most of the rest.
+const BLOCK: usize = 2 * LANES;
+
+/// Fixed parts of the batch for the backward pass, each summing its own kernel gradient.
+const BACKWARD_PARTS: usize = 8;
+
+/// The argmax of a window that took no value (all `-inf` without relu): routes no gradient.
+const NO_POSITION: u8 = u8::MAX;
+
+/// Non-overlapping max-pooling windows (stride equal to the window, valid padding) over a
+/// convolution's output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PoolWindow {
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+}
+
+impl PoolWindow {
+    fn positions(self) -> usize {
+        self.h * self.w
+    }
+}
+
+/// Whether the direct method suits convolution `g` pooled by `window`.
+pub(crate) fn applies(g: &Geometry, window: PoolWindow) -> bool {
+    g.patch() <= MAX_PATCH
+        && (1..=MAX_POSITIONS).contains(&window.positions())
+        && g.out_h >= window.h
+        && g.out_w >= window.w
+}
+
+/// The sizes of one fused layer.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    g: Geometry,
+    window: PoolWindow,
+    filters: usize,
+    pooled_h: usize,
+    pooled_w: usize,
+}
+
+impl Layout {
+    fn new(g: &Geometry, window: PoolWindow, filters: usize) -> Self {
+        Self {
+            g: *g,
+            window,
+            filters,
+            pooled_h: g.out_h / window.h,
+            pooled_w: g.out_w / window.w,
+        }
+    }
+
+    fn pooled_pixels(&self) -> usize {
+        self.pooled_h * self.pooled_w
+    }
+
+    /// Window positions rounded up to whole groups; the extra rows of a patch are zero.
+    fn rows(&self) -> usize {
+        self.window.positions().div_ceil(GROUP) * GROUP
+    }
+
+    /// Input values under one kernel row: contiguous in NHWC.
+    fn run(&self) -> usize {
+        self.g.kernel_w * self.g.channels
+    }
+
+    fn image_in(&self) -> usize {
+        self.g.height * self.g.width * self.g.channels
+    }
+
+    fn image_out(&self) -> usize {
+        self.pooled_pixels() * self.filters
+    }
+
+    /// `values [rows][filters]` as `[blocks][rows][BLOCK]`, filters padded with zeros.
+    fn blocked(&self, values: &[f32]) -> Vec<f32> {
+        let rows = values.len() / self.filters;
+        let blocks = self.filters.div_ceil(BLOCK);
+        let mut out = vec![0.0; blocks * rows * BLOCK];
+        for (block, out) in out.chunks_exact_mut(rows * BLOCK).enumerate() {
+            let f0 = block * BLOCK;
+            let width = (self.filters - f0).min(BLOCK);
+            for (to, from) in out
+                .chunks_exact_mut(BLOCK)
+                .zip(values.chunks_exact(self.filters))
+            {
+                to[..width].copy_from_slice(&from[f0..f0 + width]);
+            }
+        }
+        out
+    }
+
+    /// The inverse of [`Self::blocked`].
+    fn unblocked(&self, blocked: &[f32]) -> Vec<f32> {
+        let blocks = self.filters.div_ceil(BLOCK);
+        let rows = blocked.len() / (blocks * BLOCK);
+        let mut out = vec![0.0; rows * self.filters];
+        for (block, from) in blocked.chunks_exact(rows * BLOCK).enumerate() {
+            let f0 = block * BLOCK;
+            let width = (self.filters - f0).min(BLOCK);
+            for (to, from) in out
+                .chunks_exact_mut(self.filters)
+                .zip(from.chunks_exact(BLOCK))
+            {
+                to[f0..f0 + width].copy_from_slice(&from[..width]);
+            }
+        }
+        out
+    }
+
+    /// The image offset of the first input that pooling window (`py`, `px`) reads, when every
+    /// input it reads is inside the image.
+    fn first_input_inside(&self, py: usize, px: usize) -> Option<usize> {
+        let (g, window) = (&self.g, self.window);
+        // The first input row (column) window index `p` reads along one axis, if all it reads
+        // along that axis is inside the input.
+        let span = |p: usize, size: usize, stride: usize, pad: usize, kernel: usize, input| {
+            let first = (p * size * stride).checked_sub(pad)?;
+            let end = ((p + 1) * size - 1) * stride + kernel - pad;
+            (end <= input).then_some(first)
+        };
+        let y = span(py, window.h, g.stride_h, g.pad_top, g.kernel_h, g.height)?;
+        let x = span(px, window.w, g.stride_w, g.pad_left, g.kernel_w, g.width)?;
+        Some((y * g.width + x) * g.channels)
+    }
+
+    /// The im2col rows of the convolution outputs in pooling window (`py`, `px`) of `image`,
+    /// one per window position (row-major), into `patch [rows][g.patch()]`; rows past the
+    /// window's positions are left as they are (zero).
+    fn gather_window(&self, image: &[f32], (py, px): (usize, usize), patch: &mut [f32]) {
+        let (g, c) = (&self.g, self.g.channels);
+        let rows = patch.chunks_exact_mut(g.patch());
+        for (position, row) in rows.take(self.window.positions()).enumerate() {
+            let oy = py * self.window.h + position / self.window.w;
+            let ox = px * self.window.w + position % self.window.w;
+            for ky in 0..g.kernel_h {
+                for kx in 0..g.kernel_w {
+                    let at = (ky * g.kernel_w + kx) * c;
+                    match g.source(oy, ox, ky, kx) {
+                        Some((y, x)) => {
+                            let from = (y * g.width + x) * c;
+                            row[at..at + c].copy_from_slice(&image[from..from + c]);
+                        }
+                        None => row[at..at + c].fill(0.0),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One pooling window's im2col rows, `[rows][patch]`: position `i`'s inputs at
+/// `i · patch..(i + 1) · patch`, zeros for the padding and for the positions past the window
+/// (those rows are never written).
+#[derive(Debug)]
+struct WindowPatch {
+    values: Vec<f32>,
+    /// Offsets in the image of each window position's first input from the window's, and of
+    /// each of a position's inputs from its first.
+    position_offsets: Vec<usize>,
+    tap_offsets: Vec<usize>,
+}
+
+impl WindowPatch {
+    fn new(l: &Layout) -> Self {
+        let (g, w) = (&l.g, l.window.w);
+        let position_offsets = (0..l.window.positions())
+            .map(|p| ((p / w) * g.stride_h * g.width + (p % w) * g.stride_w) * g.channels)
+            .collect();
+        let run = l.run();
+        let tap_offsets = (0..g.patch())
+            .map(|t| (t / run) * g.width * g.channels + t % run)
+            .collect();
+        Self {
+            values: vec![0.0; l.rows() * g.patch()],
+            position_offsets,
+            tap_offsets,
+        }
+    }
+
+    /// Fills the patch for window (`py`, `px`) of `image`.
+    fn fill(&mut self, l: &Layout, image: &[f32], (py, px): (usize, usize)) {
+        let Some(first) = l.first_input_inside(py, px) else {
+            l.gather_window(image, (py, px), &mut self.values);
+            return;
+        };
+        let patch = l.g.patch();
+        let rows = self.values.chunks_exact_mut(patch);
+        for (row, offset) in rows.zip(&self.position_offsets) {
+            let base = first + offset;
+            for (slot, &tap) in row.iter_mut().zip(&self.tap_offsets) {
+                *slot = image[base + tap];
+            }
+        }
+    }
+
+    /// The rows of positions `group · GROUP..`, one per position of the group.
+    #[inline]
+    fn group(&self, group: usize, patch: usize) -> [&[f32]; GROUP] {
+        let row = |i: usize| {
+            let from = (group * GROUP + i) * patch;
+            &self.values[from..from + patch]
+        };
+        [row(0), row(1), row(2), row(3)]
+    }
+}
+
+/// One full vector of a block row.
+#[inline]
+fn lanes_at(row: &[f32], f0: usize) -> Lanes {
+    let full: &[f32; LANES] = row[f0..f0 + LANES]
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("block rows hold whole vectors"));
+    f32x8::from(*full)
+}
+
+/// A block row's two vectors.
+#[inline]
+fn block_lanes(row: &[f32]) -> [Lanes; 2] {
+    [lanes_at(row, 0), lanes_at(row, LANES)]
+}
+
+/// The filter ranges of block `block`'s two vectors that exist (`None` past the last filter).
+fn vector_ranges(block: usize, filters: usize) -> [Option<std::ops::Range<usize>>; 2] {
+    let range = |v: usize| {
+        let from = block * BLOCK + v * LANES;
+        (from < filters).then(|| from..(from + LANES).min(filters))
+    };
+    [range(0), range(1)]
+}
+
+/// `max_pool(relu?(conv2d(input, kernel) + bias))` over non-overlapping `window`s:
+/// `(pooled [batch, out_h / window.h, out_w / window.w, filters], argmax)`, where `argmax[i]`
+/// is the window position (row-major) pooled value `i` came from.
+pub(crate) fn conv2d_max_pool(
+    input: &[f32],
+    kernel: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+    filters: usize,
+    g: &Geometry,
+    window: PoolWindow,
+) -> (Vec<f32>, Vec<u8>) {
+    let l = Layout::new(g, window, filters);
+    let kernel = l.blocked(kernel);
+    let bias = bias.map_or_else(|| l.blocked(&vec![0.0; filters]), |b| l.blocked(b));
+    let mut pooled = vec![0.0_f32; g.batch * l.image_out()];
+    let mut argmax = vec![NO_POSITION; g.batch * l.image_out()];
+    if l.image_out() == 0 {
+        return (pooled, argmax);
+    }
+    pooled
+        .par_chunks_mut(l.image_out())
+        .zip(argmax.par_chunks_mut(l.image_out()))
+        .enumerate()
+        .for_each(|(b, (pooled, argmax))| {
+            let image = &input[b * l.image_in()..(b + 1) * l.image_in()];
+            let mut patch = WindowPatch::new(&l);
+            for pixel in 0..l.pooled_pixels() {
+                patch.fill(&l, image, (pixel / l.pooled_w, pixel % l.pooled_w));
+                let at = pixel * filters;
+                pool_window(
+                    &l,
+                    &patch,
+                    (&kernel, &bias),
+                    relu,
+                    (&mut pooled[at..at + filters], &mut argmax[at..at + filters]),
+                );
+            }
+        });
+    (pooled, argmax)
+}
+
+/// The running `(max, argmax)` of a window after `value` at `position`: the epilogue applied
+/// first, as the separate layers apply it, and `>` keeping the first maximum as TensorFlow does.
+#[inline]
+fn take_max(
+    value: Lanes,
+    relu: bool,
+    (best, arg): (Lanes, Lanes),
+    position: Lanes,
+) -> (Lanes, Lanes) {
+    if relu {
+        // `max` with zero second turns NaN into 0, like `f32::max(NaN, 0.0)`: no NaN remains.
+        let value = value.fast_max(f32x8::ZERO);
+        let take = value.simd_gt(best);
+        (best.fast_max(value), take.bitselect(position, arg))
+    } else {
+        // NaN propagates: the first NaN is taken and kept.
+        let take = value.simd_gt(best) | (value.is_nan() & !best.is_nan());
+        (take.bitselect(value, best), take.bitselect(position, arg))
+    }
+}
+
+/// One pooling window's pooled values and argmax, a block of filters at a time.
+#[inline]
+fn pool_window(
+    l: &Layout,
+    patch: &WindowPatch,
+    (kernel, bias): (&[f32], &[f32]),
+    relu: bool,
+    (pooled, argmax): (&mut [f32], &mut [u8]),
+) {
+    let taps = l.g.patch();
+    let blocks = kernel
+        .chunks_exact(taps * BLOCK)
+        .zip(bias.chunks_exact(BLOCK));
+    for (block, (kernel, bias)) in blocks.enumerate() {
+        let bias = block_lanes(bias);
+        let mut best = [f32x8::splat(f32::NEG_INFINITY); 2];
+        let mut arg = [f32x8::splat(f32::from(NO_POSITION)); 2];
+        for group in 0..l.rows() / GROUP {
+            let [x0, x1, x2, x3] = patch.group(group, taps);
+            let mut acc = [bias; GROUP];
+            let taps = kernel.chunks_exact(BLOCK).zip(x0).zip(x1).zip(x2).zip(x3);
+            for ((((k, &a), &b), &c), &d) in taps {
+                let k = block_lanes(k);
+                for (acc, x) in acc.iter_mut().zip([a, b, c, d]) {
+                    let x = f32x8::splat(x);
+                    *acc = [k[0].mul_add(x, acc[0]), k[1].mul_add(x, acc[1])];
+                }
+            }
+            let positions = l.window.positions().saturating_sub(group * GROUP);
+            for (i, acc) in acc.iter().take(positions).enumerate() {
+                let position = f32x8::splat((group * GROUP + i) as f32);
+                for ((&value, best), arg) in acc.iter().zip(&mut best).zip(&mut arg) {
+                    (*best, *arg) = take_max(value, relu, (*best, *arg), position);
+                }
+            }
+        }
+        for ((range, best), arg) in vector_ranges(block, l.filters)
+            .into_iter()
+            .zip(best)
+            .zip(arg)
+        {
+            let Some(range) = range else { break };
+            store(&mut pooled[range.clone()], best);
+            // Window positions are below `MAX_POSITIONS`, so the conversions are exact.
+            for (slot, a) in argmax[range]
+                .iter_mut()
+                .zip(arg.fast_trunc_int().to_array())
+            {
+                *slot = a as u8;
+            }
+        }
+    }
+}
+
+/// The pooled layer's output gradient and what the forward pass kept.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PooledGrad<'a> {
+    /// `dL/dpooled`, `[batch, pooled_h, pooled_w, filters]`.
+    pub(crate) values: &'a [f32],
+    /// The pooled output, when a relu preceded the pooling: the gradient passes where it is
+    /// positive.
+    pub(crate) relu_output: Option<&'a [f32]>,
+    /// The forward pass's argmax.
+    pub(crate) argmax: &'a [u8],
+}
+
+/// The gradients of [`conv2d_max_pool`] with respect to the kernel
+/// (`[kernel_h, kernel_w, channels, filters]`) and the bias (`[filters]`).
+pub(crate) fn conv2d_max_pool_backward(
+    input: &[f32],
+    grad: PooledGrad<'_>,
+    filters: usize,
+    g: &Geometry,
+    window: PoolWindow,
+) -> (Vec<f32>, Vec<f32>) {
+    let l = Layout::new(g, window, filters);
+    let blocks = filters.div_ceil(BLOCK);
+    let parts = BACKWARD_PARTS.min(g.batch).max(1);
+    let sums: Vec<(Vec<f32>, Vec<f32>)> = (0..parts)
+        .into_par_iter()
+        .map(|part| {
+            let mut kernel = vec![0.0_f32; blocks * g.patch() * BLOCK];
+            let mut bias = vec![0.0_f32; blocks * BLOCK];
+            let mut patch = WindowPatch::new(&l);
+            for b in part * g.batch / parts..(part + 1) * g.batch / parts {
+                let image = &input[b * l.image_in()..(b + 1) * l.image_in()];
+                for pixel in 0..l.pooled_pixels() {
+                    patch.fill(&l, image, (pixel / l.pooled_w, pixel % l.pooled_w));
+                    let at = b * l.image_out() + pixel * filters;
+                    window_grad(&l, &patch, grad, at, (&mut kernel, &mut bias));
+                }
+            }
+            (kernel, bias)
+        })
+        .collect();
+    let (kernels, biases): (Vec<_>, Vec<_>) = sums.into_iter().unzip();
+    let kernel = sum_in_order(kernels.into_iter(), blocks * g.patch() * BLOCK);
+    let bias = sum_in_order(biases.into_iter(), blocks * BLOCK);
+    (l.unblocked(&kernel), l.unblocked(&bias))
+}
+
+/// The gradient and argmax of pooled values `range` as vectors (zeros and [`NO_POSITION`] past
+/// its end), the gradient masked where the window took no value or the relu was zero.
+#[inline]
+fn pooled_grad(grad: PooledGrad<'_>, range: std::ops::Range<usize>) -> (Lanes, Lanes) {
+    let mut arg = [f32::from(NO_POSITION); LANES];
+    for (lane, &a) in arg.iter_mut().zip(&grad.argmax[range.clone()]) {
+        *lane = f32::from(a);
+    }
+    let arg = f32x8::from(arg);
+    let mut d = load(&grad.values[range.clone()]);
+    d &= !arg.simd_eq(f32x8::splat(f32::from(NO_POSITION)));
+    if let Some(out) = grad.relu_output {
+        d &= load(&out[range]).simd_gt(f32x8::ZERO);
+    }
+    (d, arg)
+}
+
+/// Adds one pooling window's contribution (pooled values `at..at + filters`) to the blocked
+/// kernel and bias gradients.
+#[inline]
+fn window_grad(
+    l: &Layout,
+    patch: &WindowPatch,
+    grad: PooledGrad<'_>,
+    at: usize,
+    (kernel, bias): (&mut [f32], &mut [f32]),
+) {
+    let taps = l.g.patch();
+    let blocks = kernel
+        .chunks_exact_mut(taps * BLOCK)
+        .zip(bias.chunks_exact_mut(BLOCK));
+    for (block, (kernel, bias)) in blocks.enumerate() {
+        let mut d = [f32x8::ZERO; 2];
+        let mut arg = [f32x8::splat(f32::from(NO_POSITION)); 2];
+        for (v, range) in vector_ranges(block, l.filters).into_iter().enumerate() {
+            let Some(range) = range else { break };
+            (d[v], arg[v]) = pooled_grad(grad, at + range.start..at + range.end);
+        }
+        let sum = block_lanes(bias);
+        store(&mut bias[..LANES], sum[0] + d[0]);
+        store(&mut bias[LANES..], sum[1] + d[1]);
+        for group in 0..l.rows() / GROUP {
+            let mut dy = [[f32x8::ZERO; 2]; GROUP];
+            for (i, dy) in dy.iter_mut().enumerate() {
+                let position = f32x8::splat((group * GROUP + i) as f32);
+                *dy = [
+                    d[0] & arg[0].simd_eq(position),
+                    d[1] & arg[1].simd_eq(position),
+                ];
+            }
+            let [x0, x1, x2, x3] = patch.group(group, taps);
+            let taps = kernel
+                .chunks_exact_mut(BLOCK)
+                .zip(x0)
+                .zip(x1)
+                .zip(x2)
+                .zip(x3);
+            for ((((k, &a), &b), &c), &e) in taps {
+                let mut sum = block_lanes(k);
+                for (dy, x) in dy.iter().zip([a, b, c, e]) {
+                    let x = f32x8::splat(x);
+                    sum = [dy[0].mul_add(x, sum[0]), dy[1].mul_add(x, sum[1])];
+                }
+                store(&mut k[..LANES], sum[0]);
+                store(&mut k[LANES..], sum[1]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::conv::{im2col_conv2d, im2col_conv2d_kernel_grad};
+    use super::super::elementwise::{relu_in_place, zip};
+    use super::super::pool::{max_pool, max_pool_grad};
+    use super::super::reduce::sum_rows;
+    use super::*;
+
+    fn geometry(
+        (batch, height, width, channels): (usize, usize, usize, usize),
+        (kernel_h, kernel_w): (usize, usize),
+        (stride, pad): (usize, usize),
+    ) -> Geometry {
+        let out = |size: usize, k: usize| (size + 2 * pad - k) / stride + 1;
+        Geometry {
+            batch,
+            height,
+            width,
+            channels,
+            kernel_h,
+            kernel_w,
+            stride_h: stride,
+            stride_w: stride,
+            pad_top: pad,
+            pad_left: pad,
+            out_h: out(height, kernel_h),
+            out_w: out(width, kernel_w),
+        }
+    }
+
+    fn pool_geometry(g: &Geometry, filters: usize, window: PoolWindow) -> Geometry {
+        Geometry {
+            batch: g.batch,
+            height: g.out_h,
+            width: g.out_w,
+            channels: filters,
+            kernel_h: window.h,
+            kernel_w: window.w,
+            stride_h: window.h,
+            stride_w: window.w,
+            pad_top: 0,
+            pad_left: 0,
+            out_h: g.out_h / window.h,
+            out_w: g.out_w / window.w,
+        }
+    }
+
+    fn values(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 7919 + seed * 104_729) % 2003) as f32 / 1001.0 - 1.0)
+            .collect()
+    }
+
+    /// The same layer by the separate kernels: forward values, and kernel and bias gradients.
+    fn separately(
+        input: &[f32],
+        kernel: &[f32],
+        bias: &[f32],
+        relu: bool,
+        (filters, g, window): (usize, &Geometry, PoolWindow),
+        d_pooled: &[f32],
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let (mut out, cols) = im2col_conv2d(input, kernel, Some(bias), filters, g);
+        if relu {
+            relu_in_place(&mut out);
+        }
+        let pg = pool_geometry(g, filters, window);
+        let (pooled, argmax) = max_pool(&out, &pg);
+        let d_out = max_pool_grad(d_pooled, &argmax, &pg);
+        let d_out = if relu {
+            zip(&d_out, &out, |d, y| if y > 0.0 { d } else { 0.0 })
+        } else {
+            d_out
+        };
+        let kernel_grad = im2col_conv2d_kernel_grad(&cols, &d_out, filters, g);
+        (pooled, kernel_grad, sum_rows(&d_out, filters))
+    }
+
+    fn assert_close(what: &str, fused: &[f32], separate: &[f32]) {
+        assert_eq!(fused.len(), separate.len(), "{what}: lengths");
+        let scale = separate.iter().fold(1.0_f32, |m, v| m.max(v.abs()));
+        for (i, (f, s)) in fused.iter().zip(separate).enumerate() {
+            assert!(
+                (f - s).abs() <= 1e-5 * scale,
+                "{what}[{i}]: fused {f} vs separate {s}"
+            );
+        }
+    }
+
+    #[test]
+    fn fused_layer_equals_convolution_relu_and_pooling_done_apart() {
+        let cases = [
+            // The tutorial CNN's first layer, on a small batch.
+            (
+                (3, 28, 28, 1),
+                (3, 3),
+                (1, 0),
+                32,
+                PoolWindow { h: 2, w: 2 },
+            ),
+            // Colour input, a filter count that is not whole vectors, odd sizes.
+            ((2, 9, 11, 3), (3, 3), (1, 0), 13, PoolWindow { h: 2, w: 2 }),
+            // Same padding, stride 2, a 3×3 window (three groups of positions, one partial).
+            ((2, 10, 10, 2), (3, 3), (2, 1), 8, PoolWindow { h: 3, w: 3 }),
+            // Same padding with 2×2 windows: border windows gathered with zeros, inner ones by offset.
+            ((2, 8, 9, 2), (3, 3), (1, 1), 8, PoolWindow { h: 2, w: 2 }),
+            // A 5×5 kernel, a one-position window, fewer filters than a vector.
+            ((9, 7, 8, 1), (5, 5), (1, 2), 3, PoolWindow { h: 1, w: 1 }),
+            // Wide windows that leave outputs unpooled on the right.
+            ((1, 6, 14, 1), (2, 2), (1, 0), 16, PoolWindow { h: 1, w: 4 }),
+        ];
+        for (shape, kernel_size, stride_pad, filters, window) in cases {
+            let g = geometry(shape, kernel_size, stride_pad);
+            assert!(applies(&g, window), "{g:?}");
+            let input = values(g.batch * g.height * g.width * g.channels, 1);
+            let kernel = values(g.patch() * filters, 2);
+            let bias = values(filters, 3);
+            let l = Layout::new(&g, window, filters);
+            let d_pooled = values(g.batch * l.image_out(), 4);
+            for relu in [false, true] {
+                let what = format!("relu {relu} {g:?} {window:?}");
+                let (pooled, argmax) =
+                    conv2d_max_pool(&input, &kernel, Some(&bias), relu, filters, &g, window);
+                let grad = PooledGrad {
+                    values: &d_pooled,
+                    relu_output: relu.then_some(&pooled[..]),
+                    argmax: &argmax,
+                };
+                let (kernel_grad, bias_grad) =
+                    conv2d_max_pool_backward(&input, grad, filters, &g, window);
+                let (want, want_kernel, want_bias) = separately(
+                    &input,
+                    &kernel,
+                    &bias,
+                    relu,
+                    (filters, &g, window),
+                    &d_pooled,
+                );
+                assert_close(&format!("{what} pooled"), &pooled, &want);
+                assert_close(
+                    &format!("{what} kernel gradient"),
+                    &kernel_grad,
+                    &want_kernel,
+                );
+                assert_close(&format!("{what} bias gradient"), &bias_grad, &want_bias);
+            }
+        }
+    }
+
+    #[test]
+    fn a_window_of_negative_infinities_routes_no_gradient() {
+        let g = geometry((1, 2, 2, 1), (1, 1), (1, 0));
+        let window = PoolWindow { h: 2, w: 2 };
+        let input = [1.0, 2.0, 3.0, 4.0];
+        let bias = [f32::NEG_INFINITY];
+        let (pooled, argmax) = conv2d_max_pool(&input, &[1.0], Some(&bias), false, 1, &g, window);
+        assert_eq!(
+            (pooled, argmax.clone()),
+            (vec![f32::NEG_INFINITY], vec![NO_POSITION])
+        );
+        let grad = PooledGrad {
+            values: &[1.0],
+            relu_output: None,
+            argmax: &argmax,
+        };
+        let (kernel, bias) = conv2d_max_pool_backward(&input, grad, 1, &g, window);
+        assert_eq!((kernel, bias), (vec![0.0], vec![0.0]));
+    }
+
+    #[test]
+    fn results_are_bit_identical_on_one_and_two_threads() {
+        let g = geometry((11, 28, 28, 1), (3, 3), (1, 0));
+        let window = PoolWindow { h: 2, w: 2 };
+        let (input, kernel) = (values(11 * 28 * 28, 5), values(9 * 32, 6));
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap_or_else(|e| panic!("thread pool: {e}"));
+            pool.install(|| {
+                let (pooled, argmax) = conv2d_max_pool(&input, &kernel, None, true, 32, &g, window);
+                let grad = PooledGrad {
+                    values: &pooled,
+                    relu_output: Some(&pooled),
+                    argmax: &argmax,
+                };
+                let grads = conv2d_max_pool_backward(&input, grad, 32, &g, window);
+                (pooled, argmax, grads)
+            })
+        };
+        assert_eq!(run(1), run(2));
+    }
+}
