@@ -239,12 +239,14 @@ impl WindowPatch {
         }
     }
 
-    /// The rows of positions `group · GROUP..`, one per position of the group.
+    /// The first `taps` values of the rows of positions `group · GROUP..`, one per position of
+    /// the group: given the length of a block's kernel rows, indexing both by tap needs no
+    /// checks.
     #[inline]
-    fn group(&self, group: usize, patch: usize) -> [&[f32]; GROUP] {
+    fn group(&self, group: usize, taps: usize) -> [&[f32]; GROUP] {
         let row = |i: usize| {
-            let from = (group * GROUP + i) * patch;
-            &self.values[from..from + patch]
+            let from = (group * GROUP + i) * taps;
+            &self.values[from..from + taps]
         };
         [row(0), row(1), row(2), row(3)]
     }
@@ -351,16 +353,16 @@ fn pool_window(
         .chunks_exact(taps * BLOCK)
         .zip(bias.chunks_exact(BLOCK));
     for (block, (kernel, bias)) in blocks.enumerate() {
+        let kernel = kernel.as_chunks::<BLOCK>().0;
         let bias = block_lanes(bias);
         let mut best = [f32x8::splat(f32::NEG_INFINITY); 2];
         let mut arg = [f32x8::splat(f32::from(NO_POSITION)); 2];
         for group in 0..l.rows() / GROUP {
-            let [x0, x1, x2, x3] = patch.group(group, taps);
+            let [x0, x1, x2, x3] = patch.group(group, kernel.len());
             let mut acc = [bias; GROUP];
-            let taps = kernel.chunks_exact(BLOCK).zip(x0).zip(x1).zip(x2).zip(x3);
-            for ((((k, &a), &b), &c), &d) in taps {
+            for (t, k) in kernel.iter().enumerate() {
                 let k = block_lanes(k);
-                for (acc, x) in acc.iter_mut().zip([a, b, c, d]) {
+                for (acc, x) in acc.iter_mut().zip([x0[t], x1[t], x2[t], x3[t]]) {
                     let x = f32x8::splat(x);
                     *acc = [k[0].mul_add(x, acc[0]), k[1].mul_add(x, acc[1])];
                 }
@@ -470,6 +472,7 @@ fn window_grad(
         .chunks_exact_mut(taps * BLOCK)
         .zip(bias.chunks_exact_mut(BLOCK));
     for (block, (kernel, bias)) in blocks.enumerate() {
+        let kernel = kernel.as_chunks_mut::<BLOCK>().0;
         let mut d = [f32x8::ZERO; 2];
         let mut arg = [f32x8::splat(f32::from(NO_POSITION)); 2];
         for (v, range) in vector_ranges(block, l.filters).into_iter().enumerate() {
@@ -488,16 +491,10 @@ fn window_grad(
                     d[1] & arg[1].simd_eq(position),
                 ];
             }
-            let [x0, x1, x2, x3] = patch.group(group, taps);
-            let taps = kernel
-                .chunks_exact_mut(BLOCK)
-                .zip(x0)
-                .zip(x1)
-                .zip(x2)
-                .zip(x3);
-            for ((((k, &a), &b), &c), &e) in taps {
+            let [x0, x1, x2, x3] = patch.group(group, kernel.len());
+            for (t, k) in kernel.iter_mut().enumerate() {
                 let mut sum = block_lanes(k);
-                for (dy, x) in dy.iter().zip([a, b, c, e]) {
+                for (dy, x) in dy.iter().zip([x0[t], x1[t], x2[t], x3[t]]) {
                     let x = f32x8::splat(x);
                     sum = [dy[0].mul_add(x, sum[0]), dy[1].mul_add(x, sum[1])];
                 }
