@@ -196,6 +196,23 @@ proptest! {
     }
 
     #[test]
+    fn fused_winograd_conv_and_max_pool_gradients(
+        (h, w) in (5..9_usize, 5..9_usize), c_out in 8..11_usize, pool in (1..3_usize, 1..3_usize),
+        relu: bool, same: bool, x in values(9 * 8 * 8), k in values(9 * 9 * 10), b in values(10),
+    ) {
+        // Eight or more channels: Winograd's tiles, pooled as they are transformed back, with
+        // the input's gradient too.
+        let padding = if same { Padding::Same } else { Padding::Valid };
+        let pool = MaxPool { size: pool, stride: pool, padding: Padding::Valid };
+        let inputs = [
+            (x[..h * w * 9].to_vec(), vec![1, h, w, 9]),
+            (k[..81 * c_out].to_vec(), vec![3, 3, 9, c_out]),
+            (b[..c_out].to_vec(), vec![c_out]),
+        ];
+        check(&inputs, &|t| ops::conv2d_bias_relu_max_pool(&t[0], &t[1], Some(&t[2]), relu, (1, 1), padding, pool))?;
+    }
+
+    #[test]
     fn fused_conv_and_max_pool_equal_their_separate_parts(
         c_out in dims(40), relu: bool, same: bool, x in values(3 * 9 * 9), k in values(9 * 40), b in values(40),
     ) {

@@ -183,6 +183,7 @@ pub(crate) fn conv2d_backward(
 ) -> Grads {
     let cols = match lowering {
         Lowering::Winograd(t) => {
+            let grad = winograd::OutputGradient::Whole(grad);
             return winograd::backward(*t, input, kernel, grad, filters, g, wanted);
         }
         Lowering::Im2col(cols) => cols,

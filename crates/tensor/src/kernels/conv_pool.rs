@@ -1,7 +1,18 @@
-//! A convolution with a small window over few channels (a first layer: 3×3 over grey or
-//! colour pixels) fused with the max pooling after it, computed directly.
+//! A convolution fused with the max pooling after it ([`PooledConv`]), so that its full-size
+//! output and that output's gradient are never stored: the forward pass writes the pooled values
+//! and a one-byte argmax per value; the backward pass rebuilds each window's gradient from those
+//! (the pooled gradient at the argmax, masked where a relu made the pooled value zero). Two
+//! lowerings, each only where pooling windows do not overlap:
 //!
-//! Such a layer does little arithmetic (nine multiply-adds per output value over one channel)
+//! - Direct (this module), for few kernel values per output, as in a first layer (3×3 over grey
+//!   or colour pixels); it gives no input gradient.
+//! - Winograd ([`super::winograd::conv2d_max_pool`]), where its 4×4 or 2×2 output blocks hold
+//!   whole windows: each tile's outputs are pooled as they leave the transform, and the
+//!   backward pass builds each tile's output gradient from the pooled one.
+//!
+//! Otherwise the caller runs the convolution and the pooling apart.
+//!
+//! The direct method. A first layer does little arithmetic (nine multiply-adds per output value over one channel)
 //! on a large output (26×26×32 values per MNIST image), so apart its time goes to memory: the
 //! im2col rows, the whole activation, reading it again to pool it, a four-byte argmax per
 //! pooled value, and in the backward pass a whole-size gradient, its relu mask and the
@@ -18,8 +29,8 @@
 //!
 //! The values are those of convolution → bias → relu → max pooling, in that order, up to
 //! rounding (the products are summed tap by tap instead of by GEMM's blocks); ties and NaN go as
-//! in [`super::pool::max_pool`]. Only the kernel's and the bias's gradients are computed: the
-//! caller goes the separate way when the input wants a gradient (a first layer's never does).
+//! in [`super::pool::max_pool`]. Only the kernel's and the bias's gradients are computed (a
+//! first layer's input never wants one).
 //!
 //! Work splits into fixed pieces (images forward, [`BACKWARD_PARTS`] ranges of images
 //! backward, summed in order): results do not depend on the thread count.
@@ -27,9 +38,10 @@
 use rayon::prelude::*;
 use wide::f32x8;
 
-use super::conv::Geometry;
+use super::conv::{Geometry, Grads, Wanted};
 use super::lanes::{LANES, Lanes, load, store};
 use super::reduce::sum_in_order;
+use super::winograd::{self, Tiling};
 
 /// Kernel values per output (`kernel_h · kernel_w · channels`) up to which the direct method
 /// is used: 3×3 over one or three channels, 5×5 over one. Beyond it GEMM's reuse of each loaded
@@ -50,7 +62,7 @@ const BLOCK: usize = 2 * LANES;
 const BACKWARD_PARTS: usize = 8;
 
 /// The argmax of a window that took no value (all `-inf` without relu): routes no gradient.
-const NO_POSITION: u8 = u8::MAX;
+pub(crate) const NO_POSITION: u8 = u8::MAX;
 
 /// Non-overlapping max-pooling windows (stride equal to the window, valid padding) over a
 /// convolution's output.
@@ -61,17 +73,100 @@ pub(crate) struct PoolWindow {
 }
 
 impl PoolWindow {
-    fn positions(self) -> usize {
+    pub(crate) fn positions(self) -> usize {
         self.h * self.w
     }
 }
 
-/// Whether the direct method suits convolution `g` pooled by `window`.
-pub(crate) fn applies(g: &Geometry, window: PoolWindow) -> bool {
-    g.patch() <= MAX_PATCH
-        && (1..=MAX_POSITIONS).contains(&window.positions())
-        && g.out_h >= window.h
-        && g.out_w >= window.w
+/// How a convolution and the max pooling after it are computed together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PooledLowering {
+    /// Directly, window by window (few kernel values per output; no input gradient).
+    Direct,
+    /// By Winograd's algorithm, each tile's outputs pooled as they leave the transform.
+    Winograd(Tiling),
+}
+
+/// A convolution of `g` into `filters` channels, max-pooled by non-overlapping `window`s, and
+/// how it is computed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PooledConv {
+    pub(crate) g: Geometry,
+    pub(crate) filters: usize,
+    pub(crate) window: PoolWindow,
+    pub(crate) lowering: PooledLowering,
+}
+
+impl PooledConv {
+    /// The fused computation for this layer, or `None` where the two operations are better
+    /// apart. `input_grad`: whether the input wants a gradient.
+    pub(crate) fn new(
+        g: &Geometry,
+        filters: usize,
+        window: PoolWindow,
+        input_grad: bool,
+    ) -> Option<Self> {
+        let fits = (1..=MAX_POSITIONS).contains(&window.positions())
+            && g.out_h >= window.h
+            && g.out_w >= window.w;
+        let lowering = if !fits {
+            return None;
+        } else if !input_grad && g.patch() <= MAX_PATCH {
+            PooledLowering::Direct
+        } else {
+            let t = winograd::tiling(g, filters)?;
+            winograd::pools_whole_tiles(t, window).then_some(PooledLowering::Winograd(t))?
+        };
+        Some(Self {
+            g: *g,
+            filters,
+            window,
+            lowering,
+        })
+    }
+
+    /// `(pooled [batch, out_h / window.h, out_w / window.w, filters], argmax)`, where
+    /// `argmax[i]` is the window position (row-major) pooled value `i` came from.
+    pub(crate) fn forward(
+        &self,
+        input: &[f32],
+        kernel: &[f32],
+        bias: Option<&[f32]>,
+        relu: bool,
+    ) -> (Vec<f32>, Vec<u8>) {
+        let (g, f, window) = (&self.g, self.filters, self.window);
+        match self.lowering {
+            PooledLowering::Direct => direct_forward(input, kernel, bias, relu, f, g, window),
+            PooledLowering::Winograd(t) => {
+                winograd::conv2d_max_pool(t, input, kernel, (bias, relu), f, g, window)
+            }
+        }
+    }
+
+    /// The wanted gradients, from the pooled output's gradient.
+    pub(crate) fn backward(
+        &self,
+        input: &[f32],
+        kernel: &[f32],
+        grad: PooledGrad<'_>,
+        wanted: Wanted,
+    ) -> Grads {
+        let (g, f, window) = (&self.g, self.filters, self.window);
+        match self.lowering {
+            PooledLowering::Direct => {
+                let (kernel, bias) = direct_backward(input, grad, f, g, window);
+                Grads {
+                    input: None,
+                    kernel: wanted.kernel.then_some(kernel),
+                    bias: wanted.bias.then_some(bias),
+                }
+            }
+            PooledLowering::Winograd(t) => {
+                let grad = winograd::OutputGradient::Pooled(grad, window);
+                winograd::backward(t, input, kernel, grad, f, g, wanted)
+            }
+        }
+    }
 }
 
 /// The sizes of one fused layer.
@@ -279,7 +374,7 @@ fn vector_ranges(block: usize, filters: usize) -> [Option<std::ops::Range<usize>
 /// `max_pool(relu?(conv2d(input, kernel) + bias))` over non-overlapping `window`s:
 /// `(pooled [batch, out_h / window.h, out_w / window.w, filters], argmax)`, where `argmax[i]`
 /// is the window position (row-major) pooled value `i` came from.
-pub(crate) fn conv2d_max_pool(
+fn direct_forward(
     input: &[f32],
     kernel: &[f32],
     bias: Option<&[f32]>,
@@ -321,7 +416,7 @@ pub(crate) fn conv2d_max_pool(
 /// The running `(max, argmax)` of a window after `value` at `position`: the epilogue applied
 /// first, as the separate layers apply it, and `>` keeping the first maximum as TensorFlow does.
 #[inline]
-fn take_max(
+pub(crate) fn take_max(
     value: Lanes,
     relu: bool,
     (best, arg): (Lanes, Lanes),
@@ -405,9 +500,9 @@ pub(crate) struct PooledGrad<'a> {
     pub(crate) argmax: &'a [u8],
 }
 
-/// The gradients of [`conv2d_max_pool`] with respect to the kernel
+/// The gradients of [`direct_forward`] with respect to the kernel
 /// (`[kernel_h, kernel_w, channels, filters]`) and the bias (`[filters]`).
-pub(crate) fn conv2d_max_pool_backward(
+fn direct_backward(
     input: &[f32],
     grad: PooledGrad<'_>,
     filters: usize,
@@ -443,7 +538,7 @@ pub(crate) fn conv2d_max_pool_backward(
 /// The gradient and argmax of pooled values `range` as vectors (zeros and [`NO_POSITION`] past
 /// its end), the gradient masked where the window took no value or the relu was zero.
 #[inline]
-fn pooled_grad(grad: PooledGrad<'_>, range: std::ops::Range<usize>) -> (Lanes, Lanes) {
+pub(crate) fn pooled_grad(grad: PooledGrad<'_>, range: std::ops::Range<usize>) -> (Lanes, Lanes) {
     let mut arg = [f32::from(NO_POSITION); LANES];
     for (lane, &a) in arg.iter_mut().zip(&grad.argmax[range.clone()]) {
         *lane = f32::from(a);
@@ -507,7 +602,7 @@ fn window_grad(
 
 #[cfg(test)]
 mod tests {
-    use super::super::conv::{im2col_conv2d, im2col_conv2d_kernel_grad};
+    use super::super::conv::{im2col_conv2d, im2col_conv2d_input_grad, im2col_conv2d_kernel_grad};
     use super::super::elementwise::{relu_in_place, zip};
     use super::super::pool::{max_pool, max_pool_grad};
     use super::super::reduce::sum_rows;
@@ -566,7 +661,7 @@ mod tests {
         relu: bool,
         (filters, g, window): (usize, &Geometry, PoolWindow),
         d_pooled: &[f32],
-    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    ) -> (Vec<f32>, Grads) {
         let (mut out, cols) = im2col_conv2d(input, kernel, Some(bias), filters, g);
         if relu {
             relu_in_place(&mut out);
@@ -579,8 +674,12 @@ mod tests {
         } else {
             d_out
         };
-        let kernel_grad = im2col_conv2d_kernel_grad(&cols, &d_out, filters, g);
-        (pooled, kernel_grad, sum_rows(&d_out, filters))
+        let grads = Grads {
+            input: Some(im2col_conv2d_input_grad(kernel, &d_out, filters, g)),
+            kernel: Some(im2col_conv2d_kernel_grad(&cols, &d_out, filters, g)),
+            bias: Some(sum_rows(&d_out, filters)),
+        };
+        (pooled, grads)
     }
 
     fn assert_close(what: &str, fused: &[f32], separate: &[f32]) {
@@ -594,31 +693,72 @@ mod tests {
         }
     }
 
+    const ALL: Wanted = Wanted {
+        input: true,
+        kernel: true,
+        bias: true,
+    };
+
     #[test]
-    fn fused_layer_equals_convolution_relu_and_pooling_done_apart() {
+    fn fused_layers_equal_convolution_relu_and_pooling_done_apart() {
+        let direct = PooledLowering::Direct;
         let cases = [
             // The tutorial CNN's first layer, on a small batch.
+            ((3, 28, 28, 1), (3, 3), (1, 0), 32, (2, 2), direct),
+            // Colour input, a filter count that is not whole vectors, odd sizes.
+            ((2, 9, 11, 3), (3, 3), (1, 0), 13, (2, 2), direct),
+            // Same padding, stride 2, a 3×3 window (three groups of positions, one partial).
+            ((2, 10, 10, 2), (3, 3), (2, 1), 8, (3, 3), direct),
+            // Same padding with 2×2 windows: border windows gathered with zeros.
+            ((2, 8, 9, 2), (3, 3), (1, 1), 8, (2, 2), direct),
+            // A 5×5 kernel, a one-position window, fewer filters than a vector.
+            ((9, 7, 8, 1), (5, 5), (1, 2), 3, (1, 1), direct),
+            // Wide windows that leave outputs unpooled on the right.
+            ((1, 6, 14, 1), (2, 2), (1, 0), 16, (1, 4), direct),
+            // The tutorial CNN's second layer: F(4×4) tiles, the last tile row and column
+            // partly outside the 11×11 output and its last row and column left unpooled.
             (
-                (3, 28, 28, 1),
+                (3, 13, 13, 8),
                 (3, 3),
                 (1, 0),
-                32,
-                PoolWindow { h: 2, w: 2 },
+                12,
+                (2, 2),
+                PooledLowering::Winograd(Tiling::F4),
             ),
-            // Colour input, a filter count that is not whole vectors, odd sizes.
-            ((2, 9, 11, 3), (3, 3), (1, 0), 13, PoolWindow { h: 2, w: 2 }),
-            // Same padding, stride 2, a 3×3 window (three groups of positions, one partial).
-            ((2, 10, 10, 2), (3, 3), (2, 1), 8, PoolWindow { h: 3, w: 3 }),
-            // Same padding with 2×2 windows: border windows gathered with zeros, inner ones by offset.
-            ((2, 8, 9, 2), (3, 3), (1, 1), 8, PoolWindow { h: 2, w: 2 }),
-            // A 5×5 kernel, a one-position window, fewer filters than a vector.
-            ((9, 7, 8, 1), (5, 5), (1, 2), 3, PoolWindow { h: 1, w: 1 }),
-            // Wide windows that leave outputs unpooled on the right.
-            ((1, 6, 14, 1), (2, 2), (1, 0), 16, PoolWindow { h: 1, w: 4 }),
+            // F(2×2) tiles, each one pooling window; same padding.
+            (
+                (2, 6, 5, 9),
+                (3, 3),
+                (1, 1),
+                10,
+                (2, 2),
+                PooledLowering::Winograd(Tiling::F2),
+            ),
+            // Windows of one row, two per F(4×4) tile row... and whole 4×4 windows.
+            (
+                (2, 14, 14, 8),
+                (3, 3),
+                (1, 0),
+                8,
+                (1, 2),
+                PooledLowering::Winograd(Tiling::F4),
+            ),
+            (
+                (2, 14, 14, 8),
+                (3, 3),
+                (1, 0),
+                8,
+                (4, 4),
+                PooledLowering::Winograd(Tiling::F4),
+            ),
         ];
-        for (shape, kernel_size, stride_pad, filters, window) in cases {
+        for (shape, kernel_size, stride_pad, filters, (h, w), lowering) in cases {
             let g = geometry(shape, kernel_size, stride_pad);
-            assert!(applies(&g, window), "{g:?}");
+            let window = PoolWindow { h, w };
+            let wants_input = lowering != direct;
+            let layer = PooledConv::new(&g, filters, window, wants_input)
+                .unwrap_or_else(|| panic!("no fused lowering for {g:?}"));
+            assert_eq!(layer.lowering, lowering, "{g:?}");
             let input = values(g.batch * g.height * g.width * g.channels, 1);
             let kernel = values(g.patch() * filters, 2);
             let bias = values(filters, 3);
@@ -626,16 +766,18 @@ mod tests {
             let d_pooled = values(g.batch * l.image_out(), 4);
             for relu in [false, true] {
                 let what = format!("relu {relu} {g:?} {window:?}");
-                let (pooled, argmax) =
-                    conv2d_max_pool(&input, &kernel, Some(&bias), relu, filters, &g, window);
+                let (pooled, argmax) = layer.forward(&input, &kernel, Some(&bias), relu);
                 let grad = PooledGrad {
                     values: &d_pooled,
                     relu_output: relu.then_some(&pooled[..]),
                     argmax: &argmax,
                 };
-                let (kernel_grad, bias_grad) =
-                    conv2d_max_pool_backward(&input, grad, filters, &g, window);
-                let (want, want_kernel, want_bias) = separately(
+                let wanted = Wanted {
+                    input: wants_input,
+                    ..ALL
+                };
+                let grads = layer.backward(&input, &kernel, grad, wanted);
+                let (want, want_grads) = separately(
                     &input,
                     &kernel,
                     &bias,
@@ -644,14 +786,38 @@ mod tests {
                     &d_pooled,
                 );
                 assert_close(&format!("{what} pooled"), &pooled, &want);
-                assert_close(
-                    &format!("{what} kernel gradient"),
-                    &kernel_grad,
-                    &want_kernel,
-                );
-                assert_close(&format!("{what} bias gradient"), &bias_grad, &want_bias);
+                for (name, got, want) in [
+                    ("kernel", grads.kernel, want_grads.kernel),
+                    ("bias", grads.bias, want_grads.bias),
+                    (
+                        "input",
+                        grads.input,
+                        want_grads.input.filter(|_| wants_input),
+                    ),
+                ] {
+                    assert_eq!(got.is_some(), want.is_some(), "{what} {name} gradient");
+                    if let (Some(got), Some(want)) = (got, want) {
+                        assert_close(&format!("{what} {name} gradient"), &got, &want);
+                    }
+                }
             }
         }
+    }
+
+    #[test]
+    fn layers_that_suit_neither_method_are_not_fused() {
+        let window = PoolWindow { h: 2, w: 2 };
+        // Many kernel values per output, but not Winograd's 3×3 stride 1.
+        let g = geometry((1, 9, 9, 8), (3, 3), (2, 0));
+        assert!(PooledConv::new(&g, 8, window, false).is_none());
+        // Winograd, but F(4×4) tiles cannot hold 3×3 windows.
+        let g = geometry((1, 14, 14, 8), (3, 3), (1, 0));
+        assert!(PooledConv::new(&g, 8, PoolWindow { h: 3, w: 3 }, false).is_none());
+        // Few kernel values, but the input wants a gradient the direct method does not give.
+        let g = geometry((1, 28, 28, 1), (3, 3), (1, 0));
+        assert!(PooledConv::new(&g, 8, window, true).is_none());
+        // A window larger than the output.
+        assert!(PooledConv::new(&g, 8, PoolWindow { h: 27, w: 1 }, false).is_none());
     }
 
     #[test]
@@ -660,7 +826,8 @@ mod tests {
         let window = PoolWindow { h: 2, w: 2 };
         let input = [1.0, 2.0, 3.0, 4.0];
         let bias = [f32::NEG_INFINITY];
-        let (pooled, argmax) = conv2d_max_pool(&input, &[1.0], Some(&bias), false, 1, &g, window);
+        let layer = PooledConv::new(&g, 1, window, false).unwrap_or_else(|| panic!("fused"));
+        let (pooled, argmax) = layer.forward(&input, &[1.0], Some(&bias), false);
         assert_eq!(
             (pooled, argmax.clone()),
             (vec![f32::NEG_INFINITY], vec![NO_POSITION])
@@ -670,31 +837,37 @@ mod tests {
             relu_output: None,
             argmax: &argmax,
         };
-        let (kernel, bias) = conv2d_max_pool_backward(&input, grad, 1, &g, window);
-        assert_eq!((kernel, bias), (vec![0.0], vec![0.0]));
+        let grads = layer.backward(&input, &[1.0], grad, ALL);
+        assert_eq!(grads.kernel, Some(vec![0.0]));
+        assert_eq!(grads.bias, Some(vec![0.0]));
     }
 
     #[test]
     fn results_are_bit_identical_on_one_and_two_threads() {
-        let g = geometry((11, 28, 28, 1), (3, 3), (1, 0));
         let window = PoolWindow { h: 2, w: 2 };
-        let (input, kernel) = (values(11 * 28 * 28, 5), values(9 * 32, 6));
-        let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap_or_else(|e| panic!("thread pool: {e}"));
-            pool.install(|| {
-                let (pooled, argmax) = conv2d_max_pool(&input, &kernel, None, true, 32, &g, window);
-                let grad = PooledGrad {
-                    values: &pooled,
-                    relu_output: Some(&pooled),
-                    argmax: &argmax,
-                };
-                let grads = conv2d_max_pool_backward(&input, grad, 32, &g, window);
-                (pooled, argmax, grads)
-            })
-        };
-        assert_eq!(run(1), run(2));
+        for (shape, filters) in [((11, 28, 28, 1), 32), ((11, 13, 13, 16), 24)] {
+            let g = geometry(shape, (3, 3), (1, 0));
+            let layer = PooledConv::new(&g, filters, window, g.channels > 1)
+                .unwrap_or_else(|| panic!("fused"));
+            let input = values(g.batch * g.height * g.width * g.channels, 5);
+            let kernel = values(g.patch() * filters, 6);
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap_or_else(|e| panic!("thread pool: {e}"));
+                pool.install(|| {
+                    let (pooled, argmax) = layer.forward(&input, &kernel, None, true);
+                    let grad = PooledGrad {
+                        values: &pooled,
+                        relu_output: Some(&pooled),
+                        argmax: &argmax,
+                    };
+                    let grads = layer.backward(&input, &kernel, grad, ALL);
+                    (pooled, argmax, grads.input, grads.kernel, grads.bias)
+                })
+            };
+            assert_eq!(run(1), run(2), "{g:?}");
+        }
     }
 }

@@ -23,6 +23,7 @@ use rayon::prelude::*;
 use wide::f32x8;
 
 use super::conv::{Geometry, Grads, OutputGrad, Wanted};
+use super::conv_pool::{NO_POSITION, PoolWindow, PooledGrad, pooled_grad, take_max};
 use super::gemm::{MatRef, matmul_on_this_thread};
 use super::lanes::{LANES, Lanes, add, add_into, add_scaled, load, scale, store, sub};
 use super::reduce::sum_in_order;
@@ -573,6 +574,117 @@ pub(crate) fn conv2d(
     }
 }
 
+/// Whether pooling windows `window` (stride equal to the window, valid padding) tile `t`'s
+/// output blocks exactly, so each window's outputs come from one tile.
+pub(crate) fn pools_whole_tiles(t: Tiling, window: PoolWindow) -> bool {
+    t.m().is_multiple_of(window.h)
+        && t.m().is_multiple_of(window.w)
+        && window.positions() <= usize::from(NO_POSITION)
+}
+
+/// `max_pool(relu?(conv2d(input, kernel) + bias))` over `window`s that tile `t`'s blocks
+/// ([`pools_whole_tiles`]): `(pooled [batch, out_h / window.h, out_w / window.w, filters],
+/// argmax)` as [`super::conv_pool`] lays them out. The convolution's output never leaves the
+/// cache: each tile's outputs are pooled as they come out of the transform.
+pub(crate) fn conv2d_max_pool(
+    t: Tiling,
+    input: &[f32],
+    kernel: &[f32],
+    (bias, relu): (Option<&[f32]>, bool),
+    filters: usize,
+    g: &Geometry,
+    window: PoolWindow,
+) -> (Vec<f32>, Vec<u8>) {
+    let u = transform_kernel(t, kernel, g.channels, filters);
+    let epilogue = Epilogue { bias, relu };
+    match t {
+        Tiling::F2 => pooled_with::<TransformF2, 2, 4>(input, &u, epilogue, filters, g, window),
+        Tiling::F4 => pooled_with::<TransformF4, 4, 6>(input, &u, epilogue, filters, g, window),
+    }
+}
+
+fn pooled_with<T: Transform<M, S>, const M: usize, const S: usize>(
+    input: &[f32],
+    u: &[f32],
+    epilogue: Epilogue<'_>,
+    filters: usize,
+    g: &Geometry,
+    window: PoolWindow,
+) -> (Vec<f32>, Vec<u8>) {
+    let layout = Layout::new(M, g);
+    let (pooled_h, pooled_w) = (g.out_h / window.h, g.out_w / window.w);
+    let image_out = pooled_h * pooled_w * filters;
+    let mut pooled = vec![0.0; g.batch * image_out];
+    let mut argmax = vec![NO_POSITION; g.batch * image_out];
+    let mut rest = (&mut pooled[..], &mut argmax[..]);
+    let work: Vec<_> = layout
+        .chunks()
+        .map(|rows| {
+            let len = rows.len() / layout.tiles_h * image_out;
+            let (p, p_tail) = std::mem::take(&mut rest.0).split_at_mut(len);
+            let (a, a_tail) = std::mem::take(&mut rest.1).split_at_mut(len);
+            rest = (p_tail, a_tail);
+            (rows, p, a)
+        })
+        .collect();
+    work.into_par_iter()
+        .for_each_init(Scratch::default, |scratch, (rows, pooled, argmax)| {
+            let tiles = rows.len() * layout.tiles_w;
+            let products = multiply_chunk::<T, M, S>(&layout, scratch, input, u, g, &rows, filters);
+            let mut block = [[f32x8::ZERO; M]; M];
+            let first_image = rows.start / layout.tiles_h;
+            for (r, row) in rows.enumerate() {
+                let (image, y) = layout.origin(row);
+                for tx in 0..layout.tiles_w {
+                    let tile = r * layout.tiles_w + tx;
+                    let x = tx * M;
+                    for f0 in (0..filters).step_by(LANES) {
+                        let n = LANES.min(filters - f0);
+                        transform_output_lanes::<T, M, S>(
+                            products,
+                            (tile, tiles, filters),
+                            f0,
+                            |i, k, lanes| {
+                                block[i][k] = epilogue.apply(lanes, f0, n);
+                            },
+                        );
+                        for wy in 0..M / window.h {
+                            let py = y / window.h + wy;
+                            for wx in 0..M / window.w {
+                                let px = x / window.w + wx;
+                                if py >= pooled_h || px >= pooled_w {
+                                    continue;
+                                }
+                                let mut best = (
+                                    f32x8::splat(f32::NEG_INFINITY),
+                                    f32x8::splat(f32::from(NO_POSITION)),
+                                );
+                                for jy in 0..window.h {
+                                    for jx in 0..window.w {
+                                        let value = block[wy * window.h + jy][wx * window.w + jx];
+                                        let position = f32x8::splat((jy * window.w + jx) as f32);
+                                        best = take_max(value, false, best, position);
+                                    }
+                                }
+                                let at = (((image - first_image) * pooled_h + py) * pooled_w + px)
+                                    * filters
+                                    + f0;
+                                store(&mut pooled[at..at + n], best.0);
+                                for (slot, a) in argmax[at..at + n]
+                                    .iter_mut()
+                                    .zip(best.1.fast_trunc_int().to_array())
+                                {
+                                    *slot = a as u8;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    (pooled, argmax)
+}
+
 /// What the forward pass adds to each output after the transform.
 #[derive(Debug, Clone, Copy)]
 struct Epilogue<'a> {
@@ -594,15 +706,7 @@ fn conv2d_with<T: Transform<M, S>, const M: usize, const S: usize>(
         .into_par_iter()
         .for_each_init(Scratch::default, |scratch, (rows, out)| {
             let tiles = rows.len() * layout.tiles_w;
-            let transformed = sized(&mut scratch.transformed, S * S * tiles * g.channels);
-            transform_input::<T, M, S>(&layout, input, g, rows.clone(), transformed);
-            let products = sized(&mut scratch.products, S * S * tiles * filters);
-            multiply_each_point(
-                products,
-                (transformed, Piece::plain(tiles, g.channels)),
-                (u, Piece::plain(g.channels, filters)),
-                false,
-            );
+            let products = multiply_chunk::<T, M, S>(&layout, scratch, input, u, g, &rows, filters);
             let base = layout.offset(rows.start, g, filters);
             for (r, row) in rows.enumerate() {
                 let (image, y) = layout.origin(row);
@@ -628,6 +732,30 @@ fn conv2d_with<T: Transform<M, S>, const M: usize, const S: usize>(
     out
 }
 
+/// The chunk `rows`' input transformed and multiplied by the transformed kernel `u` at every
+/// point: `[points][tiles][filters]`, in the scratch's products buffer.
+fn multiply_chunk<'s, T: Transform<M, S>, const M: usize, const S: usize>(
+    layout: &Layout,
+    scratch: &'s mut Scratch,
+    input: &[f32],
+    u: &[f32],
+    g: &Geometry,
+    rows: &Range<usize>,
+    filters: usize,
+) -> &'s [f32] {
+    let tiles = rows.len() * layout.tiles_w;
+    let transformed = sized(&mut scratch.transformed, S * S * tiles * g.channels);
+    transform_input::<T, M, S>(layout, input, g, rows.clone(), transformed);
+    let products = sized(&mut scratch.products, S * S * tiles * filters);
+    multiply_each_point(
+        products,
+        (transformed, Piece::plain(tiles, g.channels)),
+        (u, Piece::plain(g.channels, filters)),
+        false,
+    );
+    products
+}
+
 impl Epilogue<'_> {
     #[inline]
     fn apply(&self, mut lanes: Lanes, f0: usize, n: usize) -> Lanes {
@@ -651,17 +779,32 @@ fn transform_output<T: Transform<M, S>, const M: usize, const S: usize>(
     mut emit: impl FnMut(usize, usize, usize, Lanes),
 ) {
     for f0 in (0..f).step_by(LANES) {
-        let n = LANES.min(f - f0);
-        let mut columns = [[f32x8::ZERO; M]; S];
-        for (l, column) in columns.iter_mut().enumerate() {
-            let m = gather_lanes(|j| load(&products[((j * S + l) * tiles + tile) * f + f0..][..n]));
-            *column = T::output(m);
-        }
-        for i in 0..rows {
-            let row = T::output(row_of(&columns, i));
-            for (k, &lanes) in row.iter().enumerate().take(cols) {
+        transform_output_lanes::<T, M, S>(products, (tile, tiles, f), f0, |i, k, lanes| {
+            if i < rows && k < cols {
                 emit(i, k, f0, lanes);
             }
+        });
+    }
+}
+
+/// Channels `f0..f0 + 8` of [`transform_output`], for every output of the tile.
+#[inline]
+fn transform_output_lanes<T: Transform<M, S>, const M: usize, const S: usize>(
+    products: &[f32],
+    (tile, tiles, f): (usize, usize, usize),
+    f0: usize,
+    mut emit: impl FnMut(usize, usize, Lanes),
+) {
+    let n = LANES.min(f - f0);
+    let mut columns = [[f32x8::ZERO; M]; S];
+    for (l, column) in columns.iter_mut().enumerate() {
+        let m = gather_lanes(|j| load(&products[((j * S + l) * tiles + tile) * f + f0..][..n]));
+        *column = T::output(m);
+    }
+    for i in 0..M {
+        let row = T::output(row_of(&columns, i));
+        for (k, &lanes) in row.iter().enumerate() {
+            emit(i, k, lanes);
         }
     }
 }
@@ -675,7 +818,7 @@ pub(crate) fn backward(
     t: Tiling,
     input: &[f32],
     kernel: &[f32],
-    grad: OutputGrad<'_>,
+    grad: OutputGradient<'_>,
     filters: usize,
     g: &Geometry,
     wanted: Wanted,
@@ -711,6 +854,72 @@ pub(crate) fn backward(
     }
 }
 
+/// Where the backward pass finds the gradient of each convolution output.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum OutputGradient<'a> {
+    /// The output was kept whole: its gradient, masked where a fused relu was zero.
+    Whole(OutputGrad<'a>),
+    /// The output was max-pooled by `PoolWindow`s that tile the blocks
+    /// ([`pools_whole_tiles`]): each output's gradient is the pooled gradient where it was its
+    /// window's argmax, else zero.
+    Pooled(PooledGrad<'a>, PoolWindow),
+}
+
+impl OutputGradient<'_> {
+    /// Channels `f0..f0 + n` of the gradients of the M×M outputs from (`y`, `x`) of `image`
+    /// (zeros past the output's edge), `[row][column]`.
+    #[inline]
+    fn tile<const M: usize>(
+        &self,
+        g: &Geometry,
+        f: usize,
+        (image, y, x): (usize, usize, usize),
+        (f0, n): (usize, usize),
+    ) -> [[Lanes; M]; M] {
+        let mut dy = [[f32x8::ZERO; M]; M];
+        match *self {
+            Self::Whole(grad) => {
+                let values = Image::nth(grad.values, image, (g.out_h, g.out_w, f));
+                let relu_output = grad
+                    .relu_output
+                    .map(|out| Image::nth(out, image, (g.out_h, g.out_w, f)));
+                for (i, row) in dy.iter_mut().enumerate() {
+                    for (l, dy) in row.iter_mut().enumerate() {
+                        let at = ((y + i).cast_signed(), (x + l).cast_signed());
+                        let d = values.lanes(at.0, at.1, f0, n);
+                        *dy = match relu_output {
+                            Some(out) => d & out.lanes(at.0, at.1, f0, n).simd_gt(f32x8::ZERO),
+                            None => d,
+                        };
+                    }
+                }
+            }
+            Self::Pooled(grad, window) => {
+                let (pooled_h, pooled_w) = (g.out_h / window.h, g.out_w / window.w);
+                for wy in 0..M / window.h {
+                    let py = y / window.h + wy;
+                    for wx in 0..M / window.w {
+                        let px = x / window.w + wx;
+                        if py >= pooled_h || px >= pooled_w {
+                            continue;
+                        }
+                        let at = ((image * pooled_h + py) * pooled_w + px) * f + f0;
+                        let (d, arg) = pooled_grad(grad, at..at + n);
+                        for jy in 0..window.h {
+                            for jx in 0..window.w {
+                                let position = f32x8::splat((jy * window.w + jx) as f32);
+                                dy[wy * window.h + jy][wx * window.w + jx] =
+                                    d & arg.simd_eq(position);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        dy
+    }
+}
+
 /// One part's sums: the kernel's gradient in the transformed domain, `[points][c][f]`, and the
 /// bias's.
 #[derive(Debug)]
@@ -729,7 +938,7 @@ struct Parts {
 fn backward_parts<T: Transform<M, S>, const M: usize, const S: usize>(
     input: &[f32],
     u: Option<&[f32]>,
-    grad: OutputGrad<'_>,
+    grad: OutputGradient<'_>,
     filters: usize,
     g: &Geometry,
     wanted: Wanted,
@@ -825,7 +1034,7 @@ fn backward_parts<T: Transform<M, S>, const M: usize, const S: usize>(
 /// wanted (non-empty).
 fn transform_output_grad<T: Transform<M, S>, const M: usize, const S: usize>(
     layout: &Layout,
-    grad: OutputGrad<'_>,
+    grad: OutputGradient<'_>,
     g: &Geometry,
     f: usize,
     rows: &Range<usize>,
@@ -835,32 +1044,18 @@ fn transform_output_grad<T: Transform<M, S>, const M: usize, const S: usize>(
     let tiles = rows.len() * layout.tiles_w;
     for (r, row) in rows.clone().enumerate() {
         let (image, y) = layout.origin(row);
-        let values = Image::nth(grad.values, image, (g.out_h, g.out_w, f));
-        let relu_output = grad
-            .relu_output
-            .map(|out| Image::nth(out, image, (g.out_h, g.out_w, f)));
         for tx in 0..layout.tiles_w {
             let tile = r * layout.tiles_w + tx;
-            let x = tx * M;
             for f0 in (0..f).step_by(LANES) {
                 let n = LANES.min(f - f0);
-                let mut bias_sum = f32x8::ZERO;
+                let dy = grad.tile::<M>(g, f, (image, y, tx * M), (f0, n));
+                if !bias.is_empty() {
+                    let sum = dy.iter().flatten().fold(f32x8::ZERO, |s, &d| s + d);
+                    add_into(&mut bias[f0..f0 + n], sum);
+                }
                 let mut columns = [[f32x8::ZERO; S]; M];
                 for (l, column) in columns.iter_mut().enumerate() {
-                    let dy = gather_lanes(|i| {
-                        let at = ((y + i).cast_signed(), (x + l).cast_signed());
-                        let dy = values.lanes(at.0, at.1, f0, n);
-                        let dy = match relu_output {
-                            Some(out) => dy & out.lanes(at.0, at.1, f0, n).simd_gt(f32x8::ZERO),
-                            None => dy,
-                        };
-                        bias_sum += dy;
-                        dy
-                    });
-                    *column = T::output_adjoint(dy);
-                }
-                if !bias.is_empty() {
-                    add_into(&mut bias[f0..f0 + n], bias_sum);
+                    *column = T::output_adjoint(gather_lanes(|i| dy[i][l]));
                 }
                 for xi in 0..S {
                     let row = T::output_adjoint(row_of(&columns, xi));
@@ -1013,7 +1208,7 @@ mod tests {
                 };
                 let want = conv2d_backward(&im2col, &input, &kernel, grad, f, &g, ALL);
                 for t in [Tiling::F2, Tiling::F4] {
-                    let got = backward(t, &input, &kernel, grad, f, &g, ALL);
+                    let got = backward(t, &input, &kernel, OutputGradient::Whole(grad), f, &g, ALL);
                     let what = format!("F({}) relu {relu} {g:?}", t.m());
                     assert_close(&got.input.unwrap(), want.input.as_ref().unwrap(), &what);
                     assert_close(&got.kernel.unwrap(), want.kernel.as_ref().unwrap(), &what);
@@ -1037,9 +1232,25 @@ mod tests {
             kernel: true,
             bias: false,
         };
-        let grads = backward(Tiling::F2, &input, &kernel, grad, 8, &g, kernel_only);
+        let grads = backward(
+            Tiling::F2,
+            &input,
+            &kernel,
+            OutputGradient::Whole(grad),
+            8,
+            &g,
+            kernel_only,
+        );
         assert!(grads.input.is_none() && grads.bias.is_none());
-        let all = backward(Tiling::F2, &input, &kernel, grad, 8, &g, ALL);
+        let all = backward(
+            Tiling::F2,
+            &input,
+            &kernel,
+            OutputGradient::Whole(grad),
+            8,
+            &g,
+            ALL,
+        );
         assert_eq!(grads.kernel, all.kernel);
     }
 
@@ -1060,7 +1271,15 @@ mod tests {
                     values: &d_out,
                     relu_output: Some(&out),
                 };
-                let grads = backward(Tiling::F4, &input, &kernel, grad, 64, &g, ALL);
+                let grads = backward(
+                    Tiling::F4,
+                    &input,
+                    &kernel,
+                    OutputGradient::Whole(grad),
+                    64,
+                    &g,
+                    ALL,
+                );
                 (out.clone(), grads.input, grads.kernel, grads.bias)
             })
         };

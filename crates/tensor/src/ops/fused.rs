@@ -6,7 +6,7 @@ use super::activation::relu_grad;
 use super::conv::{Padding, geometry, max_pool2d};
 use crate::error::TensorError;
 use crate::kernels::conv::{Geometry, OutputGrad, Wanted, conv2d as conv_kernel, conv2d_backward};
-use crate::kernels::conv_pool::{self, PoolWindow, PooledGrad};
+use crate::kernels::conv_pool::{PoolWindow, PooledConv, PooledGrad};
 use crate::kernels::elementwise::{relu_in_place, repeat_rows};
 use crate::kernels::gemm::{MatRef, matmul as gemm, matmul_new as gemm_new};
 use crate::kernels::reduce::sum_rows;
@@ -153,11 +153,12 @@ pub struct MaxPool {
 /// `max_pool2d(relu?(conv2d(x, kernel) + bias))` — a Keras `Conv2D` layer followed by
 /// `MaxPooling2D`, in one pass where that is faster.
 ///
-/// A convolution with few kernel values per output (a first layer: 3×3 over grey or colour
-/// pixels) pooled by non-overlapping windows is computed directly, without ever storing its
-/// full-size output or that output's gradient; when `x` wants a gradient, or the layer does not
-/// suit that method, this is exactly the two operations one after the other. Either way the
-/// values are theirs up to rounding.
+/// With non-overlapping windows the full-size convolution output and its gradient are never
+/// stored: a convolution with few kernel values per output (a first layer: 3×3 over grey or
+/// colour pixels, whose input wants no gradient) is computed directly, window by window; one
+/// that runs Winograd's algorithm pools each 4×4 (or 2×2) block of outputs as it leaves the
+/// transform, when the windows fit those blocks. Otherwise this is exactly the two operations
+/// one after the other. Either way the values are theirs up to rounding.
 ///
 /// ```
 /// use lockstep_tensor::{Tensor, ops::{self, MaxPool, Padding}};
@@ -197,24 +198,15 @@ pub fn conv2d_bias_relu_max_pool(
         h: pool.size.0,
         w: pool.size.1,
     };
-    let direct = pool.stride == pool.size
-        && pool.padding == Padding::Valid
-        && !x.requires_grad()
-        && conv_pool::applies(&g, window);
-    if !direct {
+    let fused = (pool.stride == pool.size && pool.padding == Padding::Valid)
+        .then(|| PooledConv::new(&g, filters, window, x.requires_grad()))
+        .flatten();
+    let Some(layer) = fused else {
         let y = conv2d_bias_relu(x, kernel, bias, relu, stride, padding)?;
         return max_pool2d(&y, pool.size, pool.stride, pool.padding);
-    }
-    let (out, argmax) = conv_pool::conv2d_max_pool(
-        x.data(),
-        kernel.data(),
-        bias.map(Tensor::data),
-        relu,
-        filters,
-        &g,
-        window,
-    );
-    let (input, kernel_shape, has_bias) = (x.clone(), kernel.shape().to_vec(), bias.is_some());
+    };
+    let (out, argmax) = layer.forward(x.data(), kernel.data(), bias.map(Tensor::data), relu);
+    let (input, weights, has_bias) = (x.clone(), kernel.clone(), bias.is_some());
     let shape = vec![g.batch, pooled.out_h, pooled.out_w, filters];
     Ok(Tensor::from_op(
         out,
@@ -226,11 +218,20 @@ pub fn conv2d_bias_relu_max_pool(
                 relu_output: relu.then(|| y.data()),
                 argmax: &argmax,
             };
-            let (kernel_grad, bias_grad) =
-                conv_pool::conv2d_max_pool_backward(input.data(), grad, filters, &g, window);
-            let mut out = vec![None, Some(Tensor::raw(kernel_grad, kernel_shape.clone()))];
+            let wanted = Wanted {
+                input: input.requires_grad(),
+                kernel: weights.requires_grad(),
+                bias: has_bias,
+            };
+            let grads = layer.backward(input.data(), weights.data(), grad, wanted);
+            let mut out = vec![
+                grads.input.map(|v| Tensor::raw(v, input.shape().to_vec())),
+                grads
+                    .kernel
+                    .map(|v| Tensor::raw(v, weights.shape().to_vec())),
+            ];
             if has_bias {
-                out.push(Some(Tensor::raw(bias_grad, vec![filters])));
+                out.push(grads.bias.map(|v| Tensor::raw(v, vec![filters])));
             }
             Ok(out)
         },
