@@ -16,6 +16,7 @@
 //! and transformed back while it is in the cache; the gradients' sums run over a fixed number
 //! of parts in a fixed order. Results do not depend on the thread count.
 
+use std::cell::Cell;
 use std::ops::Range;
 
 use rayon::prelude::*;
@@ -550,8 +551,49 @@ struct Scratch {
     products: Vec<f32>,
 }
 
+thread_local! {
+    /// Each thread's scratch between tasks, so that its buffers are sized (and zero-filled)
+    /// once per thread rather than once per task.
+    static KEPT: Cell<Scratch> = Cell::new(Scratch::default());
+}
+
+/// A task's scratch: the thread's kept buffers, put back when the task ends. A task that runs
+/// inside another on the same thread (rayon may steal work while one waits) finds the store
+/// empty and starts afresh; one of the two sets of buffers is kept.
+#[derive(Debug)]
+struct KeptScratch(Scratch);
+
+impl KeptScratch {
+    fn take() -> Self {
+        KeptScratch(KEPT.take())
+    }
+}
+
+impl Drop for KeptScratch {
+    fn drop(&mut self) {
+        KEPT.set(std::mem::take(&mut self.0));
+    }
+}
+
+impl std::ops::Deref for KeptScratch {
+    type Target = Scratch;
+    fn deref(&self) -> &Scratch {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KeptScratch {
+    fn deref_mut(&mut self) -> &mut Scratch {
+        &mut self.0
+    }
+}
+
+/// The first `len` values of `buffer`, grown (with zeros) if it is shorter: every caller
+/// overwrites what it uses, so what a buffer held before does not matter.
 fn sized(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    buffer.resize(len, 0.0);
+    if buffer.len() < len {
+        buffer.resize(len, 0.0);
+    }
     &mut buffer[..len]
 }
 
@@ -628,7 +670,7 @@ fn pooled_with<T: Transform<M, S>, const M: usize, const S: usize>(
         })
         .collect();
     work.into_par_iter()
-        .for_each_init(Scratch::default, |scratch, (rows, pooled, argmax)| {
+        .for_each_init(KeptScratch::take, |scratch, (rows, pooled, argmax)| {
             let tiles = rows.len() * layout.tiles_w;
             let products = multiply_chunk::<T, M, S>(&layout, scratch, input, u, g, &rows, filters);
             let mut block = [[f32x8::ZERO; M]; M];
@@ -704,7 +746,7 @@ fn conv2d_with<T: Transform<M, S>, const M: usize, const S: usize>(
     layout
         .split(&mut out, g, filters)
         .into_par_iter()
-        .for_each_init(Scratch::default, |scratch, (rows, out)| {
+        .for_each_init(KeptScratch::take, |scratch, (rows, out)| {
             let tiles = rows.len() * layout.tiles_w;
             let products = multiply_chunk::<T, M, S>(&layout, scratch, input, u, g, &rows, filters);
             let base = layout.offset(rows.start, g, filters);
@@ -970,7 +1012,7 @@ fn backward_parts<T: Transform<M, S>, const M: usize, const S: usize>(
         .collect();
     let partial = work
         .into_par_iter()
-        .map_init(Scratch::default, |scratch, (mine, d_input)| {
+        .map_init(KeptScratch::take, |scratch, (mine, d_input)| {
             let mut partial = PartialGrads {
                 kernel: vec![
                     0.0;
@@ -988,7 +1030,7 @@ fn backward_parts<T: Transform<M, S>, const M: usize, const S: usize>(
                 let Scratch {
                     transformed,
                     products,
-                } = scratch;
+                } = &mut **scratch;
                 let p = sized(products, S * S * tiles * filters);
                 transform_output_grad::<T, M, S>(
                     &layout,
