@@ -181,12 +181,13 @@ proptest! {
     #[test]
     fn fused_conv_and_max_pool_gradients(
         (h, w) in (4..8_usize, 4..8_usize), c_in in dims(3), c_out in dims(20), pool in (dims(3), dims(3)),
-        overlapping: bool, relu: bool, same: bool, x in values(2 * 7 * 7 * 3), k in values(9 * 3 * 20), b in values(20),
+        relu: bool, same: bool, x in values(2 * 7 * 7 * 3), k in values(9 * 3 * 20), b in values(20),
     ) {
-        // The input is a constant, as a first layer's is: the fused path computes no input
-        // gradient (an input that wants one takes the separate path, checked above).
+        // The input is a constant, as a first layer's is: the direct path computes no input
+        // gradient (an input that wants one takes another path, checked below). Overlapping
+        // windows are the separate operations, checked above and in the next test.
         let padding = if same { Padding::Same } else { Padding::Valid };
-        let pool = MaxPool { size: pool, stride: if overlapping { (1, 1) } else { pool }, padding: Padding::Valid };
+        let pool = MaxPool { size: pool, stride: pool, padding: Padding::Valid };
         let out = if same { (h, w) } else { (h - 2, w - 2) };
         prop_assume!(pool.size.0 <= out.0 && pool.size.1 <= out.1);
         let x = Tensor::from_vec(x[..2 * h * w * c_in].to_vec(), &[2, h, w, c_in]).unwrap();
@@ -196,50 +197,45 @@ proptest! {
     }
 
     #[test]
-    fn fused_winograd_conv_and_max_pool_gradients(
-        (h, w) in (5..9_usize, 5..9_usize), c_out in 8..11_usize, pool in (1..3_usize, 1..3_usize),
-        relu: bool, same: bool, x in values(9 * 8 * 8), k in values(9 * 9 * 10), b in values(10),
-    ) {
-        // Eight or more channels: Winograd's tiles, pooled as they are transformed back, with
-        // the input's gradient too.
-        let padding = if same { Padding::Same } else { Padding::Valid };
-        let pool = MaxPool { size: pool, stride: pool, padding: Padding::Valid };
-        let inputs = [
-            (x[..h * w * 9].to_vec(), vec![1, h, w, 9]),
-            (k[..81 * c_out].to_vec(), vec![3, 3, 9, c_out]),
-            (b[..c_out].to_vec(), vec![c_out]),
-        ];
-        check(&inputs, &|t| ops::conv2d_bias_relu_max_pool(&t[0], &t[1], Some(&t[2]), relu, (1, 1), padding, pool))?;
-    }
-
-    #[test]
     fn fused_conv_and_max_pool_equal_their_separate_parts(
-        c_out in dims(40), relu: bool, same: bool, x in values(3 * 9 * 9), k in values(9 * 40), b in values(40),
+        c_in in prop::sample::select(vec![1_usize, 9]), c_out in 8..40_usize, pool in (1..3_usize, 1..3_usize), relu: bool, same: bool,
+        overlapping: bool, x in values(3 * 9 * 9 * 9), k in values(81 * 40), b in values(40),
     ) {
+        // One input channel: the direct method (the input a constant); nine: Winograd (the
+        // input's gradient too), whose gradients are checked here against the separate
+        // operations' (checked against finite differences above) rather than against finite
+        // differences directly: an input value feeds ninety outputs, and the relu and max kinks
+        // among them cancel in the test's kink detection often enough to make it flaky.
+        // Overlapping windows take the separate operations' path.
         let padding = if same { Padding::Same } else { Padding::Valid };
-        let pool = MaxPool { size: (2, 2), stride: (2, 2), padding: Padding::Valid };
-        let x = Tensor::from_vec(x, &[3, 9, 9, 1]).unwrap();
-        let k = Tensor::parameter(k[..9 * c_out].to_vec(), &[3, 3, 1, c_out]).unwrap();
+        let stride = if overlapping { (1, 1) } else { pool };
+        let pool = MaxPool { size: pool, stride, padding: Padding::Valid };
+        let x = if c_in == 1 {
+            Tensor::from_vec(x[..3 * 81].to_vec(), &[3, 9, 9, 1]).unwrap()
+        } else {
+            Tensor::parameter(x, &[3, 9, 9, 9]).unwrap()
+        };
+        let k = Tensor::parameter(k[..9 * c_in * c_out].to_vec(), &[3, 3, c_in, c_out]).unwrap();
         let b = Tensor::parameter(b[..c_out].to_vec(), &[c_out]).unwrap();
         let fused = ops::conv2d_bias_relu_max_pool(&x, &k, Some(&b), relu, (1, 1), padding, pool).unwrap();
         let conv = ops::conv2d_bias_relu(&x, &k, Some(&b), relu, (1, 1), padding).unwrap();
         let separate = ops::max_pool2d(&conv, pool.size, pool.stride, pool.padding).unwrap();
         prop_assert_eq!(fused.shape(), separate.shape());
-        let close = |f: &[f32], s: &[f32]| f.iter().zip(s).all(|(f, s)| (f - s).abs() <= 1e-5 * (1.0 + s.abs()));
-        prop_assert!(close(fused.data(), separate.data()));
+        let scale = separate.data().iter().fold(1.0_f32, |m, v| m.max(v.abs()));
+        let near = |f: &[f32], s: &[f32], scale: f32| f.iter().zip(s).all(|(f, s)| (f - s).abs() <= 1e-5 * scale);
+        prop_assert!(near(fused.data(), separate.data(), scale));
         let weights: Vec<f32> = (0..fused.len()).map(|i| (i % 5) as f32 - 2.0).collect();
         let weights = Tensor::from_vec(weights, fused.shape()).unwrap();
         let grads = |y: &Tensor| {
             let loss = ops::sum(&ops::mul(y, &weights).unwrap(), &[0, 1, 2, 3], false).unwrap();
             let g = loss.backward().unwrap();
-            (g.get(&k).unwrap().data().to_vec(), g.get(&b).unwrap().data().to_vec())
+            [&x, &k, &b].map(|t| g.get(t).map(|g| g.data().to_vec()).unwrap_or_default())
         };
-        let (fused_k, fused_b) = grads(&fused);
-        let (separate_k, separate_b) = grads(&separate);
-        let scale = separate_k.iter().chain(&separate_b).fold(1.0_f32, |m, v| m.max(v.abs()));
-        let near = |f: &[f32], s: &[f32]| f.iter().zip(s).all(|(f, s)| (f - s).abs() <= 1e-5 * scale);
-        prop_assert!(near(&fused_k, &separate_k), "{:?} vs {:?}", fused_k, separate_k);
-        prop_assert!(near(&fused_b, &separate_b), "{:?} vs {:?}", fused_b, separate_b);
+        for (fused, separate) in grads(&fused).iter().zip(grads(&separate).iter()) {
+            prop_assert_eq!(fused.len(), separate.len());
+            let scale = separate.iter().fold(1.0_f32, |m, v| m.max(v.abs()));
+            prop_assert!(near(fused, separate, scale), "{:?} vs {:?}", fused, separate);
+        }
     }
 
     #[test]

@@ -446,6 +446,9 @@ fn transform_input<T: Transform<M, S>, const M: usize, const S: usize>(
 ) {
     let c = g.channels;
     let tiles = rows.len() * layout.tiles_w;
+    // One tile's columns, overwritten tile by tile: declared per tile, the 36 vectors were
+    // zero-filled each time by a `memset` call.
+    let mut columns = [[f32x8::ZERO; S]; S];
     for (r, row) in rows.enumerate() {
         let (image, y) = layout.origin(row);
         let image = Image::nth(input, image, (g.height, g.width, c));
@@ -455,7 +458,6 @@ fn transform_input<T: Transform<M, S>, const M: usize, const S: usize>(
             let x0 = (tx * M).cast_signed() - g.pad_left.cast_signed();
             for c0 in (0..c).step_by(LANES) {
                 let n = LANES.min(c - c0);
-                let mut columns = [[f32x8::ZERO; S]; S];
                 for (l, column) in columns.iter_mut().enumerate() {
                     let d = gather_lanes(|j| {
                         image.lanes(y0 + j.cast_signed(), x0 + l.cast_signed(), c0, n)
@@ -674,6 +676,7 @@ fn pooled_with<T: Transform<M, S>, const M: usize, const S: usize>(
             let tiles = rows.len() * layout.tiles_w;
             let products = multiply_chunk::<T, M, S>(&layout, scratch, input, u, g, &rows, filters);
             let mut block = [[f32x8::ZERO; M]; M];
+            let mut columns = [[f32x8::ZERO; M]; S];
             let first_image = rows.start / layout.tiles_h;
             for (r, row) in rows.enumerate() {
                 let (image, y) = layout.origin(row);
@@ -686,6 +689,7 @@ fn pooled_with<T: Transform<M, S>, const M: usize, const S: usize>(
                             products,
                             (tile, tiles, filters),
                             f0,
+                            &mut columns,
                             |i, k, lanes| {
                                 block[i][k] = epilogue.apply(lanes, f0, n);
                             },
@@ -750,6 +754,7 @@ fn conv2d_with<T: Transform<M, S>, const M: usize, const S: usize>(
             let tiles = rows.len() * layout.tiles_w;
             let products = multiply_chunk::<T, M, S>(&layout, scratch, input, u, g, &rows, filters);
             let base = layout.offset(rows.start, g, filters);
+            let mut columns = [[f32x8::ZERO; M]; S];
             for (r, row) in rows.enumerate() {
                 let (image, y) = layout.origin(row);
                 for tx in 0..layout.tiles_w {
@@ -762,6 +767,7 @@ fn conv2d_with<T: Transform<M, S>, const M: usize, const S: usize>(
                         products,
                         (tile, tiles, filters),
                         (rows_here, cols_here),
+                        &mut columns,
                         |i, k, f0, lanes| {
                             let n = LANES.min(filters - f0);
                             let at = place(i, k) + f0;
@@ -818,10 +824,12 @@ fn transform_output<T: Transform<M, S>, const M: usize, const S: usize>(
     products: &[f32],
     (tile, tiles, f): (usize, usize, usize),
     (rows, cols): (usize, usize),
+    columns: &mut [[Lanes; M]; S],
     mut emit: impl FnMut(usize, usize, usize, Lanes),
 ) {
     for f0 in (0..f).step_by(LANES) {
-        transform_output_lanes::<T, M, S>(products, (tile, tiles, f), f0, |i, k, lanes| {
+        let place = (tile, tiles, f);
+        transform_output_lanes::<T, M, S>(products, place, f0, columns, |i, k, lanes| {
             if i < rows && k < cols {
                 emit(i, k, f0, lanes);
             }
@@ -829,22 +837,24 @@ fn transform_output<T: Transform<M, S>, const M: usize, const S: usize>(
     }
 }
 
-/// Channels `f0..f0 + 8` of [`transform_output`], for every output of the tile.
+/// Channels `f0..f0 + 8` of [`transform_output`], for every output of the tile; `columns` is
+/// scratch, overwritten (declared per call, its 24 vectors were zero-filled by a `memset`
+/// call each time).
 #[inline]
 fn transform_output_lanes<T: Transform<M, S>, const M: usize, const S: usize>(
     products: &[f32],
     (tile, tiles, f): (usize, usize, usize),
     f0: usize,
+    columns: &mut [[Lanes; M]; S],
     mut emit: impl FnMut(usize, usize, Lanes),
 ) {
     let n = LANES.min(f - f0);
-    let mut columns = [[f32x8::ZERO; M]; S];
     for (l, column) in columns.iter_mut().enumerate() {
         let m = gather_lanes(|j| load(&products[((j * S + l) * tiles + tile) * f + f0..][..n]));
         *column = T::output(m);
     }
     for i in 0..M {
-        let row = T::output(row_of(&columns, i));
+        let row = T::output(row_of(columns, i));
         for (k, &lanes) in row.iter().enumerate() {
             emit(i, k, lanes);
         }
@@ -909,7 +919,7 @@ pub(crate) enum OutputGradient<'a> {
 
 impl OutputGradient<'_> {
     /// Channels `f0..f0 + n` of the gradients of the M×M outputs from (`y`, `x`) of `image`
-    /// (zeros past the output's edge), `[row][column]`.
+    /// (zeros past the output's edge), into `dy [row][column]`.
     #[inline]
     fn tile<const M: usize>(
         &self,
@@ -917,8 +927,8 @@ impl OutputGradient<'_> {
         f: usize,
         (image, y, x): (usize, usize, usize),
         (f0, n): (usize, usize),
-    ) -> [[Lanes; M]; M] {
-        let mut dy = [[f32x8::ZERO; M]; M];
+        dy: &mut [[Lanes; M]; M],
+    ) {
         match *self {
             Self::Whole(grad) => {
                 let values = Image::nth(grad.values, image, (g.out_h, g.out_w, f));
@@ -938,6 +948,10 @@ impl OutputGradient<'_> {
             }
             Self::Pooled(grad, window) => {
                 let (pooled_h, pooled_w) = (g.out_h / window.h, g.out_w / window.w);
+                // Outputs past the last whole window get no gradient: only edge tiles have any.
+                if (y + M) / window.h > pooled_h || (x + M) / window.w > pooled_w {
+                    *dy = [[f32x8::ZERO; M]; M];
+                }
                 for wy in 0..M / window.h {
                     let py = y / window.h + wy;
                     for wx in 0..M / window.w {
@@ -958,7 +972,6 @@ impl OutputGradient<'_> {
                 }
             }
         }
-        dy
     }
 }
 
@@ -1084,18 +1097,20 @@ fn transform_output_grad<T: Transform<M, S>, const M: usize, const S: usize>(
     bias: &mut [f32],
 ) {
     let tiles = rows.len() * layout.tiles_w;
+    // Overwritten tile by tile (see `transform_input`).
+    let mut dy = [[f32x8::ZERO; M]; M];
+    let mut columns = [[f32x8::ZERO; S]; M];
     for (r, row) in rows.clone().enumerate() {
         let (image, y) = layout.origin(row);
         for tx in 0..layout.tiles_w {
             let tile = r * layout.tiles_w + tx;
             for f0 in (0..f).step_by(LANES) {
                 let n = LANES.min(f - f0);
-                let dy = grad.tile::<M>(g, f, (image, y, tx * M), (f0, n));
+                grad.tile::<M>(g, f, (image, y, tx * M), (f0, n), &mut dy);
                 if !bias.is_empty() {
                     let sum = dy.iter().flatten().fold(f32x8::ZERO, |s, &d| s + d);
                     add_into(&mut bias[f0..f0 + n], sum);
                 }
-                let mut columns = [[f32x8::ZERO; S]; M];
                 for (l, column) in columns.iter_mut().enumerate() {
                     *column = T::output_adjoint(gather_lanes(|i| dy[i][l]));
                 }
@@ -1124,6 +1139,8 @@ fn add_input_grad<T: Transform<M, S>, const M: usize, const S: usize>(
     let c = g.channels;
     let tiles = rows.len() * layout.tiles_w;
     let image_len = g.height * g.width * c;
+    // Overwritten tile by tile (see `transform_input`).
+    let mut columns = [[f32x8::ZERO; S]; S];
     for (r, row) in rows.clone().enumerate() {
         let (image, y) = layout.origin(row);
         let d_image = &mut d_input[(image - first_image) * image_len..][..image_len];
@@ -1133,7 +1150,6 @@ fn add_input_grad<T: Transform<M, S>, const M: usize, const S: usize>(
             let x0 = (tx * M).cast_signed() - g.pad_left.cast_signed();
             for c0 in (0..c).step_by(LANES) {
                 let n = LANES.min(c - c0);
-                let mut columns = [[f32x8::ZERO; S]; S];
                 for (l, column) in columns.iter_mut().enumerate() {
                     let v =
                         gather_lanes(|j| load(&dv[((j * S + l) * tiles + tile) * c + c0..][..n]));
