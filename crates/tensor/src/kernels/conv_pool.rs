@@ -295,10 +295,8 @@ impl Layout {
 #[derive(Debug)]
 struct WindowPatch {
     values: Vec<f32>,
-    /// Offsets in the image of each window position's first input from the window's, and of
-    /// each of a position's inputs from its first.
+    /// Offsets in the image of each window position's first input from the window's.
     position_offsets: Vec<usize>,
-    tap_offsets: Vec<usize>,
 }
 
 impl WindowPatch {
@@ -307,14 +305,9 @@ impl WindowPatch {
         let position_offsets = (0..l.window.positions())
             .map(|p| ((p / w) * g.stride_h * g.width + (p % w) * g.stride_w) * g.channels)
             .collect();
-        let run = l.run();
-        let tap_offsets = (0..g.patch())
-            .map(|t| (t / run) * g.width * g.channels + t % run)
-            .collect();
         Self {
             values: vec![0.0; l.rows() * g.patch()],
             position_offsets,
-            tap_offsets,
         }
     }
 
@@ -324,12 +317,14 @@ impl WindowPatch {
             l.gather_window(image, (py, px), &mut self.values);
             return;
         };
-        let patch = l.g.patch();
-        let rows = self.values.chunks_exact_mut(patch);
+        // Each kernel row's inputs are a contiguous run of the image.
+        let (run, line) = (l.run(), l.g.width * l.g.channels);
+        let rows = self.values.chunks_exact_mut(l.g.patch());
         for (row, offset) in rows.zip(&self.position_offsets) {
             let base = first + offset;
-            for (slot, &tap) in row.iter_mut().zip(&self.tap_offsets) {
-                *slot = image[base + tap];
+            for (ky, dst) in row.chunks_exact_mut(run).enumerate() {
+                let from = base + ky * line;
+                copy_run(dst, &image[from..from + run]);
             }
         }
     }
@@ -344,6 +339,30 @@ impl WindowPatch {
             &self.values[from..from + taps]
         };
         [row(0), row(1), row(2), row(3)]
+    }
+}
+
+/// `dst.copy_from_slice(src)` for the few values under one kernel row, with the common lengths
+/// (3×3 or 5×5 kernels over one or three channels) as fixed-size copies: a copy of a length
+/// the compiler does not know is a `memcpy` call, dearer than these few moves.
+#[inline]
+fn copy_run(dst: &mut [f32], src: &[f32]) {
+    fn fixed<const N: usize>(dst: &mut [f32], src: &[f32]) -> bool {
+        match (<&mut [f32; N]>::try_from(dst), <&[f32; N]>::try_from(src)) {
+            (Ok(dst), Ok(src)) => {
+                *dst = *src;
+                true
+            }
+            _ => false,
+        }
+    }
+    let copied = fixed::<3>(dst, src)
+        || fixed::<1>(dst, src)
+        || fixed::<5>(dst, src)
+        || fixed::<9>(dst, src)
+        || fixed::<15>(dst, src);
+    if !copied {
+        dst.copy_from_slice(src);
     }
 }
 
