@@ -548,9 +548,10 @@ fn direct_backward(
             (kernel, bias)
         })
         .collect();
-    let (kernels, biases): (Vec<_>, Vec<_>) = sums.into_iter().unzip();
-    let kernel = sum_in_order(kernels.into_iter(), blocks * g.patch() * BLOCK);
-    let bias = sum_in_order(biases.into_iter(), blocks * BLOCK);
+    let kernels: Vec<&[f32]> = sums.iter().map(|(kernel, _)| &kernel[..]).collect();
+    let biases: Vec<&[f32]> = sums.iter().map(|(_, bias)| &bias[..]).collect();
+    let kernel = sum_in_order(&kernels, blocks * g.patch() * BLOCK);
+    let bias = sum_in_order(&biases, blocks * BLOCK);
     (l.unblocked(&kernel), l.unblocked(&bias))
 }
 

@@ -59,15 +59,27 @@ pub(crate) fn sum_middle(x: &[f32], outer: usize, mid: usize, inner: usize) -> V
     out
 }
 
-/// `Σ values` elementwise, in the order given (a fixed order keeps sums bit-identical from run
-/// to run); zeros of `len` when there are none.
-pub(crate) fn sum_in_order(mut values: impl Iterator<Item = Vec<f32>>, len: usize) -> Vec<f32> {
-    let mut total = values.next().unwrap_or_else(|| vec![0.0; len]);
-    for value in values {
-        for (t, v) in total.iter_mut().zip(value) {
-            *t += v;
-        }
-    }
+/// `Σ values` elementwise, each element summed over `values` in the order given (a fixed order
+/// keeps sums bit-identical from run to run and on any number of threads), in parallel over
+/// pieces of the output; zeros of `len` when there are none.
+pub(crate) fn sum_in_order(values: &[&[f32]], len: usize) -> Vec<f32> {
+    let mut total = vec![0.0; len];
+    total
+        .par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(piece, total)| {
+            let range = piece * CHUNK..piece * CHUNK + total.len();
+            for (i, value) in values.iter().enumerate() {
+                let value = &value[range.clone()];
+                if i == 0 {
+                    total.copy_from_slice(value);
+                } else {
+                    for (t, v) in total.iter_mut().zip(value) {
+                        *t += v;
+                    }
+                }
+            }
+        });
     total
 }
 

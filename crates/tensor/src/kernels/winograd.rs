@@ -365,19 +365,15 @@ fn mix(out: &mut [f32], coefficients: impl Iterator<Item = f32>, src: &[f32], st
 fn transform_kernel(t: Tiling, kernel: &[f32], c: usize, f: usize) -> Vec<f32> {
     let (side, slab, filter) = (t.side(), c * f, t.filter());
     let mut half = vec![0.0; side * 3 * slab];
-    for xi in 0..side {
-        for kx in 0..3 {
-            let out = &mut half[(xi * 3 + kx) * slab..][..slab];
-            mix(out, filter.row(xi), &kernel[kx * slab..], 3 * slab);
-        }
-    }
+    half.par_chunks_mut(slab).enumerate().for_each(|(at, out)| {
+        let (xi, kx) = (at / 3, at % 3);
+        mix(out, filter.row(xi), &kernel[kx * slab..], 3 * slab);
+    });
     let mut u = vec![0.0; t.points() * slab];
-    for xi in 0..side {
-        for nu in 0..side {
-            let out = &mut u[(xi * side + nu) * slab..][..slab];
-            mix(out, filter.row(nu), &half[xi * 3 * slab..], slab);
-        }
-    }
+    u.par_chunks_mut(slab).enumerate().for_each(|(at, out)| {
+        let (xi, nu) = (at / side, at % side);
+        mix(out, filter.row(nu), &half[xi * 3 * slab..], slab);
+    });
     u
 }
 
@@ -385,19 +381,15 @@ fn transform_kernel(t: Tiling, kernel: &[f32], c: usize, f: usize) -> Vec<f32> {
 fn untransform_kernel_grad(t: Tiling, du: &[f32], slab: usize) -> Vec<f32> {
     let (side, filter) = (t.side(), t.filter());
     let mut half = vec![0.0; 3 * side * slab];
-    for ky in 0..3 {
-        for nu in 0..side {
-            let out = &mut half[(ky * side + nu) * slab..][..slab];
-            mix(out, filter.column(ky), &du[nu * slab..], side * slab);
-        }
-    }
+    half.par_chunks_mut(slab).enumerate().for_each(|(at, out)| {
+        let (ky, nu) = (at / side, at % side);
+        mix(out, filter.column(ky), &du[nu * slab..], side * slab);
+    });
     let mut grad = vec![0.0; 9 * slab];
-    for ky in 0..3 {
-        for kx in 0..3 {
-            let out = &mut grad[(ky * 3 + kx) * slab..][..slab];
-            mix(out, filter.column(kx), &half[ky * side * slab..], slab);
-        }
-    }
+    grad.par_chunks_mut(slab).enumerate().for_each(|(at, out)| {
+        let (ky, kx) = (at / 3, at % 3);
+        mix(out, filter.column(kx), &half[ky * side * slab..], slab);
+    });
     grad
 }
 
@@ -887,18 +879,15 @@ pub(crate) fn backward(
         }
     };
     let slab = g.channels * filters;
+    // The transform back is linear: the parts are summed first, then transformed once.
     let kernel = wanted.kernel.then(|| {
-        sum_in_order(
-            parts
-                .partial
-                .iter()
-                .map(|p| untransform_kernel_grad(t, &p.kernel, slab)),
-            9 * slab,
-        )
+        let sums: Vec<&[f32]> = parts.partial.iter().map(|p| &p.kernel[..]).collect();
+        untransform_kernel_grad(t, &sum_in_order(&sums, t.points() * slab), slab)
     });
-    let bias = wanted
-        .bias
-        .then(|| sum_in_order(parts.partial.into_iter().map(|p| p.bias), filters));
+    let bias = wanted.bias.then(|| {
+        let sums: Vec<&[f32]> = parts.partial.iter().map(|p| &p.bias[..]).collect();
+        sum_in_order(&sums, filters)
+    });
     Grads {
         input: parts.input,
         kernel,
