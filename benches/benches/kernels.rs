@@ -148,9 +148,10 @@ fn conv2d(c: &mut Criterion) {
     group.finish();
 }
 
-/// The CNN's first layer and its pooling, batch 64: `[64, 28, 28, 1]` through 32 3×3 filters
-/// and relu, max-pooled 2×2 to `[64, 13, 13, 32]`; fused, and as the two operations apart.
-/// Throughput counts the convolution's multiply-adds (×2 for FLOPs).
+/// The CNN's two convolutions with their pooling, batch 64: `[64, 28, 28, 1]` through 32 3×3
+/// filters and relu, max-pooled 2×2 to `[64, 13, 13, 32]`; then through 64 filters to
+/// `[64, 5, 5, 64]`; fused, and as the two operations apart. Throughput counts the
+/// convolution's direct multiply-adds (×2 for FLOPs).
 fn conv2d_max_pool(c: &mut Criterion) {
     let x = Tensor::from_vec(values(64 * 28 * 28), &[64, 28, 28, 1]).expect("x");
     let kernel = Tensor::parameter(values(3 * 3 * 32), &[3, 3, 1, 32]).expect("kernel");
@@ -171,6 +172,20 @@ fn conv2d_max_pool(c: &mut Criterion) {
             .expect("fused")
     });
     bench_layer(&mut group, "conv1_pool_apart", flops, &|| {
+        let y = ops::conv2d_bias_relu(&x, &kernel, Some(&bias), true, (1, 1), Padding::Valid)
+            .expect("conv2d");
+        ops::max_pool2d(&y, pool.size, pool.stride, pool.padding).expect("max_pool2d")
+    });
+    // The second layer and its pooling: Winograd tiles pooled as they are transformed back.
+    let x = Tensor::parameter(values(64 * 13 * 13 * 32), &[64, 13, 13, 32]).expect("x");
+    let kernel = Tensor::parameter(values(3 * 3 * 32 * 64), &[3, 3, 32, 64]).expect("kernel");
+    let bias = Tensor::parameter(values(64), &[64]).expect("bias");
+    let flops = 2 * 64 * 11 * 11 * 64 * 288;
+    bench_layer(&mut group, "conv2_pool_fused", flops, &|| {
+        ops::conv2d_bias_relu_max_pool(&x, &kernel, Some(&bias), true, (1, 1), Padding::Valid, pool)
+            .expect("fused")
+    });
+    bench_layer(&mut group, "conv2_pool_apart", flops, &|| {
         let y = ops::conv2d_bias_relu(&x, &kernel, Some(&bias), true, (1, 1), Padding::Valid)
             .expect("conv2d");
         ops::max_pool2d(&y, pool.size, pool.stride, pool.padding).expect("max_pool2d")
