@@ -32,6 +32,10 @@
 //! collective can all-reduce a whole model's gradients in one call and a checkpoint can name
 //! every variable.
 //!
+//! [`Sequential`] runs a `Conv2D` and the `MaxPooling2D` after it as one fused operation
+//! (`lockstep_tensor::ops::conv2d_bias_relu_max_pool`; see [`Layer::forward_then_max_pool`]),
+//! with the two layers' values.
+//!
 //! Dependencies: `lockstep-tensor` for tensors and autograd; `rand_pcg` for seeded
 //! initialisers; `rayon` for parallel optimizer updates; `thiserror` for errors.
 

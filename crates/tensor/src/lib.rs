@@ -21,7 +21,9 @@
 //!   gradients are wanted.
 //! - [`kernels`]: the CPU kernels behind them (GEMM through the `gemm` crate; Winograd
 //!   F(2×2, 3×3) and F(4×4, 3×3) for 3×3 stride-1 convolutions with 8 or more channels, im2col
-//!   for the rest; pooling; stable softmax), parallel on rayon with a fixed partition of work.
+//!   for the rest; a convolution fused with the max pooling after it, computed directly for a
+//!   first layer or pooled tile by tile out of Winograd's transform; pooling; stable softmax),
+//!   parallel on rayon with a fixed partition of work.
 //!
 //! Dependencies: `gemm` for matrix products near the machine's peak (`ndarray`'s own product
 //! reaches about half); `ndarray` for conversions; `rayon` for parallel kernels; `wide` for the
