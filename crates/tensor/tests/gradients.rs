@@ -199,7 +199,7 @@ proptest! {
         let (k, b) = ((k[..9 * c_in * c_out].to_vec(), vec![3, 3, c_in, c_out]), (b[..c_out].to_vec(), vec![c_out]));
         let kernel = Tensor::from_vec(k.0.clone(), &k.1).unwrap();
         let bias = Tensor::from_vec(b.0.clone(), &b.1).unwrap();
-        check(&[k.clone()], &|t| ops::conv2d_bias_relu_max_pool(&x, &t[0], Some(&bias), relu, (1, 1), padding, single))?;
+        check(std::slice::from_ref(&k), &|t| ops::conv2d_bias_relu_max_pool(&x, &t[0], Some(&bias), relu, (1, 1), padding, single))?;
         check(&[k], &|t| ops::conv2d_bias_relu_max_pool(&x, &t[0], None, relu, (1, 1), padding, single))?;
         check(&[b], &|t| ops::conv2d_bias_relu_max_pool(&x, &kernel, Some(&t[0]), relu, (1, 1), padding, pool))?;
     }
