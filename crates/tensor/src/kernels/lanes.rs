@@ -48,15 +48,21 @@ pub(crate) fn load(src: &[f32]) -> Lanes {
 }
 
 /// The first `dst.len()` (at most [`LANES`]) values, a full vector by its own path as in
-/// [`load`].
+/// [`load`]. The partial path is a function of its own that is never inlined: inlined, the
+/// compiler merged both paths into one piecewise copy of `min(len, 8)` values (four stores and
+/// three shuffles where a full vector needs one store).
 #[inline]
 pub(crate) fn store(dst: &mut [f32], lanes: Lanes) {
-    let lanes = lanes.to_array();
-    if let Ok(full) = <&mut [f32; LANES]>::try_from(&mut *dst) {
-        *full = lanes;
-        return;
+    match <&mut [f32; LANES]>::try_from(&mut *dst) {
+        Ok(full) => *full = lanes.to_array(),
+        Err(_) => store_partial(dst, lanes),
     }
-    for (d, v) in dst.iter_mut().zip(lanes) {
+}
+
+#[cold]
+#[inline(never)]
+fn store_partial(dst: &mut [f32], lanes: Lanes) {
+    for (d, v) in dst.iter_mut().zip(lanes.to_array()) {
         *d = v;
     }
 }
