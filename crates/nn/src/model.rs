@@ -5,10 +5,14 @@ use std::fmt::Write as _;
 use std::ops::Range;
 
 use lockstep_tensor::{Gradients, Tensor};
+use rayon::prelude::*;
 
 use crate::error::NnError;
 use crate::layers::{ForwardContext, Layer};
 use crate::params::{ParamBuilder, Parameters};
+
+/// Values per task when gradients are copied into the flat buffer.
+const COPY_CHUNK: usize = 1 << 15;
 
 struct Built {
     name: String,
@@ -201,8 +205,12 @@ impl Sequential {
         }
         for (spec, variable) in self.params.specs().iter().zip(&forward.variables) {
             let slot = &mut out[spec.range()];
+            // In parallel, as the variables are copied in `Parameters::tensors`.
             match grads.get(variable) {
-                Some(g) => slot.copy_from_slice(g.data()),
+                Some(g) => slot
+                    .par_chunks_mut(COPY_CHUNK)
+                    .zip(g.data().par_chunks(COPY_CHUNK))
+                    .for_each(|(slot, g)| slot.copy_from_slice(g)),
                 None => slot.fill(0.0),
             }
         }
