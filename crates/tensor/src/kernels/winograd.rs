@@ -18,6 +18,7 @@
 
 use std::cell::Cell;
 use std::ops::Range;
+use std::sync::{Mutex, PoisonError};
 
 use rayon::prelude::*;
 
@@ -897,6 +898,7 @@ pub(crate) fn backward(
         let sums: Vec<&[f32]> = parts.partial.iter().map(|p| &p.bias[..]).collect();
         sum_in_order(&sums, filters)
     });
+    keep_sums(parts.partial.into_iter().map(|p| p.kernel));
     Grads {
         input: parts.input,
         kernel,
@@ -973,6 +975,32 @@ impl OutputGradient<'_> {
     }
 }
 
+/// The backward passes' per-part kernel-gradient sums, kept from call to call: a part's first
+/// chunk writes its sums, so a kept buffer needs no zero-fill, where fresh ones (2.4 MB a step
+/// for the tutorial CNN's conv2) were zero-filled and faulted in every step.
+static KEPT_SUMS: Mutex<Vec<Vec<f32>>> = Mutex::new(Vec::new());
+
+/// A buffer of `len` values whose contents are left over from an earlier call.
+fn kept_sums(len: usize) -> Vec<f32> {
+    let kept = KEPT_SUMS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .pop();
+    let mut sums = kept.unwrap_or_default();
+    sums.resize(len, 0.0);
+    sums
+}
+
+/// Keeps `buffers` for later calls, up to two passes' worth.
+fn keep_sums(buffers: impl Iterator<Item = Vec<f32>>) {
+    let mut kept = KEPT_SUMS.lock().unwrap_or_else(PoisonError::into_inner);
+    for buffer in buffers {
+        if kept.len() < 2 * BACKWARD_PARTS && !buffer.is_empty() {
+            kept.push(buffer);
+        }
+    }
+}
+
 /// One part's sums: the kernel's gradient in the transformed domain, `[points][c][f]`, and the
 /// bias's.
 #[derive(Debug)]
@@ -1025,18 +1053,15 @@ fn backward_parts<T: Transform<M, S>, const M: usize, const S: usize>(
         .into_par_iter()
         .map_init(KeptScratch::take, |scratch, (mine, d_input)| {
             let mut partial = PartialGrads {
-                kernel: vec![
-                    0.0;
-                    if wanted.kernel {
-                        S * S * c * filters
-                    } else {
-                        0
-                    }
-                ],
+                kernel: if wanted.kernel {
+                    kept_sums(S * S * c * filters)
+                } else {
+                    Vec::new()
+                },
                 bias: vec![0.0; if wanted.bias { filters } else { 0 }],
             };
             let first_image = chunks[mine.start].start / layout.tiles_h;
-            for rows in &chunks[mine] {
+            for (n, rows) in chunks[mine].iter().enumerate() {
                 let tiles = rows.len() * layout.tiles_w;
                 let Scratch {
                     transformed,
@@ -1055,11 +1080,13 @@ fn backward_parts<T: Transform<M, S>, const M: usize, const S: usize>(
                 if wanted.kernel {
                     let v = sized(transformed, S * S * tiles * c);
                     transform_input::<T, M, S>(&layout, input, g, rows.clone(), v);
+                    // The part's first chunk writes the sums (the buffer holds another call's);
+                    // the rest add to them.
                     multiply_each_point(
                         &mut partial.kernel,
                         (v, Piece::transposed(tiles, c)),
                         (p, Piece::plain(tiles, filters)),
-                        true,
+                        n > 0,
                     );
                 }
                 if let Some(u) = u {
