@@ -193,5 +193,22 @@ fn conv2d_max_pool(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, sgemm, conv2d, conv2d_max_pool);
+/// The CNN's first dense layer, batch 64: `[64, 1600]` through 128 units with bias and relu (the
+/// input wants a gradient, as a hidden layer's does).
+fn dense(c: &mut Criterion) {
+    let x = Tensor::parameter(values(64 * 1600), &[64, 1600]).expect("x");
+    let kernel = Tensor::parameter(values(1600 * 128), &[1600, 128]).expect("kernel");
+    let bias = Tensor::parameter(values(128), &[128]).expect("bias");
+    let mut group = c.benchmark_group("dense");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    bench_layer(&mut group, "dense1600x128", 2 * 64 * 1600 * 128, &|| {
+        ops::dense(&x, &kernel, Some(&bias), true).expect("dense")
+    });
+    group.finish();
+}
+
+criterion_group!(benches, sgemm, conv2d, conv2d_max_pool, dense);
 criterion_main!(benches);

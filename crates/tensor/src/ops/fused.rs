@@ -290,30 +290,38 @@ pub(crate) fn product(
         &inputs(x, w, bias),
         move |d, y| {
             let d = if relu { relu_grad(d, y) } else { d.clone() };
-            let dx = input.requires_grad().then(|| {
-                let dx = gemm_new(
-                    plain(&d, m, n),
-                    MatRef {
-                        data: weights.data(),
-                        rows: k,
-                        cols: n,
-                        transposed: true,
-                    },
-                );
-                Tensor::raw(dx, vec![m, k])
-            });
-            let dw = weights.requires_grad().then(|| {
-                let dw = gemm_new(
-                    MatRef {
-                        data: input.data(),
-                        rows: m,
-                        cols: k,
-                        transposed: true,
-                    },
-                    plain(&d, m, n),
-                );
-                Tensor::raw(dw, vec![k, n])
-            });
+            // The two products are independent: run side by side, each GEMM's own threads
+            // have more to share (a 64-row product alone keeps two threads only ~70% busy).
+            let (dx, dw) = rayon::join(
+                || {
+                    input.requires_grad().then(|| {
+                        let dx = gemm_new(
+                            plain(&d, m, n),
+                            MatRef {
+                                data: weights.data(),
+                                rows: k,
+                                cols: n,
+                                transposed: true,
+                            },
+                        );
+                        Tensor::raw(dx, vec![m, k])
+                    })
+                },
+                || {
+                    weights.requires_grad().then(|| {
+                        let dw = gemm_new(
+                            MatRef {
+                                data: input.data(),
+                                rows: m,
+                                cols: k,
+                                transposed: true,
+                            },
+                            plain(&d, m, n),
+                        );
+                        Tensor::raw(dw, vec![k, n])
+                    })
+                },
+            );
             let mut grads = vec![dx, dw];
             if has_bias {
                 grads.push(Some(Tensor::raw(sum_rows(d.data(), n), vec![n])));
