@@ -12,18 +12,18 @@
 //!
 //! Otherwise the caller runs the convolution and the pooling apart.
 //!
-//! The direct method. A first layer does little arithmetic (nine multiply-adds per output value over one channel)
-//! on a large output (26×26×32 values per MNIST image), so apart its time goes to memory: the
-//! im2col rows, the whole activation, reading it again to pool it, a four-byte argmax per
-//! pooled value, and in the backward pass a whole-size gradient, its relu mask and the
-//! kernel-gradient product over both. Fused, the convolution outputs of one pooling window live
+//! The direct method. A first layer does little arithmetic (nine multiply-adds per output
+//! value over one channel) on a large output (26×26×32 values per MNIST image), so apart its
+//! time goes to memory: the im2col rows, the whole activation, reading it again to pool it, a
+//! four-byte argmax per pooled value, and in the backward pass a whole-size gradient, its relu
+//! mask and the kernel-gradient product over both. Fused, the convolution outputs of one pooling window live
 //! only in registers: the forward pass writes the pooled values and a one-byte argmax; the
 //! backward pass rebuilds each window's gradient from those, in registers, and adds its outer
 //! product with the window's inputs to the kernel's gradient.
 //!
-//! Each window's inputs are first gathered into a small patch (its im2col rows, in L1): by a
-//! table of offsets where the window lies inside the image, value by value with zeros for the
-//! padding elsewhere. The inner loops then take a group of four window positions and sixteen
+//! Each window's inputs are first gathered into a small patch (its im2col rows, in L1): a
+//! kernel row at a time where the window lies inside the image, value by value with zeros for
+//! the padding elsewhere. The inner loops then take a group of four window positions and sixteen
 //! filters at a time: each input value is broadcast once for two vectors of filters, each kernel
 //! vector loaded once for four positions, and the eight sums stay in registers.
 //!
@@ -109,9 +109,10 @@ impl PooledConv {
         let fits = (1..=MAX_POSITIONS).contains(&window.positions())
             && g.out_h >= window.h
             && g.out_w >= window.w;
-        let lowering = if !fits {
+        if !fits {
             return None;
-        } else if !input_grad && g.patch() <= MAX_PATCH {
+        }
+        let lowering = if !input_grad && g.patch() <= MAX_PATCH {
             PooledLowering::Direct
         } else {
             let t = winograd::tiling(g, filters)?;
@@ -495,15 +496,22 @@ fn pool_window(
             .zip(arg)
         {
             let Some(range) = range else { break };
-            store(&mut pooled[range.clone()], best);
-            // Window positions are below `MAX_POSITIONS`, so the conversions are exact.
-            for (slot, a) in argmax[range]
-                .iter_mut()
-                .zip(arg.fast_trunc_int().to_array())
-            {
-                *slot = a as u8;
-            }
+            store_pooled(
+                (&mut pooled[range.clone()], &mut argmax[range]),
+                (best, arg),
+            );
         }
+    }
+}
+
+/// Writes one vector's pooled values and their argmax (window positions held as `f32`, as
+/// [`take_max`] keeps them) for the first `pooled.len()` channels.
+#[inline]
+pub(crate) fn store_pooled((pooled, argmax): (&mut [f32], &mut [u8]), (best, arg): (Lanes, Lanes)) {
+    store(pooled, best);
+    // Window positions are below `MAX_POSITIONS` (or `NO_POSITION`): the conversions are exact.
+    for (slot, a) in argmax.iter_mut().zip(arg.fast_trunc_int().to_array()) {
+        *slot = a as u8;
     }
 }
 

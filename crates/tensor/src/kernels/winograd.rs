@@ -25,7 +25,7 @@ use rayon::prelude::*;
 use wide::f32x8;
 
 use super::conv::{Geometry, Grads, OutputGrad, Wanted};
-use super::conv_pool::{NO_POSITION, PoolWindow, PooledGrad, pooled_grad, take_max};
+use super::conv_pool::{NO_POSITION, PoolWindow, PooledGrad, pooled_grad, store_pooled, take_max};
 use super::gemm::{MatRef, matmul_on_this_thread};
 use super::lanes::{LANES, Lanes, add, add_into, add_scaled, load, scale, store, sub};
 use super::reduce::sum_in_order;
@@ -623,9 +623,7 @@ pub(crate) fn conv2d(
 /// Whether pooling windows `window` (stride equal to the window, valid padding) tile `t`'s
 /// output blocks exactly, so each window's outputs come from one tile.
 pub(crate) fn pools_whole_tiles(t: Tiling, window: PoolWindow) -> bool {
-    t.m().is_multiple_of(window.h)
-        && t.m().is_multiple_of(window.w)
-        && window.positions() <= usize::from(NO_POSITION)
+    t.m().is_multiple_of(window.h) && t.m().is_multiple_of(window.w)
 }
 
 /// `max_pool(relu?(conv2d(input, kernel) + bias))` over `window`s that tile `t`'s blocks
@@ -696,41 +694,49 @@ fn pooled_with<T: Transform<M, S>, const M: usize, const S: usize>(
                                 block[i][k] = epilogue.apply(lanes, f0, n);
                             },
                         );
-                        for wy in 0..M / window.h {
-                            let py = y / window.h + wy;
-                            for wx in 0..M / window.w {
-                                let px = x / window.w + wx;
-                                if py >= pooled_h || px >= pooled_w {
-                                    continue;
-                                }
-                                let mut best = (
-                                    f32x8::splat(f32::NEG_INFINITY),
-                                    f32x8::splat(f32::from(NO_POSITION)),
-                                );
-                                for jy in 0..window.h {
-                                    for jx in 0..window.w {
-                                        let value = block[wy * window.h + jy][wx * window.w + jx];
-                                        let position = f32x8::splat((jy * window.w + jx) as f32);
-                                        best = take_max(value, false, best, position);
-                                    }
-                                }
-                                let at = (((image - first_image) * pooled_h + py) * pooled_w + px)
-                                    * filters
-                                    + f0;
-                                store(&mut pooled[at..at + n], best.0);
-                                for (slot, a) in argmax[at..at + n]
-                                    .iter_mut()
-                                    .zip(best.1.fast_trunc_int().to_array())
-                                {
-                                    *slot = a as u8;
-                                }
-                            }
-                        }
+                        let pooled_chunk = (&mut *pooled, &mut *argmax);
+                        let origin = (image - first_image, y, x);
+                        pool_tile(&block, pooled_chunk, origin, (f0, n), (filters, g, window));
                     }
                 }
             }
         });
     (pooled, argmax)
+}
+
+/// Pools channels `f0..f0 + n` of one tile's outputs, `block [row][column]` from output
+/// (`y`, `x`) of the chunk's image `image`, into the chunk's `pooled` values and `argmax`:
+/// the windows inside the tile that are whole windows of the output.
+fn pool_tile<const M: usize>(
+    block: &[[Lanes; M]; M],
+    (pooled, argmax): (&mut [f32], &mut [u8]),
+    (image, y, x): (usize, usize, usize),
+    (f0, n): (usize, usize),
+    (filters, g, window): (usize, &Geometry, PoolWindow),
+) {
+    let (pooled_h, pooled_w) = (g.out_h / window.h, g.out_w / window.w);
+    for wy in 0..M / window.h {
+        let py = y / window.h + wy;
+        for wx in 0..M / window.w {
+            let px = x / window.w + wx;
+            if py >= pooled_h || px >= pooled_w {
+                continue;
+            }
+            let mut best = (
+                f32x8::splat(f32::NEG_INFINITY),
+                f32x8::splat(f32::from(NO_POSITION)),
+            );
+            for jy in 0..window.h {
+                for jx in 0..window.w {
+                    let value = block[wy * window.h + jy][wx * window.w + jx];
+                    let position = f32x8::splat((jy * window.w + jx) as f32);
+                    best = take_max(value, false, best, position);
+                }
+            }
+            let at = ((image * pooled_h + py) * pooled_w + px) * filters + f0;
+            store_pooled((&mut pooled[at..at + n], &mut argmax[at..at + n]), best);
+        }
+    }
 }
 
 /// What the forward pass adds to each output after the transform.
