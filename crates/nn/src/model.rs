@@ -150,7 +150,7 @@ impl Sequential {
             let fused = pool.and_then(|pool| {
                 built
                     .layer
-                    .forward_then_max_pool(&built.name, &h, params, pool)
+                    .forward_then_max_pool(&built.name, &h, params, pool, ctx)
             });
             h = match fused {
                 Some(pooled) => {

@@ -152,6 +152,7 @@ impl Layer for Conv2D {
         x: &Tensor,
         params: &[Tensor],
         pool: MaxPool,
+        _ctx: ForwardContext,
     ) -> Option<Result<Tensor, NnError>> {
         let relu = match self.activation {
             Activation::Relu => true,

@@ -84,8 +84,9 @@ pub trait Layer: Send + Sync {
         x: &Tensor,
         params: &[Tensor],
         pool: MaxPool,
+        ctx: ForwardContext,
     ) -> Option<Result<Tensor, NnError>> {
-        let _ = (name, x, params, pool);
+        let _ = (name, x, params, pool, ctx);
         None
     }
 }
