@@ -1,7 +1,8 @@
 //! SGEMM throughput (GFLOP/s) at square sizes and at the im2col shapes of the tutorial CNN,
-//! on 1 and 2 threads, with ndarray's own product beside it for a same-run ratio; and the
-//! tutorial CNN's second convolution (Winograd) and its first with its max pooling (fused, and
-//! apart), forward, and forward with the gradients.
+//! on 1 and 2 threads, with the machine's peak (a loop of independent fused multiply-adds) and
+//! ndarray's own product beside it for same-run ratios; the tutorial CNN's second convolution
+//! (Winograd), its two convolutions with their max pooling (fused, and apart) and its first
+//! dense layer, forward, and forward with the gradients.
 //!
 //! `cargo bench -p lockstep-benches --bench kernels`
 
@@ -13,6 +14,8 @@ use lockstep_tensor::Tensor;
 use lockstep_tensor::kernels::gemm::{MatRef, matmul};
 use lockstep_tensor::ops::{self, MaxPool, Padding};
 use ndarray::Array2;
+use rayon::prelude::*;
+use wide::f32x8;
 
 /// As in the training-step bench: a caching allocator, so page faults on the layers' buffers
 /// do not swamp the kernels (every ML framework ships one).
@@ -30,6 +33,30 @@ fn operands(m: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let a = (0..m * k).map(|i| ((i * 7) % 13) as f32 * 0.1).collect();
     let b = (0..k * n).map(|i| ((i * 5) % 11) as f32 * 0.1).collect();
     (a, b, vec![0.0; m * n])
+}
+
+/// Independent accumulators in [`fma_chains`]: more than an FMA's latency times the units
+/// that run them (4 cycles × 2 on current x86 cores), so none waits on its last result.
+const CHAINS: usize = 12;
+
+/// Steps of [`fma_chains`].
+const STEPS: usize = 1 << 16;
+
+/// FLOPs of one [`fma_chains`] call: a multiply and an add per lane per step.
+const PEAK_FLOPS: usize = 2 * 8 * CHAINS * STEPS;
+
+/// [`CHAINS`] vectors of 8 lanes, each stepped [`STEPS`] times by a fused multiply-add, with no
+/// memory traffic: the most FLOPs a core can do with the vectors the kernels use (AVX2, or
+/// AVX-512 on a core that runs it at half rate, as Zen 4 does).
+fn fma_chains(seed: f32) -> f32 {
+    let mut acc = [f32x8::splat(seed); CHAINS];
+    let (scale, step) = (f32x8::splat(0.999_9), f32x8::splat(1e-4));
+    for _ in 0..STEPS {
+        for a in &mut acc {
+            *a = a.mul_add(scale, step);
+        }
+    }
+    acc.iter().fold(f32x8::ZERO, |sum, &a| sum + a).reduce_add()
 }
 
 fn sgemm(c: &mut Criterion) {
@@ -74,6 +101,24 @@ fn sgemm(c: &mut Criterion) {
                 });
             });
         }
+    }
+    // The yardstick: the machine's peak, as independent fused multiply-adds reach it.
+    for threads in [1, 2] {
+        let pool = pool(threads);
+        group.throughput(Throughput::Elements((PEAK_FLOPS * threads) as u64));
+        group.bench_function(
+            BenchmarkId::new("peak_fma", format!("{threads}t")),
+            |bench| {
+                pool.install(|| {
+                    bench.iter(|| {
+                        (0..threads)
+                            .into_par_iter()
+                            .map(|t| fma_chains(black_box(t as f32)))
+                            .sum::<f32>()
+                    });
+                });
+            },
+        );
     }
     // The reference: ndarray's `dot` (matrixmultiply, one thread).
     let a = Array2::from_shape_fn((512, 512), |(i, j)| ((i * 7 + j) % 13) as f32 * 0.1);

@@ -1,5 +1,9 @@
 //! Criterion benchmarks of Lockstep's crates, one bench target per concern (`benches/`).
-//! The library is empty: the package exists to hold the benchmarks and their dependencies.
+//! The library is empty: the package exists to hold the benchmarks and their dependencies:
+//! `criterion` runs them; `mimalloc` is the caching allocator every ML framework ships (the
+//! training benches would otherwise time the system allocator's page faults); `ndarray` is the
+//! reference matrix product; `rayon` builds the 1- and 2-thread pools; `wide` gives the peak-FLOP
+//! loop the 8-lane vectors the kernels use.
 //!
 //! ```text
 //! cargo bench -p lockstep-benches --bench data_pipeline
