@@ -1,11 +1,14 @@
-//! Layer-sized operations: a product, its bias and a relu in one pass over the output. They
-//! give the same values as the separate operations; they exist because the separate passes
-//! over large activations (and their allocations) cost as much as the products themselves.
+//! Layer-sized operations: a product, its bias and a relu in one pass over the output (and a
+//! convolution with the max pooling after it). They give the same values as the separate
+//! operations; they exist because the separate passes over large activations (and their
+//! allocations) cost as much as the products themselves.
 
 use super::activation::relu_grad;
 use super::conv::{Padding, geometry, max_pool2d};
 use crate::error::TensorError;
-use crate::kernels::conv::{Geometry, OutputGrad, Wanted, conv2d as conv_kernel, conv2d_backward};
+use crate::kernels::conv::{
+    Geometry, Grads, OutputGrad, Wanted, conv2d as conv_kernel, conv2d_backward,
+};
 use crate::kernels::conv_pool::{PoolWindow, PooledConv, PooledGrad};
 use crate::kernels::elementwise::{relu_in_place, repeat_rows};
 use crate::kernels::gemm::{MatRef, matmul as gemm, matmul_new as gemm_new};
@@ -31,6 +34,36 @@ fn check_bias(
 
 fn inputs<'a>(first: &'a Tensor, second: &'a Tensor, bias: Option<&'a Tensor>) -> Vec<&'a Tensor> {
     [first, second].into_iter().chain(bias).collect()
+}
+
+/// The gradients a convolution's backward pass computes: those its operands want.
+fn wanted(input: &Tensor, kernel: &Tensor, has_bias: bool) -> Wanted {
+    Wanted {
+        input: input.requires_grad(),
+        kernel: kernel.requires_grad(),
+        bias: has_bias,
+    }
+}
+
+/// A convolution's gradients as the backward rule returns them: input, kernel, and the bias's
+/// when there is one.
+fn conv_grads(
+    grads: Grads,
+    input: &Tensor,
+    kernel: &Tensor,
+    has_bias: bool,
+) -> Vec<Option<Tensor>> {
+    let mut out = vec![
+        grads.input.map(|v| Tensor::raw(v, input.shape().to_vec())),
+        grads
+            .kernel
+            .map(|v| Tensor::raw(v, kernel.shape().to_vec())),
+    ];
+    if has_bias {
+        let filters = kernel.shape().last().copied().unwrap_or(0);
+        out.push(grads.bias.map(|v| Tensor::raw(v, vec![filters])));
+    }
+    out
 }
 
 /// The convolution's geometry and filter count, once `x`, the kernel and the bias are checked
@@ -106,11 +139,7 @@ pub fn conv2d_bias_relu(
         shape,
         &inputs(x, kernel, bias),
         move |d, y| {
-            let wanted = Wanted {
-                input: input.requires_grad(),
-                kernel: weights.requires_grad(),
-                bias: has_bias,
-            };
+            let wanted = wanted(&input, &weights, has_bias);
             let grad = OutputGrad {
                 values: d.data(),
                 relu_output: relu.then(|| y.data()),
@@ -124,16 +153,7 @@ pub fn conv2d_bias_relu(
                 &g,
                 wanted,
             );
-            let mut out = vec![
-                grads.input.map(|v| Tensor::raw(v, input.shape().to_vec())),
-                grads
-                    .kernel
-                    .map(|v| Tensor::raw(v, weights.shape().to_vec())),
-            ];
-            if has_bias {
-                out.push(grads.bias.map(|v| Tensor::raw(v, vec![filters])));
-            }
-            Ok(out)
+            Ok(conv_grads(grads, &input, &weights, has_bias))
         },
     ))
 }
@@ -218,22 +238,9 @@ pub fn conv2d_bias_relu_max_pool(
                 relu_output: relu.then(|| y.data()),
                 argmax: &argmax,
             };
-            let wanted = Wanted {
-                input: input.requires_grad(),
-                kernel: weights.requires_grad(),
-                bias: has_bias,
-            };
+            let wanted = wanted(&input, &weights, has_bias);
             let grads = layer.backward(input.data(), weights.data(), grad, wanted);
-            let mut out = vec![
-                grads.input.map(|v| Tensor::raw(v, input.shape().to_vec())),
-                grads
-                    .kernel
-                    .map(|v| Tensor::raw(v, weights.shape().to_vec())),
-            ];
-            if has_bias {
-                out.push(grads.bias.map(|v| Tensor::raw(v, vec![filters])));
-            }
-            Ok(out)
+            Ok(conv_grads(grads, &input, &weights, has_bias))
         },
     ))
 }
