@@ -9,31 +9,16 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use lockstep_data::mnist::Mnist;
 use lockstep_nn::{
-    Activation, Adam, Conv2D, Dense, Flatten, ForwardContext, Layer, MaxPooling2D, Optimizer,
-    Reduction, Sequential, SparseCategoricalCrossentropy,
+    Adam, ForwardContext, Optimizer, Reduction, Sequential, SparseCategoricalCrossentropy, models,
 };
 use lockstep_tensor::Tensor;
 
 fn cnn() -> Sequential {
-    let layers: Vec<Box<dyn Layer>> = vec![
-        Box::new(Conv2D::new(32, (3, 3)).activation(Activation::Relu)),
-        Box::new(MaxPooling2D::new((2, 2))),
-        Box::new(Conv2D::new(64, (3, 3)).activation(Activation::Relu)),
-        Box::new(MaxPooling2D::new((2, 2))),
-        Box::new(Flatten),
-        Box::new(Dense::new(128).activation(Activation::Relu)),
-        Box::new(Dense::new(10)),
-    ];
-    Sequential::new(&[28, 28, 1], layers, 0).expect("cnn")
+    models::mnist_cnn(0).expect("cnn")
 }
 
 fn mlp() -> Sequential {
-    let layers: Vec<Box<dyn Layer>> = vec![
-        Box::new(Dense::new(256).activation(Activation::Relu)),
-        Box::new(Dense::new(256).activation(Activation::Relu)),
-        Box::new(Dense::new(10)),
-    ];
-    Sequential::new(&[784], layers, 0).expect("mlp")
+    models::mnist_mlp(0).expect("mlp")
 }
 
 /// The first `batch` training images, scaled, shaped for the model, and their labels.

@@ -1,5 +1,6 @@
 //! `Cluster`: a config whose task is known to fit, with TensorFlow's roles and ranks.
 
+use crate::address::Address;
 use crate::error::ClusterError;
 use crate::spec::ClusterSpec;
 use crate::task::{CHIEF, EVALUATOR, TaskId, WORKER};
@@ -197,6 +198,33 @@ impl Cluster {
             .filter_map(|rank| self.peer_address(rank))
             .collect()
     }
+
+    /// How many tasks of the collective group (this one included) the cluster spec places on
+    /// this task's host: the tasks that share its cores. Hosts compare as written (an IPv4
+    /// address, an IPv6 address or a case-folded name), so `localhost` and `127.0.0.1` count
+    /// as two hosts. 1 when local or for a task outside the group.
+    ///
+    /// ```
+    /// use lockstep_cluster::{Cluster, TfConfig};
+    ///
+    /// let config = TfConfig::parse(r#"{"cluster": {"worker": ["a:1", "a:2", "b:1"]},
+    ///                                  "task": {"type": "worker", "index": 0}}"#)?;
+    /// assert_eq!(Cluster::new(config)?.group_tasks_on_this_host(), 2);
+    /// # Ok::<(), lockstep_cluster::ClusterError>(())
+    /// ```
+    pub fn group_tasks_on_this_host(&self) -> usize {
+        let host_of = |address: &str| address.parse::<Address>().ok().map(|a| a.host().clone());
+        let Some(mine) = self.spec().address(&self.task).and_then(host_of) else {
+            return 1;
+        };
+        if !self.in_collective_group() {
+            return 1;
+        }
+        self.group_addresses()
+            .into_iter()
+            .filter(|&a| host_of(a).as_ref() == Some(&mine))
+            .count()
+    }
 }
 
 #[cfg(test)]
@@ -225,6 +253,25 @@ mod tests {
         assert_eq!(c.num_workers(), 2);
         assert_eq!(c.world_size(), 3);
         assert_eq!(c.group_addresses(), ["c:1", "w0:1", "w1:1"]);
+    }
+
+    #[test]
+    fn tasks_on_this_host_count_the_group_members_that_share_its_host() {
+        let on = |task: &str| {
+            cluster(&format!(
+                r#"{{"cluster": {{"chief": ["h:1"], "worker": ["H:2", "[::1]:3", "[0::1]:4"], "evaluator": ["h:9"]}}, "task": {task}}}"#
+            ))
+            .unwrap()
+            .group_tasks_on_this_host()
+        };
+        assert_eq!(on(r#"{"type": "chief", "index": 0}"#), 2); // names compare without case
+        assert_eq!(on(r#"{"type": "worker", "index": 1}"#), 2); // [::1] and [0::1] are one host
+        assert_eq!(on(r#"{"type": "evaluator", "index": 0}"#), 1); // outside the group
+        assert_eq!(
+            full(r#"{"type": "worker", "index": 0}"#).group_tasks_on_this_host(),
+            1
+        );
+        assert_eq!(Cluster::local().group_tasks_on_this_host(), 1);
     }
 
     #[test]

@@ -22,7 +22,7 @@ impl Initializer {
             Self::Zeros => vec![0.0; n],
             Self::GlorotUniform => {
                 let (fan_in, fan_out) = fans(shape);
-                let limit = (6.0 / (fan_in + fan_out).max(1) as f64).sqrt() as f32;
+                let limit = (6.0 / fan_in.saturating_add(fan_out).max(1) as f64).sqrt() as f32;
                 (0..n).map(|_| (uniform(rng) * 2.0 - 1.0) * limit).collect()
             }
         }
@@ -34,8 +34,14 @@ fn fans(shape: &[usize]) -> (usize, usize) {
         [] => (1, 1),
         [n] => (*n, *n),
         [.., fan_in, fan_out] => {
-            let receptive: usize = shape[..shape.len() - 2].iter().product();
-            (fan_in * receptive, fan_out * receptive)
+            // Only the initialisation's scale depends on the fans: saturate rather than fail.
+            let receptive = shape[..shape.len() - 2]
+                .iter()
+                .fold(1_usize, |acc, &d| acc.saturating_mul(d));
+            (
+                fan_in.saturating_mul(receptive),
+                fan_out.saturating_mul(receptive),
+            )
         }
     }
 }

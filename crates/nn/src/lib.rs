@@ -32,6 +32,9 @@
 //! collective can all-reduce a whole model's gradients in one call and a checkpoint can name
 //! every variable.
 //!
+//! [`models`] holds the tutorials' models (the multi-worker tutorial's CNN, the Keras guide's
+//! MLP), defined once for the examples, tests and benchmarks.
+//!
 //! [`Sequential`] runs a `Conv2D` and the `MaxPooling2D` after it as one fused operation
 //! (`lockstep_tensor::ops::conv2d_bias_relu_max_pool`; see [`Layer::forward_then_max_pool`]),
 //! with the two layers' values.
@@ -45,6 +48,7 @@ pub mod layers;
 mod loss;
 mod metrics;
 mod model;
+pub mod models;
 mod optimizers;
 mod params;
 

@@ -149,7 +149,31 @@ impl ParamBuilder {
 
     /// Declares a variable, initialises it, and returns its index among the model's variables.
     /// Each variable's initial values are a function of the model seed and its index alone.
-    pub fn add(&mut self, name: String, shape: Vec<usize>, init: Initializer) -> usize {
+    ///
+    /// # Errors
+    ///
+    /// [`NnError::InvalidConfig`] naming the variable when its shape holds more values than a
+    /// `usize` counts or than memory can hold.
+    pub fn add(
+        &mut self,
+        name: String,
+        shape: Vec<usize>,
+        init: Initializer,
+    ) -> Result<usize, NnError> {
+        let too_large = |why: String| NnError::InvalidConfig {
+            layer: name.clone(),
+            why,
+        };
+        let len = lockstep_tensor::element_count(&shape).ok_or_else(|| {
+            too_large(format!(
+                "shape {shape:?} has more values than a usize can count"
+            ))
+        })?;
+        self.params.values.try_reserve(len).map_err(|e| {
+            too_large(format!(
+                "{len} values of shape {shape:?} do not fit in memory: {e}"
+            ))
+        })?;
         let index = self.params.specs.len();
         let offset = self.params.values.len();
         let spec = ParamSpec {
@@ -163,7 +187,7 @@ impl ParamBuilder {
             .values
             .extend(init.sample(&spec.shape, &mut rng));
         self.params.specs.push(spec);
-        index
+        Ok(index)
     }
 
     /// How many variables are declared so far.

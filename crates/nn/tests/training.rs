@@ -11,30 +11,16 @@ use lockstep_data::mnist::{Mnist, MnistSplit};
 use lockstep_nn::{
     Activation, ActivationLayer, Adam, Conv2D, Dense, Flatten, ForwardContext, Layer, MaxPooling2D,
     Metric, Optimizer, Reduction, Sequential, SparseCategoricalAccuracy,
-    SparseCategoricalCrossentropy,
+    SparseCategoricalCrossentropy, models,
 };
 use lockstep_tensor::Tensor;
 
 fn mlp(seed: u64) -> Sequential {
-    let layers: Vec<Box<dyn Layer>> = vec![
-        Box::new(Dense::new(256).activation(Activation::Relu)),
-        Box::new(Dense::new(256).activation(Activation::Relu)),
-        Box::new(Dense::new(10)),
-    ];
-    Sequential::new(&[784], layers, seed).unwrap()
+    models::mnist_mlp(seed).unwrap()
 }
 
 fn cnn(seed: u64) -> Sequential {
-    let layers: Vec<Box<dyn Layer>> = vec![
-        Box::new(Conv2D::new(32, (3, 3)).activation(Activation::Relu)),
-        Box::new(MaxPooling2D::new((2, 2))),
-        Box::new(Conv2D::new(64, (3, 3)).activation(Activation::Relu)),
-        Box::new(MaxPooling2D::new((2, 2))),
-        Box::new(Flatten),
-        Box::new(Dense::new(128).activation(Activation::Relu)),
-        Box::new(Dense::new(10)),
-    ];
-    Sequential::new(&[28, 28, 1], layers, seed).unwrap()
+    models::mnist_cnn(seed).unwrap()
 }
 
 /// A batch as the model's input tensor and labels; `flat` gives `[batch, 784]`.
@@ -181,7 +167,10 @@ fn the_summary_lists_layers_shapes_and_counts_like_keras() {
 #[test]
 fn a_batch_of_the_wrong_shape_is_an_error_naming_the_expected_shape() {
     let model = cnn(0);
-    let err = model.predict(&Tensor::zeros(&[2, 28, 28])).err().unwrap();
+    let err = model
+        .predict(&Tensor::zeros(&[2, 28, 28]).unwrap())
+        .err()
+        .unwrap();
     assert_eq!(
         err.to_string(),
         "model input: expected shape (None, 28, 28, 1), got [2, 28, 28]"

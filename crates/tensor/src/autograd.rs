@@ -75,7 +75,7 @@ impl Tensor {
         }
         let order = topological_order(self);
         let mut pending: HashMap<TensorId, Tensor> = HashMap::new();
-        pending.insert(self.id(), Tensor::full(self.shape(), 1.0));
+        pending.insert(self.id(), Tensor::full(self.shape(), 1.0)?);
         let mut result = Gradients::default();
         for node in order.iter().rev() {
             let Some(grad) = pending.remove(&node.id()) else {

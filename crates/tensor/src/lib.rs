@@ -41,4 +41,4 @@ mod tensor;
 pub use autograd::Gradients;
 pub use device::Device;
 pub use error::TensorError;
-pub use tensor::{Tensor, TensorId};
+pub use tensor::{Tensor, TensorId, element_count};

@@ -62,9 +62,40 @@ pub struct Tensor {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// The number of values a tensor of `shape` holds, or `None` when the product of its non-zero
+/// dimensions does not fit in `usize`.
+///
+/// A zero dimension does not excuse the others: kernels multiply subsets of a shape's
+/// dimensions (rows, columns, windows), so every such product must fit, not only the total.
+///
+/// ```
+/// use lockstep_tensor::element_count;
+///
+/// assert_eq!(element_count(&[2, 3, 4]), Some(24));
+/// assert_eq!(element_count(&[]), Some(1));
+/// assert_eq!(element_count(&[0, 5]), Some(0));
+/// assert_eq!(element_count(&[0, usize::MAX, 2]), None);
+/// ```
+pub fn element_count(shape: &[usize]) -> Option<usize> {
+    let nonzero = shape
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(1_usize, |acc, &d| acc.checked_mul(d))?;
+    Some(if shape.contains(&0) { 0 } else { nonzero })
+}
+
+/// [`element_count`], as an error naming `op` when it overflows.
+pub(crate) fn count_values(op: &'static str, shape: &[usize]) -> Result<usize, TensorError> {
+    element_count(shape).ok_or_else(|| {
+        TensorError::invalid(
+            op,
+            format!("shape {shape:?} has more values than a usize can count"),
+        )
+    })
+}
+
 fn check_len(op: &'static str, len: usize, shape: &[usize]) -> Result<(), TensorError> {
-    let expected = shape.iter().try_fold(1_usize, |acc, &d| acc.checked_mul(d));
-    if expected == Some(len) {
+    if count_values(op, shape)? == len {
         Ok(())
     } else {
         Err(TensorError::invalid(
@@ -114,17 +145,34 @@ impl Tensor {
     }
 
     /// A constant of zeros.
-    pub fn zeros(shape: &[usize]) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// When the shape's element count does not fit in `usize`.
+    pub fn zeros(shape: &[usize]) -> Result<Self, TensorError> {
         Self::full(shape, 0.0)
     }
 
     /// A constant filled with `value`.
-    pub fn full(shape: &[usize], value: f32) -> Self {
-        Self::build(
-            Arc::new(vec![value; shape.iter().product()]),
+    ///
+    /// ```
+    /// use lockstep_tensor::Tensor;
+    ///
+    /// assert_eq!(Tensor::full(&[2, 2], 1.5)?.data(), [1.5; 4]);
+    /// assert!(Tensor::full(&[usize::MAX, 2], 0.0).is_err());
+    /// # Ok::<(), lockstep_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// When the shape's element count does not fit in `usize`.
+    pub fn full(shape: &[usize], value: f32) -> Result<Self, TensorError> {
+        let len = count_values("full", shape)?;
+        Ok(Self::build(
+            Arc::new(vec![value; len]),
             shape.to_vec(),
             Grad::None,
-        )
+        ))
     }
 
     /// A rank-0 constant.
@@ -139,7 +187,7 @@ impl Tensor {
         inputs: &[&Tensor],
         backward: impl Backward,
     ) -> Self {
-        debug_assert_eq!(data.len(), shape.iter().product::<usize>());
+        debug_assert_eq!(Some(data.len()), element_count(&shape));
         let grad = if inputs.iter().any(|t| t.requires_grad()) {
             Grad::Node(GradFn::new(
                 inputs.iter().map(|t| (*t).clone()).collect(),
@@ -275,6 +323,11 @@ mod tests {
             "from_vec: 5 values do not fill shape [2, 3]"
         );
         assert!(Tensor::parameter(vec![], &[usize::MAX, 2]).is_err());
+        let err = Tensor::zeros(&[1 << 40, 1 << 40]).unwrap_err();
+        assert!(
+            err.to_string().contains("more values than a usize"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -22,8 +22,8 @@ use lockstep_collective::{CommunicationOptions, Communicator, ReduceOp, TcpTrans
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_data::{AutoShardPolicy, Dataset, InputContext, distribute};
 use lockstep_nn::{
-    Activation, Adam, Conv2D, Dense, Flatten, ForwardContext, Layer, MaxPooling2D, Mean, Metric,
-    Optimizer, Reduction, Sequential, SparseCategoricalAccuracy, SparseCategoricalCrossentropy,
+    Adam, ForwardContext, Mean, Metric, Optimizer, Reduction, Sequential,
+    SparseCategoricalAccuracy, SparseCategoricalCrossentropy, models,
 };
 use lockstep_tensor::Tensor;
 
@@ -44,22 +44,10 @@ struct Args {
     /// Seed of the initial weights and of the shuffle (the same on every worker).
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Threads for the kernels; 0 = all cores for one worker, one each when several share a host.
+    /// Threads for the kernels; 0 = this host's cores shared out among the workers the
+    /// cluster spec places on it (all of them for a worker alone on its host).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-}
-
-fn cnn(seed: u64) -> Result<Sequential, lockstep_nn::NnError> {
-    let layers: Vec<Box<dyn Layer>> = vec![
-        Box::new(Conv2D::new(32, (3, 3)).activation(Activation::Relu)),
-        Box::new(MaxPooling2D::new((2, 2))),
-        Box::new(Conv2D::new(64, (3, 3)).activation(Activation::Relu)),
-        Box::new(MaxPooling2D::new((2, 2))),
-        Box::new(Flatten),
-        Box::new(Dense::new(128).activation(Activation::Relu)),
-        Box::new(Dense::new(10)),
-    ];
-    Sequential::new(&[28, 28, 1], layers, seed)
 }
 
 fn labels(y: &ndarray::Array1<u8>) -> Vec<usize> {
@@ -88,11 +76,13 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     };
     let workers = cluster.world_size();
-    // One kernel thread per worker when several share this host (0 lets rayon use every core).
     let threads = if args.threads > 0 {
         args.threads
     } else {
-        usize::from(workers > 1)
+        // Workers that share this host share its cores; oversubscribed kernel threads would
+        // make every step wait for the slowest of them.
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        (cores / cluster.group_tasks_on_this_host()).max(1)
     };
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
@@ -105,7 +95,7 @@ fn main() -> anyhow::Result<()> {
     )?;
     let mnist = Mnist::embedded()?;
 
-    let mut model = cnn(args.seed)?;
+    let mut model = models::mnist_cnn(args.seed)?;
     // Same seed, same weights; the broadcast makes it so even if a worker's seed differed.
     comm.broadcast(model.parameters_mut().values_mut(), 0)?;
     if rank == 0 {

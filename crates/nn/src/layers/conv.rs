@@ -117,13 +117,13 @@ impl Layer for Conv2D {
             format!("{name}/kernel"),
             vec![kh, kw, c, self.filters],
             Initializer::GlorotUniform,
-        );
+        )?;
         if self.use_bias {
             params.add(
                 format!("{name}/bias"),
                 vec![self.filters],
                 Initializer::Zeros,
-            );
+            )?;
         }
         Ok(vec![oh, ow, self.filters])
     }

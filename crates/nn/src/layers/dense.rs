@@ -80,9 +80,9 @@ impl Layer for Dense {
             format!("{name}/kernel"),
             vec![input_dim, self.units],
             Initializer::GlorotUniform,
-        );
+        )?;
         if self.use_bias {
-            params.add(format!("{name}/bias"), vec![self.units], Initializer::Zeros);
+            params.add(format!("{name}/bias"), vec![self.units], Initializer::Zeros)?;
         }
         Ok(leading.iter().copied().chain([self.units]).collect())
     }
@@ -109,7 +109,9 @@ impl Layer for Dense {
         let flat = if x.rank() == 2 {
             x.clone()
         } else {
-            ops::reshape(x, &[leading.iter().product(), last]).in_layer(name)?
+            // A tensor's shape has no sub-product that overflows (`element_count`).
+            let rows = leading.iter().product();
+            ops::reshape(x, &[rows, last]).in_layer(name)?
         };
         let bias = self.use_bias.then(|| &params[1]);
         let mut y = match self.activation {

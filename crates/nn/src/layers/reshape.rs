@@ -19,11 +19,16 @@ impl Layer for Flatten {
 
     fn build(
         &mut self,
-        _name: &str,
+        name: &str,
         input_shape: &[usize],
         _params: &mut ParamBuilder,
     ) -> Result<Vec<usize>, NnError> {
-        Ok(vec![input_shape.iter().product()])
+        let len =
+            lockstep_tensor::element_count(input_shape).ok_or_else(|| NnError::InvalidConfig {
+                layer: name.into(),
+                why: format!("input shape {input_shape:?} has more values than a usize can count"),
+            })?;
+        Ok(vec![len])
     }
 
     fn forward(
@@ -67,7 +72,11 @@ impl Layer for Reshape {
         input_shape: &[usize],
         _params: &mut ParamBuilder,
     ) -> Result<Vec<usize>, NnError> {
-        if input_shape.iter().product::<usize>() != self.target.iter().product::<usize>() {
+        let (from, to) = (
+            lockstep_tensor::element_count(input_shape),
+            lockstep_tensor::element_count(&self.target),
+        );
+        if from.is_none() || from != to {
             return Err(NnError::InvalidConfig {
                 layer: name.into(),
                 why: format!("cannot reshape {input_shape:?} to {:?}", self.target),

@@ -8,6 +8,7 @@ use super::elementwise::{relu_in_place, zip};
 use super::gemm::{MatRef, matmul, matmul_new};
 use super::reduce::sum_rows;
 use super::winograd::{self, Tiling};
+use crate::error::TensorError;
 
 /// The sizes of one convolution (or pooling window) over NHWC input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +59,10 @@ pub(crate) fn im2col(input: &[f32], g: &Geometry) -> Vec<f32> {
     let (patch, c) = (g.patch(), g.channels);
     let image_in = g.height * g.width * c;
     let mut cols = vec![0.0_f32; g.batch * g.out_pixels() * patch];
+    if cols.is_empty() {
+        // No window or no channel: nothing to unfold (and no chunk size to split by).
+        return cols;
+    }
     cols.par_chunks_mut(g.out_pixels() * patch)
         .enumerate()
         .for_each(|(b, image_cols)| {
@@ -132,16 +137,16 @@ pub(crate) fn conv2d(
     relu: bool,
     filters: usize,
     g: &Geometry,
-) -> (Vec<f32>, Lowering) {
+) -> Result<(Vec<f32>, Lowering), TensorError> {
     if let Some(t) = winograd::tiling(g, filters) {
         let out = winograd::conv2d(t, input, kernel, bias, relu, filters, g);
-        return (out, Lowering::Winograd(t));
+        return Ok((out, Lowering::Winograd(t)));
     }
-    let (mut out, cols) = im2col_conv2d(input, kernel, bias, filters, g);
+    let (mut out, cols) = im2col_conv2d(input, kernel, bias, filters, g)?;
     if relu {
         relu_in_place(&mut out);
     }
-    (out, Lowering::Im2col(cols))
+    Ok((out, Lowering::Im2col(cols)))
 }
 
 /// The gradient arriving at a convolution's output, masked where a fused relu was zero.
@@ -180,11 +185,13 @@ pub(crate) fn conv2d_backward(
     filters: usize,
     g: &Geometry,
     wanted: Wanted,
-) -> Grads {
+) -> Result<Grads, TensorError> {
     let cols = match lowering {
         Lowering::Winograd(t) => {
             let grad = winograd::OutputGradient::Whole(grad);
-            return winograd::backward(*t, input, kernel, grad, filters, g, wanted);
+            return Ok(winograd::backward(
+                *t, input, kernel, grad, filters, g, wanted,
+            ));
         }
         Lowering::Im2col(cols) => cols,
     };
@@ -196,15 +203,17 @@ pub(crate) fn conv2d_backward(
         }
         None => grad.values,
     };
-    Grads {
+    Ok(Grads {
         input: wanted
             .input
-            .then(|| im2col_conv2d_input_grad(kernel, d_out, filters, g)),
+            .then(|| im2col_conv2d_input_grad(kernel, d_out, filters, g))
+            .transpose()?,
         kernel: wanted
             .kernel
-            .then(|| im2col_conv2d_kernel_grad(cols, d_out, filters, g)),
+            .then(|| im2col_conv2d_kernel_grad(cols, d_out, filters, g))
+            .transpose()?,
         bias: wanted.bias.then(|| sum_rows(d_out, filters)),
-    }
+    })
 }
 
 /// Forward convolution by im2col: returns `(output [batch, out_h, out_w, filters], im2col
@@ -216,7 +225,7 @@ pub(crate) fn im2col_conv2d(
     bias: Option<&[f32]>,
     filters: usize,
     g: &Geometry,
-) -> (Vec<f32>, Vec<f32>) {
+) -> Result<(Vec<f32>, Vec<f32>), TensorError> {
     let rows = g.batch * g.out_pixels();
     let cols = im2col(input, g);
     let mut out = super::elementwise::repeat_rows(bias, rows, filters);
@@ -235,8 +244,8 @@ pub(crate) fn im2col_conv2d(
             transposed: false,
         },
         bias.is_some(),
-    );
-    (out, cols)
+    )?;
+    Ok((out, cols))
 }
 
 /// Gradient of the kernel by im2col: `colsᵀ · d_out`, shaped
@@ -246,7 +255,7 @@ pub(crate) fn im2col_conv2d_kernel_grad(
     d_out: &[f32],
     filters: usize,
     g: &Geometry,
-) -> Vec<f32> {
+) -> Result<Vec<f32>, TensorError> {
     let rows = g.batch * g.out_pixels();
     matmul_new(
         MatRef {
@@ -270,7 +279,7 @@ pub(crate) fn im2col_conv2d_input_grad(
     d_out: &[f32],
     filters: usize,
     g: &Geometry,
-) -> Vec<f32> {
+) -> Result<Vec<f32>, TensorError> {
     let rows = g.batch * g.out_pixels();
     let d_cols = matmul_new(
         MatRef {
@@ -285,6 +294,6 @@ pub(crate) fn im2col_conv2d_input_grad(
             cols: filters,
             transposed: true,
         },
-    );
-    col2im(&d_cols, g)
+    )?;
+    Ok(col2im(&d_cols, g))
 }

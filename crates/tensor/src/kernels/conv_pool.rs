@@ -690,7 +690,7 @@ mod tests {
         (filters, g, window): (usize, &Geometry, PoolWindow),
         d_pooled: &[f32],
     ) -> (Vec<f32>, Grads) {
-        let (mut out, cols) = im2col_conv2d(input, kernel, Some(bias), filters, g);
+        let (mut out, cols) = im2col_conv2d(input, kernel, Some(bias), filters, g).unwrap();
         if relu {
             relu_in_place(&mut out);
         }
@@ -703,8 +703,8 @@ mod tests {
             d_out
         };
         let grads = Grads {
-            input: Some(im2col_conv2d_input_grad(kernel, &d_out, filters, g)),
-            kernel: Some(im2col_conv2d_kernel_grad(&cols, &d_out, filters, g)),
+            input: Some(im2col_conv2d_input_grad(kernel, &d_out, filters, g).unwrap()),
+            kernel: Some(im2col_conv2d_kernel_grad(&cols, &d_out, filters, g).unwrap()),
             bias: Some(sum_rows(&d_out, filters)),
         };
         (pooled, grads)

@@ -3,6 +3,8 @@
 
 use gemm::Parallelism;
 
+use crate::error::TensorError;
+
 /// A row-major matrix operand, possibly read transposed.
 #[derive(Debug, Clone, Copy)]
 pub struct MatRef<'a> {
@@ -49,23 +51,30 @@ const PARALLEL_THRESHOLD: usize = 48 * 48 * 48;
 /// let mut c = [0.0; 4];
 /// let lhs = MatRef { data: &a, rows: 2, cols: 2, transposed: false };
 /// let rhs = MatRef { data: &a, rows: 2, cols: 2, transposed: true };
-/// matmul(&mut c, lhs, rhs, false); // a · aᵀ
+/// matmul(&mut c, lhs, rhs, false)?; // a · aᵀ
 /// assert_eq!(c, [5.0, 11.0, 11.0, 25.0]);
+/// # Ok::<(), lockstep_tensor::TensorError>(())
 /// ```
 ///
-/// # Panics
+/// # Errors
 ///
-/// When the operands' inner dimensions differ or a slice is shorter than its dimensions say:
-/// callers check shapes first, and these are the memory-safety conditions of the product.
-pub fn matmul(dst: &mut [f32], a: MatRef<'_>, b: MatRef<'_>, accumulate: bool) {
-    product(dst, a, b, accumulate, false);
+/// When the operands' inner dimensions differ, a slice is shorter than its dimensions say
+/// (the destination included), or a dimension product does not fit in `usize`.
+pub fn matmul(
+    dst: &mut [f32],
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    accumulate: bool,
+) -> Result<(), TensorError> {
+    let sizes = Sizes::check(a, b)?;
+    product(dst, a, b, sizes, accumulate, None)
 }
 
 /// As [`matmul`], on the calling thread only: for the many small products of a kernel that is
 /// already parallel over its own pieces (where a nested split would only add forks), and so
 /// the result cannot depend on the thread count.
 ///
-/// # Panics
+/// # Errors
 ///
 /// As [`matmul`].
 pub(crate) fn matmul_on_this_thread(
@@ -73,82 +82,136 @@ pub(crate) fn matmul_on_this_thread(
     a: MatRef<'_>,
     b: MatRef<'_>,
     accumulate: bool,
-) {
-    product(dst, a, b, accumulate, true);
+) -> Result<(), TensorError> {
+    let sizes = Sizes::check(a, b)?;
+    product(dst, a, b, sizes, accumulate, Some(Parallelism::None))
 }
 
-fn product(dst: &mut [f32], a: MatRef<'_>, b: MatRef<'_>, accumulate: bool, one_thread: bool) {
-    let (m, n) = check(a, b);
-    assert!(dst.len() >= m * n, "matmul: destination too short");
-    let k = a.logical().1;
-    if m * n == 0 || k == 0 {
-        if !accumulate {
-            dst[..m * n].fill(0.0);
-        }
-        return;
+fn product(
+    dst: &mut [f32],
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    sizes: Sizes,
+    accumulate: bool,
+    parallelism: Option<Parallelism>,
+) -> Result<(), TensorError> {
+    if dst.len() < sizes.dst {
+        return Err(TensorError::invalid(
+            "matmul",
+            format!(
+                "the destination holds {} values, the {}×{} product needs {}",
+                dst.len(),
+                sizes.m,
+                sizes.n,
+                sizes.dst
+            ),
+        ));
     }
-    let parallelism = if one_thread {
-        Parallelism::None
-    } else {
-        threads_for(m, n, k)
-    };
-    // SAFETY: `dst` is a unique borrow of at least m·n elements (asserted above), so it aliases
-    // neither operand and every element gemm writes is in bounds.
+    if sizes.is_empty() {
+        if !accumulate {
+            dst[..sizes.dst].fill(0.0);
+        }
+        return Ok(());
+    }
+    let parallelism = parallelism.unwrap_or_else(|| sizes.threads());
+    // SAFETY: `Sizes::check` passed for these operands and `dst` holds at least `sizes.dst`
+    // = m·n values (checked above); `dst` is a unique borrow, so it aliases neither operand;
+    // the product is not empty (m, n and k are all non-zero).
     #[allow(unsafe_code)]
     unsafe {
-        product_into(dst.as_mut_ptr(), a, b, accumulate, parallelism);
+        product_into(dst.as_mut_ptr(), a, b, sizes, accumulate, parallelism);
     }
+    Ok(())
 }
 
 /// `a · b` as a new row-major buffer. The product writes every element before anything reads
 /// it, so the buffer skips the zero-fill a `vec![0.0; m·n]` would cost (megabytes for a
 /// convolution's gradient).
 ///
-/// # Panics
+/// # Errors
 ///
-/// As [`matmul`].
-pub fn matmul_new(a: MatRef<'_>, b: MatRef<'_>) -> Vec<f32> {
-    let (m, n) = check(a, b);
-    if m * n == 0 || a.logical().1 == 0 {
-        return vec![0.0; m * n];
+/// As [`matmul`], and when the product does not fit in memory.
+pub fn matmul_new(a: MatRef<'_>, b: MatRef<'_>) -> Result<Vec<f32>, TensorError> {
+    let sizes = Sizes::check(a, b)?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(sizes.dst).map_err(|e| {
+        TensorError::invalid(
+            "matmul",
+            format!(
+                "the {}×{} product does not fit in memory: {e}",
+                sizes.m, sizes.n
+            ),
+        )
+    })?;
+    if sizes.is_empty() {
+        out.resize(sizes.dst, 0.0);
+        return Ok(out);
     }
-    let mut out = Vec::with_capacity(m * n);
-    // SAFETY: the buffer has room for m·n elements and aliases nothing. With `accumulate`
+    // SAFETY: `Sizes::check` passed for these operands and the product is not empty; the
+    // buffer has room for `sizes.dst` = m·n values and aliases nothing. With `accumulate`
     // false, gemm never reads the destination (the product overwrites it: the tests fill it
-    // with NaN first to prove it) and writes every one of its m·n elements, so all are
+    // with NaN first to prove it) and writes every one of its m·n values, so all are
     // initialised before `set_len`.
     #[allow(unsafe_code)]
     unsafe {
-        product_into(
-            out.as_mut_ptr(),
-            a,
-            b,
-            false,
-            threads_for(m, n, a.logical().1),
-        );
-        out.set_len(m * n);
+        product_into(out.as_mut_ptr(), a, b, sizes, false, sizes.threads());
+        out.set_len(sizes.dst);
     }
-    out
+    Ok(out)
 }
 
-/// The product's `(m, n)`, after the checks that keep gemm's reads in bounds.
-fn check(a: MatRef<'_>, b: MatRef<'_>) -> (usize, usize) {
-    let (m, k) = a.logical();
-    let (k2, n) = b.logical();
-    assert_eq!(k, k2, "matmul: inner dimensions differ");
-    assert!(
-        a.data.len() >= a.rows * a.cols && b.data.len() >= b.rows * b.cols,
-        "matmul: operand too short"
-    );
-    (m, n)
+/// A product's dimensions, once the operands are known to cover them.
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    m: usize,
+    n: usize,
+    k: usize,
+    /// `m·n`, the destination's length.
+    dst: usize,
 }
 
-/// All of rayon's threads for a product large enough to repay the forks, else this one.
-fn threads_for(m: usize, n: usize, k: usize) -> Parallelism {
-    if m * n * k >= PARALLEL_THRESHOLD && rayon::current_num_threads() > 1 {
-        Parallelism::Rayon(rayon::current_num_threads())
-    } else {
-        Parallelism::None
+impl Sizes {
+    /// The checks that keep gemm's reads in bounds: the inner dimensions agree, every
+    /// dimension product fits in `usize`, and each slice holds at least `rows·cols` values.
+    fn check(a: MatRef<'_>, b: MatRef<'_>) -> Result<Self, TensorError> {
+        let (m, k) = a.logical();
+        let (k2, n) = b.logical();
+        let shapes = |why: String| {
+            TensorError::mismatch("matmul", &[a.rows, a.cols], &[b.rows, b.cols], why)
+        };
+        if k != k2 {
+            return Err(shapes(format!("inner dimensions {k} and {k2} differ")));
+        }
+        for (name, operand) in [("left", a), ("right", b)] {
+            match operand.rows.checked_mul(operand.cols) {
+                Some(len) if len <= operand.data.len() => {}
+                Some(len) => {
+                    return Err(shapes(format!(
+                        "the {name} operand holds {} values, its dimensions need {len}",
+                        operand.data.len()
+                    )));
+                }
+                None => return Err(shapes(format!("the {name} operand's size overflows"))),
+            }
+        }
+        let dst = m
+            .checked_mul(n)
+            .ok_or_else(|| shapes(format!("the {m}×{n} product's size overflows")))?;
+        Ok(Self { m, n, k, dst })
+    }
+
+    fn is_empty(self) -> bool {
+        self.dst == 0 || self.k == 0
+    }
+
+    /// All of rayon's threads for a product large enough to repay the forks, else this one.
+    fn threads(self) -> Parallelism {
+        let work = self.m.saturating_mul(self.n).saturating_mul(self.k);
+        if work >= PARALLEL_THRESHOLD && rayon::current_num_threads() > 1 {
+            Parallelism::Rayon(rayon::current_num_threads())
+        } else {
+            Parallelism::None
+        }
     }
 }
 
@@ -156,23 +219,28 @@ fn threads_for(m: usize, n: usize, k: usize) -> Parallelism {
 ///
 /// # Safety
 ///
-/// `dst` must be valid for writes of `m·n` elements (and reads, when `accumulate`), alias
-/// neither operand, and the operands must have passed [`check`]; `m`, `n` and `k` must be
-/// non-zero.
+/// `sizes` must come from [`Sizes::check`] on these operands and describe a product that is
+/// not empty; `dst` must be valid for writes of `sizes.dst` values (and reads, when
+/// `accumulate`) and alias neither operand.
 #[allow(unsafe_code)]
 unsafe fn product_into(
     dst: *mut f32,
     a: MatRef<'_>,
     b: MatRef<'_>,
+    sizes: Sizes,
     accumulate: bool,
     parallelism: Parallelism,
 ) {
-    let (m, k) = a.logical();
-    let n = b.logical().1;
+    let Sizes { m, n, k, .. } = sizes;
     let (a_rs, a_cs) = a.strides();
     let (b_rs, b_cs) = b.strides();
-    // SAFETY: gemm reads a[i·a_rs + p·a_cs] for i < m, p < k and b[p·b_rs + j·b_cs] for
-    // p < k, j < n, in bounds by `check`; it writes dst[i·n + j], in bounds by the caller.
+    // SAFETY: m, n and k are non-zero, so each operand's rows and cols are too, and their
+    // checked product is at most the slice's length: every dimension, and so every stride,
+    // is below `isize::MAX` and the `cast_signed`s in `strides` keep their values. gemm reads
+    // a[i·a_rs + p·a_cs] for i < m, p < k, whose largest offset is rows·cols − 1 of `a` as
+    // stored (likewise b[p·b_rs + j·b_cs] for p < k, j < n), in bounds by `Sizes::check`; it
+    // writes (and, accumulating, reads) dst[i·n + j] < m·n = `sizes.dst`, in bounds by the
+    // caller.
     unsafe {
         gemm::gemm(
             m,
@@ -257,7 +325,7 @@ mod tests {
                 }
             };
             let mut c = vec![f32::NAN; m * n];
-            matmul(&mut c, lhs, rhs, false);
+            matmul(&mut c, lhs, rhs, false).unwrap();
             assert_eq!(c, expected, "transposed a: {ta}, b: {tb}");
         }
     }
@@ -281,7 +349,8 @@ mod tests {
                 transposed: false,
             },
             true,
-        );
+        )
+        .unwrap();
         assert_eq!(c, [15.0]);
     }
 
@@ -302,7 +371,7 @@ mod tests {
             cols: n,
             transposed: false,
         };
-        assert_eq!(matmul_new(lhs, rhs), naive(&a, &b, m, k, n));
+        assert_eq!(matmul_new(lhs, rhs).unwrap(), naive(&a, &b, m, k, n));
         let empty = MatRef {
             data: &[],
             rows: m,
@@ -315,6 +384,6 @@ mod tests {
             cols: n,
             transposed: false,
         };
-        assert_eq!(matmul_new(empty, none), vec![0.0; m * n]);
+        assert_eq!(matmul_new(empty, none).unwrap(), vec![0.0; m * n]);
     }
 }

@@ -542,7 +542,11 @@ fn multiply_each_point(
         .zip(a.chunks_exact(a_piece.len()))
         .zip(b.chunks_exact(b_piece.len()))
     {
-        matmul_on_this_thread(dst, a_piece.of(a), b_piece.of(b), accumulate);
+        if let Err(e) = matmul_on_this_thread(dst, a_piece.of(a), b_piece.of(b), accumulate) {
+            // Every slice here is cut to its piece's exact length, and the pieces' sizes are
+            // products of a geometry whose sizes `ops` checked to fit in `usize`.
+            unreachable!("a Winograd per-point product of its own pieces: {e}");
+        }
     }
 }
 
@@ -1263,7 +1267,7 @@ mod tests {
             let input = values(batch * size.0 * size.1 * c, 1);
             let kernel = values(9 * c * f, 2);
             let bias = values(f, 3);
-            let (mut want, _) = im2col_conv2d(&input, &kernel, Some(&bias), f, &g);
+            let (mut want, _) = im2col_conv2d(&input, &kernel, Some(&bias), f, &g).unwrap();
             for v in &mut want {
                 *v = v.max(0.0);
             }
@@ -1287,7 +1291,7 @@ mod tests {
             let input = values(batch * size.0 * size.1 * c, 4);
             let kernel = values(9 * c * f, 5);
             let d_out = values(batch * g.out_pixels() * f, 6);
-            let (out, cols) = im2col_conv2d(&input, &kernel, None, f, &g);
+            let (out, cols) = im2col_conv2d(&input, &kernel, None, f, &g).unwrap();
             let relu_output: Vec<f32> = out.iter().map(|v| v.max(0.0)).collect();
             let im2col = Lowering::Im2col(cols);
             for relu in [false, true] {
@@ -1295,7 +1299,7 @@ mod tests {
                     values: &d_out,
                     relu_output: relu.then_some(&relu_output[..]),
                 };
-                let want = conv2d_backward(&im2col, &input, &kernel, grad, f, &g, ALL);
+                let want = conv2d_backward(&im2col, &input, &kernel, grad, f, &g, ALL).unwrap();
                 for t in [Tiling::F2, Tiling::F4] {
                     let got = backward(t, &input, &kernel, OutputGradient::Whole(grad), f, &g, ALL);
                     let what = format!("F({}) relu {relu} {g:?}", t.m());

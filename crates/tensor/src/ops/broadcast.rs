@@ -1,6 +1,7 @@
 //! `NumPy` broadcasting: shapes aligned on the right, size-1 dimensions stretched.
 
 use crate::error::TensorError;
+use crate::tensor::count_values;
 
 /// The shape two operands broadcast to.
 pub(crate) fn broadcast_shape(
@@ -9,7 +10,7 @@ pub(crate) fn broadcast_shape(
     b: &[usize],
 ) -> Result<Vec<usize>, TensorError> {
     let rank = a.len().max(b.len());
-    (0..rank)
+    let shape = (0..rank)
         .map(|i| {
             let da = if i + a.len() >= rank {
                 a[i + a.len() - rank]
@@ -32,7 +33,9 @@ pub(crate) fn broadcast_shape(
                 )),
             }
         })
-        .collect()
+        .collect::<Result<Vec<usize>, TensorError>>()?;
+    count_values(op, &shape)?;
+    Ok(shape)
 }
 
 /// For each element of a tensor of shape `out`, the offset of the element of a tensor of shape

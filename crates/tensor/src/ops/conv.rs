@@ -3,7 +3,7 @@
 use crate::error::TensorError;
 use crate::kernels::conv::Geometry;
 use crate::kernels::pool;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, count_values};
 
 /// How windows meet the border, as in Keras.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -37,8 +37,13 @@ fn output_size(
         Padding::Valid => Ok(((input - window) / stride + 1, 0)),
         Padding::Same => {
             let out = input.div_ceil(stride);
-            let total = ((out.saturating_sub(1)) * stride + window).saturating_sub(input);
-            Ok((out, total / 2))
+            // (out − 1)·stride < input, so only adding the window can overflow.
+            let reach = (out.saturating_sub(1) * stride)
+                .checked_add(window)
+                .ok_or_else(|| {
+                    TensorError::invalid(op, format!("a window of {window} overflows the padding"))
+                })?;
+            Ok((out, reach.saturating_sub(input) / 2))
         }
     }
 }
@@ -58,6 +63,16 @@ pub(crate) fn geometry(
     };
     let (out_h, pad_top) = output_size(op, height, window.0, stride.0, padding)?;
     let (out_w, pad_left) = output_size(op, width, window.1, stride.1, padding)?;
+    // Every size the kernels compute from a geometry, checked once here so that none of
+    // their products can overflow: the output, a window across all channels, and the
+    // im2col rows of all windows.
+    for sizes in [
+        &[batch, out_h, out_w, channels][..],
+        &[window.0, window.1, channels],
+        &[batch, out_h, out_w, window.0, window.1, channels],
+    ] {
+        count_values(op, sizes)?;
+    }
     Ok(Geometry {
         batch,
         height,
@@ -145,14 +160,22 @@ mod tests {
 
     #[test]
     fn mismatched_channels_are_an_error_naming_both_shapes() {
-        let x = Tensor::zeros(&[1, 5, 5, 2]);
-        let k = Tensor::zeros(&[3, 3, 3, 4]);
+        let x = Tensor::zeros(&[1, 5, 5, 2]).unwrap();
+        let k = Tensor::zeros(&[3, 3, 3, 4]).unwrap();
         let err = conv2d(&x, &k, (1, 1), Padding::Valid).unwrap_err();
         assert!(
             err.to_string().contains("[1, 5, 5, 2] and [3, 3, 3, 4]"),
             "{err}"
         );
-        assert!(max_pool2d(&Tensor::zeros(&[5, 5]), (2, 2), (2, 2), Padding::Valid).is_err());
+        assert!(
+            max_pool2d(
+                &Tensor::zeros(&[5, 5]).unwrap(),
+                (2, 2),
+                (2, 2),
+                Padding::Valid
+            )
+            .is_err()
+        );
     }
 
     #[test]

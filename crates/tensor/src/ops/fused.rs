@@ -13,7 +13,7 @@ use crate::kernels::conv_pool::{PoolWindow, PooledConv, PooledGrad};
 use crate::kernels::elementwise::{relu_in_place, repeat_rows};
 use crate::kernels::gemm::{MatRef, matmul as gemm, matmul_new as gemm_new};
 use crate::kernels::reduce::sum_rows;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, count_values};
 
 fn check_bias(
     op: &'static str,
@@ -96,6 +96,10 @@ fn conv_geometry(
         ));
     }
     check_bias("conv2d", bias, x, filters)?;
+    // The output and the kernel's sizes as the kernels compute them (a zero channel count
+    // can hide an overflow of the others' product).
+    count_values("conv2d", &[g.batch, g.out_h, g.out_w, filters])?;
+    count_values("conv2d", &[kh, kw, c_in, filters])?;
     Ok((g, filters))
 }
 
@@ -131,7 +135,7 @@ pub fn conv2d_bias_relu(
         relu,
         filters,
         &g,
-    );
+    )?;
     let (input, weights, has_bias) = (x.clone(), kernel.clone(), bias.is_some());
     let shape = vec![g.batch, g.out_h, g.out_w, filters];
     Ok(Tensor::from_op(
@@ -152,7 +156,7 @@ pub fn conv2d_bias_relu(
                 filters,
                 &g,
                 wanted,
-            );
+            )?;
             Ok(conv_grads(grads, &input, &weights, has_bias))
         },
     ))
@@ -285,8 +289,9 @@ pub(crate) fn product(
         ));
     }
     check_bias(op, bias, x, n)?;
+    count_values(op, &[m, n])?;
     let mut out = repeat_rows(bias.map(Tensor::data), m, n);
-    gemm(&mut out, plain(x, m, k), plain(w, k, n), bias.is_some());
+    gemm(&mut out, plain(x, m, k), plain(w, k, n), bias.is_some())?;
     if relu {
         relu_in_place(&mut out);
     }
@@ -310,8 +315,8 @@ pub(crate) fn product(
                                 cols: n,
                                 transposed: true,
                             },
-                        );
-                        Tensor::raw(dx, vec![m, k])
+                        )?;
+                        Ok::<_, TensorError>(Tensor::raw(dx, vec![m, k]))
                     })
                 },
                 || {
@@ -324,12 +329,12 @@ pub(crate) fn product(
                                 transposed: true,
                             },
                             plain(&d, m, n),
-                        );
-                        Tensor::raw(dw, vec![k, n])
+                        )?;
+                        Ok::<_, TensorError>(Tensor::raw(dw, vec![k, n]))
                     })
                 },
             );
-            let mut grads = vec![dx, dw];
+            let mut grads = vec![dx.transpose()?, dw.transpose()?];
             if has_bias {
                 grads.push(Some(Tensor::raw(sum_rows(d.data(), n), vec![n])));
             }

@@ -2,7 +2,7 @@
 
 use crate::error::TensorError;
 use crate::kernels::reduce::sum_middle;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, count_values};
 
 /// The input viewed as `[outer, mid, inner]` around a contiguous run of reduced axes.
 fn reduction_plan(
@@ -44,8 +44,9 @@ pub fn sum(x: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor, TensorE
     let mut data = x.data().to_vec();
     let mut shape = x.shape().to_vec();
     for axis in (0..shape.len()).rev().filter(|&a| reduced[a]) {
-        let outer: usize = shape[..axis].iter().product();
-        let inner: usize = shape[axis + 1..].iter().product();
+        // Sub-products of a tensor's shape always fit (`element_count`).
+        let outer = count_values("sum", &shape[..axis])?;
+        let inner = count_values("sum", &shape[axis + 1..])?;
         data = sum_middle(&data, outer, shape[axis], inner);
         shape[axis] = 1;
     }
@@ -75,7 +76,7 @@ pub fn sum(x: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor, TensorE
 ///
 /// When an axis is out of range or repeated.
 pub fn mean(x: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor, TensorError> {
-    let count: usize = axes.iter().filter_map(|&a| x.shape().get(a)).product();
     let total = sum(x, axes, keepdims)?;
+    let count: usize = axes.iter().filter_map(|&a| x.shape().get(a)).product();
     Ok(super::scale(&total, 1.0 / count.max(1) as f32))
 }

@@ -1,7 +1,7 @@
 //! Shape changes that share data.
 
 use crate::error::TensorError;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, count_values};
 
 /// The same values under another shape of the same size; shares the data.
 ///
@@ -9,7 +9,7 @@ use crate::tensor::Tensor;
 ///
 /// When the sizes differ.
 pub fn reshape(x: &Tensor, shape: &[usize]) -> Result<Tensor, TensorError> {
-    if shape.iter().product::<usize>() != x.len() {
+    if count_values("reshape", shape)? != x.len() {
         return Err(TensorError::mismatch(
             "reshape",
             x.shape(),
@@ -33,5 +33,5 @@ pub fn flatten(x: &Tensor) -> Result<Tensor, TensorError> {
         .shape()
         .split_first()
         .ok_or_else(|| TensorError::invalid("flatten", "needs a batch axis"))?;
-    reshape(x, &[batch, rest.iter().product()])
+    reshape(x, &[batch, count_values("flatten", rest)?])
 }

@@ -1,0 +1,54 @@
+//! The models of the tutorials Lockstep follows, defined once for the examples, tests and
+//! benchmarks that train them.
+
+use crate::error::NnError;
+use crate::layers::{Activation, Conv2D, Dense, Flatten, Layer, MaxPooling2D};
+use crate::model::Sequential;
+
+/// The CNN of TensorFlow's multi-worker tutorials, on 28×28 grey images: Conv2D(32, 3×3,
+/// relu) → MaxPooling2D(2×2) → Conv2D(64, 3×3, relu) → MaxPooling2D(2×2) → Flatten →
+/// Dense(128, relu) → Dense(10) (logits).
+///
+/// ```
+/// let model = lockstep_nn::models::mnist_cnn(42)?;
+/// assert_eq!(model.output_shape(), [10]);
+/// assert_eq!(model.parameters().len(), 225_034);
+/// # Ok::<(), lockstep_nn::NnError>(())
+/// ```
+///
+/// # Errors
+///
+/// None in practice: the shapes are fixed and fit; the `Result` is [`Sequential::new`]'s.
+pub fn mnist_cnn(seed: u64) -> Result<Sequential, NnError> {
+    let layers: Vec<Box<dyn Layer>> = vec![
+        Box::new(Conv2D::new(32, (3, 3)).activation(Activation::Relu)),
+        Box::new(MaxPooling2D::new((2, 2))),
+        Box::new(Conv2D::new(64, (3, 3)).activation(Activation::Relu)),
+        Box::new(MaxPooling2D::new((2, 2))),
+        Box::new(Flatten),
+        Box::new(Dense::new(128).activation(Activation::Relu)),
+        Box::new(Dense::new(10)),
+    ];
+    Sequential::new(&[28, 28, 1], layers, seed)
+}
+
+/// The Keras distributed-training guide's MLP, on flattened 784-pixel images: Dense(256,
+/// relu) → Dense(256, relu) → Dense(10) (logits).
+///
+/// ```
+/// let model = lockstep_nn::models::mnist_mlp(0)?;
+/// assert_eq!(model.parameters().len(), 784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10);
+/// # Ok::<(), lockstep_nn::NnError>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`mnist_cnn`].
+pub fn mnist_mlp(seed: u64) -> Result<Sequential, NnError> {
+    let layers: Vec<Box<dyn Layer>> = vec![
+        Box::new(Dense::new(256).activation(Activation::Relu)),
+        Box::new(Dense::new(256).activation(Activation::Relu)),
+        Box::new(Dense::new(10)),
+    ];
+    Sequential::new(&[784], layers, seed)
+}
