@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use lockstep_collective::{
-    CommunicationOptions, Communicator, Implementation, LocalTransport, ReduceOp,
+    CommunicationOptions, Communicator, Implementation, LocalTransport, ReduceOp, SameHost,
     SharedMemoryTransport, TcpOptions, TcpTransport, Transport,
 };
 
@@ -87,16 +87,19 @@ fn tcp(n: usize) -> Vec<Box<dyn Transport>> {
         .iter()
         .map(|l| l.local_addr().expect("address").to_string())
         .collect();
-    drop(listeners);
     let options = TcpOptions {
         cluster: 1,
         rendezvous_timeout: Duration::from_secs(20),
+        // Threads of one process over TCP on loopback: what the row measures.
+        same_host: SameHost::Tcp,
     };
-    let handles: Vec<_> = (0..n)
-        .map(|rank| {
+    let handles: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(rank, listener)| {
             let (addresses, options) = (addresses.clone(), options.clone());
             thread::spawn(move || {
-                TcpTransport::connect(rank, &addresses, &options).expect("tcp group")
+                TcpTransport::connect_on(listener, rank, &addresses, &options).expect("tcp group")
             })
         })
         .collect();

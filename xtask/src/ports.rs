@@ -1,28 +1,34 @@
-//! Free TCP ports on the loopback interface.
+//! The tasks' listening sockets, bound by the launcher and handed to each task.
 
 use std::io;
 use std::net::{Ipv4Addr, TcpListener};
+use std::os::fd::OwnedFd;
+use std::process::Command;
 
-/// Ports the kernel reports free, all distinct, held until [`ReservedPorts::release`] so that
-/// asking for several at once cannot return the same port twice.
-///
-/// Another program may still take a port between `release` and the moment a task binds it;
-/// the window is the few milliseconds it takes to spawn the tasks.
+use command_fds::{CommandFdExt, FdMapping};
+
+/// Where a socket handed over in systemd's socket-activation protocol sits in the child
+/// (`SD_LISTEN_FDS_START`).
+const LISTEN_FD: i32 = 3;
+
+/// Listening sockets on ports the kernel chose, all distinct. Each task receives its socket
+/// already bound and listening, so no other program (a parallel test's cluster, say) can take
+/// the port between the launcher choosing it and the task using it.
 #[derive(Debug)]
-pub(crate) struct ReservedPorts {
+pub(crate) struct TaskListeners {
     listeners: Vec<TcpListener>,
 }
 
-impl ReservedPorts {
+impl TaskListeners {
     /// Binds `count` ephemeral ports on 127.0.0.1.
-    pub(crate) fn reserve(count: usize) -> io::Result<Self> {
+    pub(crate) fn bind(count: usize) -> io::Result<Self> {
         let listeners = (0..count)
             .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
             .collect::<io::Result<Vec<_>>>()?;
         Ok(Self { listeners })
     }
 
-    /// The reserved port numbers.
+    /// The bound port numbers, in task order.
     pub(crate) fn ports(&self) -> io::Result<Vec<u16>> {
         self.listeners
             .iter()
@@ -30,9 +36,24 @@ impl ReservedPorts {
             .collect()
     }
 
-    /// Frees the ports for the tasks to bind.
-    pub(crate) fn release(self) {
-        drop(self.listeners);
+    /// Gives each command its task's socket as file descriptor 3 with `LISTEN_FDS=1`, in
+    /// task order. The command owns the socket from here; the launcher keeps no copy.
+    pub(crate) fn hand_over<'a>(
+        self,
+        commands: impl IntoIterator<Item = &'a mut Command>,
+    ) -> anyhow::Result<()> {
+        for (listener, command) in self.listeners.into_iter().zip(commands) {
+            command
+                .fd_mappings(vec![FdMapping {
+                    parent_fd: OwnedFd::from(listener),
+                    child_fd: LISTEN_FD,
+                }])
+                .map_err(|e| anyhow::anyhow!("handing a listening socket to a task: {e}"))?
+                .env("LISTEN_FDS", "1")
+                .env_remove("LISTEN_PID")
+                .env_remove("LISTEN_FDNAMES");
+        }
+        Ok(())
     }
 }
 
@@ -41,16 +62,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reserved_ports_are_distinct_and_bindable_after_release() {
-        let reserved = ReservedPorts::reserve(8).unwrap();
-        let mut ports = reserved.ports().unwrap();
-        reserved.release();
+    fn bound_ports_are_distinct_and_stay_taken_until_handed_over() {
+        let bound = TaskListeners::bind(8).unwrap();
+        let mut ports = bound.ports().unwrap();
         for &port in &ports {
             assert_ne!(port, 0);
-            TcpListener::bind((Ipv4Addr::LOCALHOST, port)).unwrap();
+            assert!(
+                TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_err(),
+                "port {port} is free for anyone to take"
+            );
         }
         ports.sort_unstable();
         ports.dedup();
         assert_eq!(ports.len(), 8);
+    }
+
+    #[test]
+    fn a_handed_over_socket_is_descriptor_three_in_the_child() {
+        let bound = TaskListeners::bind(1).unwrap();
+        let port = bound.ports().unwrap()[0];
+        let mut command = Command::new("sh");
+        command.args([
+            "-c",
+            "test \"$LISTEN_FDS\" = 1 && readlink /proc/self/fd/3 | grep -q '^socket:'",
+        ]);
+        bound.hand_over([&mut command]).unwrap();
+        assert!(command.status().unwrap().success());
+        // The command still owns the socket: the port stays taken until it is dropped.
+        assert!(TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_err());
+        drop(command);
+        assert!(TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok());
     }
 }

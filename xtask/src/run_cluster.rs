@@ -9,7 +9,7 @@ use anyhow::{Context as _, bail};
 
 use crate::build_example::build_example;
 use crate::cluster_plan::{Shape, plan};
-use crate::ports::ReservedPorts;
+use crate::ports::TaskListeners;
 use crate::supervise::{Outcome, Supervisor};
 
 /// The example run when `--example` is not given: synchronous training on the embedded MNIST.
@@ -90,14 +90,17 @@ pub(crate) fn run(args: &RunClusterArgs) -> anyhow::Result<()> {
         ps: args.ps,
         evaluator: args.evaluator,
     };
-    let reserved =
-        ReservedPorts::reserve(shape.tasks().len()).context("reserving ports on 127.0.0.1")?;
-    let planned = plan(shape, &reserved.ports().context("reading reserved ports")?)?;
+    let listeners =
+        TaskListeners::bind(shape.tasks().len()).context("binding ports on 127.0.0.1")?;
+    let planned = plan(
+        shape,
+        &listeners.ports().context("reading the bound ports")?,
+    )?;
     let executable = build_example(&args.example, &args.profile)?;
 
     let interrupted = interrupted_flag()?;
 
-    let commands = planned
+    let mut commands = planned
         .into_iter()
         .map(|(task, config)| {
             let mut command = Command::new(&executable);
@@ -107,12 +110,12 @@ pub(crate) fn run(args: &RunClusterArgs) -> anyhow::Result<()> {
             (task, command)
         })
         .collect::<Vec<_>>();
+    listeners.hand_over(commands.iter_mut().map(|(_, command)| command))?;
     let count = commands.len();
     tracing::info!(example = %args.example, tasks = count, "starting local cluster");
     let deadline = args
         .timeout_secs
         .map(|s| Instant::now() + Duration::from_secs(s));
-    reserved.release();
     let supervisor = Supervisor::start(commands, Duration::from_secs(args.grace_secs))?;
     match supervisor.wait(&interrupted, deadline, args.keep_going) {
         Outcome::Succeeded => {

@@ -8,7 +8,7 @@ use crate::error::CollectiveError;
 use crate::flight::{FlightRecord, FlightRecorder};
 use crate::header::{DType, Header, Kind, Op};
 use crate::session::Session;
-use crate::transport::{ClusterTransport, TcpOptions, Transport};
+use crate::transport::{ClusterTransport, TcpOptions, Transport, inherited};
 use lockstep_cluster::Cluster;
 
 /// Which algorithm an all-reduce uses, as `tf.distribute.experimental.CommunicationImplementation`.
@@ -87,6 +87,11 @@ impl<T: Transport> Communicator<T> {
     /// The number of ranks.
     pub fn world_size(&self) -> usize {
         self.transport.world_size()
+    }
+
+    /// The transport underneath (for its settings, say).
+    pub fn transport(&self) -> &T {
+        &self.transport
     }
 
     /// The options in force.
@@ -216,7 +221,9 @@ impl<T: ClusterTransport> Communicator<T> {
     /// Joins the collective group of a `TF_CONFIG`-style cluster over TCP or gRPC (the
     /// transport type chooses): this task's rank and
     /// every member's address come from `cluster`, and the cluster identity from its addresses,
-    /// so tasks of another cluster cannot join by mistake.
+    /// so tasks of another cluster cannot join by mistake. A listening socket handed to the
+    /// process in systemd's socket-activation protocol (`LISTEN_FDS`, as `cargo xtask
+    /// run-cluster` hands each task its port) is used instead of binding the address.
     ///
     /// # Errors
     ///
@@ -226,6 +233,25 @@ impl<T: ClusterTransport> Communicator<T> {
         cluster: &Cluster,
         options: CommunicationOptions,
         rendezvous_timeout: Duration,
+    ) -> Result<Self, CollectiveError> {
+        let transport = TcpOptions {
+            rendezvous_timeout,
+            ..TcpOptions::default()
+        };
+        Self::from_cluster_with(cluster, options, &transport)
+    }
+
+    /// As [`Communicator::from_cluster`], with the transport's own options (how to reach
+    /// peers on the same host, the rendezvous timeout); their `cluster` identity is replaced
+    /// by the one computed from the cluster's addresses.
+    ///
+    /// # Errors
+    ///
+    /// As [`Communicator::from_cluster`].
+    pub fn from_cluster_with(
+        cluster: &Cluster,
+        options: CommunicationOptions,
+        transport: &TcpOptions,
     ) -> Result<Self, CollectiveError> {
         let rank = cluster.rank().ok_or_else(|| CollectiveError::InvalidArgument {
             op: "from_cluster",
@@ -238,12 +264,15 @@ impl<T: ClusterTransport> Communicator<T> {
             .collect();
         let tcp = TcpOptions {
             cluster: cluster_identity(&addresses),
-            rendezvous_timeout,
+            ..transport.clone()
         };
         let transport = if addresses.is_empty() {
             T::single()
         } else {
-            T::connect(rank, &addresses, &tcp)?
+            match inherited::take_listener(&addresses[rank])? {
+                Some(listener) => T::connect_on(listener, rank, &addresses, &tcp)?,
+                None => T::connect(rank, &addresses, &tcp)?,
+            }
         };
         Ok(Self::new(transport, options))
     }

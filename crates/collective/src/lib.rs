@@ -58,6 +58,6 @@ pub use half::bf16;
 pub use header::{DType, HEADER_LEN, Header, HeaderError, Kind, Message, Op};
 pub use hierarchical::HierarchicalCommunicator;
 pub use transport::{
-    Arrival, ClusterTransport, Completion, Flow, GrpcTransport, LocalTransport,
-    SharedMemoryTransport, TcpOptions, TcpTransport, Transport,
+    Arrival, ClusterTransport, Completion, Flow, GrpcTransport, LocalTransport, SameHost,
+    SharedMemoryTransport, TcpOptions, TcpSettings, TcpTransport, Transport,
 };

@@ -139,5 +139,7 @@ conformance!(shared_memory, Wire::Shared, Implementation::Auto);
 conformance!(tcp_ring, Wire::Tcp, Implementation::Ring);
 conformance!(tcp_tree, Wire::Tcp, Implementation::Tree);
 conformance!(tcp_auto, Wire::Tcp, Implementation::Auto);
+conformance!(tcp_loopback_ring, Wire::TcpLoopback, Implementation::Ring);
+conformance!(tcp_loopback_tree, Wire::TcpLoopback, Implementation::Tree);
 conformance!(grpc_ring, Wire::Grpc, Implementation::Ring);
 conformance!(grpc_tree, Wire::Grpc, Implementation::Tree);

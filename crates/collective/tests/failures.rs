@@ -12,7 +12,7 @@ use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Wire, free_addresses, run, transports};
+use common::{Wire, free_addresses, fresh_cluster, listeners, run, transports};
 use lockstep_collective::{
     CollectiveError, CommunicationOptions, Communicator, Implementation, Op, ReduceOp, TcpOptions,
     TcpTransport,
@@ -36,7 +36,13 @@ fn is_mismatch_or_abort_of_one(e: &CollectiveError) -> bool {
 
 #[test]
 fn wrong_sizes_on_one_rank_fail_every_rank_and_break_the_communicator() {
-    for wire in [Wire::Local, Wire::Shared, Wire::Tcp, Wire::Grpc] {
+    for wire in [
+        Wire::Local,
+        Wire::Shared,
+        Wire::Tcp,
+        Wire::TcpLoopback,
+        Wire::Grpc,
+    ] {
         for implementation in [Implementation::Ring, Implementation::Tree] {
             let results = run(wire, 4, quick(implementation), |comm| {
                 let len = if comm.rank() == 2 { 100 } else { 200 };
@@ -61,7 +67,13 @@ fn wrong_sizes_on_one_rank_fail_every_rank_and_break_the_communicator() {
 
 #[test]
 fn a_rank_that_never_joins_makes_the_others_fail_within_the_timeout() {
-    for wire in [Wire::Local, Wire::Shared, Wire::Tcp, Wire::Grpc] {
+    for wire in [
+        Wire::Local,
+        Wire::Shared,
+        Wire::Tcp,
+        Wire::TcpLoopback,
+        Wire::Grpc,
+    ] {
         let started = Instant::now();
         let results = run(wire, 3, quick(Implementation::Ring), |comm| {
             if comm.rank() == 2 {
@@ -94,7 +106,7 @@ fn a_rank_that_never_joins_makes_the_others_fail_within_the_timeout() {
 
 #[test]
 fn a_rank_that_disappears_is_reported_as_lost() {
-    for wire in [Wire::Local, Wire::Tcp, Wire::Grpc] {
+    for wire in [Wire::Local, Wire::Tcp, Wire::TcpLoopback, Wire::Grpc] {
         let results = run(wire, 3, quick(Implementation::Ring), |comm| {
             comm.all_reduce(&mut [1.0_f32; 8], ReduceOp::Sum).unwrap();
             if comm.rank() == 1 {
@@ -116,13 +128,14 @@ fn a_rank_that_disappears_is_reported_as_lost() {
 
 #[test]
 fn a_connection_from_outside_the_cluster_is_refused_and_the_group_still_forms() {
-    let addresses = free_addresses(2);
+    let (mut listeners, addresses) = listeners(2);
     let options = TcpOptions {
-        cluster: 7,
+        cluster: fresh_cluster(),
         rendezvous_timeout: Duration::from_secs(10),
+        ..TcpOptions::default()
     };
-    let (a0, o0) = (addresses.clone(), options.clone());
-    let rank0 = thread::spawn(move || TcpTransport::connect(0, &a0, &o0));
+    let (a0, o0, l0) = (addresses.clone(), options.clone(), listeners.remove(0));
+    let rank0 = thread::spawn(move || TcpTransport::connect_on(l0, 0, &a0, &o0));
     // An intruder says hello with another cluster identity, then another sends garbage.
     let target = addresses[0].clone();
     let intruders = thread::spawn(move || {
@@ -149,7 +162,7 @@ fn a_connection_from_outside_the_cluster_is_refused_and_the_group_still_forms() 
     });
     assert_eq!(intruders.join().unwrap(), 2);
     thread::sleep(Duration::from_millis(100));
-    let rank1 = TcpTransport::connect(1, &addresses, &options).unwrap();
+    let rank1 = TcpTransport::connect_on(listeners.remove(0), 1, &addresses, &options).unwrap();
     let rank0 = rank0.join().unwrap().unwrap();
     let results: Vec<_> = [rank0, rank1]
         .into_iter()
@@ -168,18 +181,21 @@ fn a_connection_from_outside_the_cluster_is_refused_and_the_group_still_forms() 
 
 #[test]
 fn late_starters_join_the_group() {
-    let addresses = free_addresses(3);
+    let (listeners, addresses) = listeners(3);
     let options = TcpOptions {
-        cluster: 1,
+        cluster: fresh_cluster(),
         rendezvous_timeout: Duration::from_secs(20),
+        ..TcpOptions::default()
     };
-    let handles: Vec<_> = (0..3)
-        .map(|rank| {
+    let handles: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(rank, listener)| {
             let (addresses, options) = (addresses.clone(), options.clone());
             thread::spawn(move || {
                 thread::sleep(Duration::from_millis(400 * (2 - rank as u64))); // rank 0 starts last
                 let mut comm = Communicator::new(
-                    TcpTransport::connect(rank, &addresses, &options).unwrap(),
+                    TcpTransport::connect_on(listener, rank, &addresses, &options).unwrap(),
                     CommunicationOptions::default(),
                 );
                 let mut data = [rank as f64];
@@ -196,8 +212,9 @@ fn late_starters_join_the_group() {
 fn a_rendezvous_that_does_not_complete_names_the_missing_ranks() {
     let addresses = free_addresses(3);
     let options = TcpOptions {
-        cluster: 1,
+        cluster: fresh_cluster(),
         rendezvous_timeout: Duration::from_millis(500),
+        ..TcpOptions::default()
     };
     let err = TcpTransport::connect(2, &addresses, &options)
         .err()

@@ -2,10 +2,15 @@
 //! and rank 0 prints a table.
 //!
 //! ```text
-//! $ cargo xtask run-cluster --example allreduce_bench --workers 4
-//! [worker:0] ranks  bytes      algorithm  time_us   algbw_GBps  busbw_GBps
-//! [worker:0] 4      4096       tree       ...
+//! $ cargo xtask run-cluster --example allreduce_bench --workers 2 -- --sizes 4096,16777216
+//! [worker:0] settings rank=0 wires=self,unix oversubscribed=false send_ahead=0 spin_us=50 sndbuf=… rcvbuf=… cores=2 bytes_per_pack=1048576
+//! [worker:1] settings rank=1 wires=unix,self oversubscribed=false send_ahead=0 spin_us=50 sndbuf=… rcvbuf=… cores=2 bytes_per_pack=1048576
+//! [worker:0] ranks  wire   bytes      algorithm   rounds    time_us  algbw_GBps  busbw_GBps
+//! [worker:0] 2      tcp    4096       ring          …
 //! ```
+//!
+//! `--same-host tcp` makes ranks on one host talk TCP over loopback, as gloo does, instead of
+//! a Unix-domain socket.
 //!
 //! The method is the one of the reference figures in `shared/anchors/collectives/` (gloo,
 //! Open MPI), so the tables compare directly: 5 warm-up rounds; probe batches of 3, 6, 12, …
@@ -22,7 +27,7 @@ use lockstep_cluster::Cluster;
 use lockstep_cluster::{ClusterResolver, TfConfigResolver};
 use lockstep_collective::{
     ClusterTransport, CommunicationOptions, Communicator, GrpcTransport, Implementation, ReduceOp,
-    TcpTransport,
+    SameHost, TcpOptions, TcpTransport,
 };
 
 /// Measure all-reduce across the tasks of the cluster in `TF_CONFIG`.
@@ -47,6 +52,18 @@ struct Args {
     /// The transport between processes.
     #[arg(long, value_enum, default_value_t = Wire::Tcp)]
     transport: Wire,
+    /// How TCP reaches ranks on this host: a Unix-domain socket, or TCP like any other.
+    #[arg(long, value_enum, default_value_t = SameHostWire::Unix)]
+    same_host: SameHostWire,
+}
+
+/// How the TCP transport reaches ranks on the same host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SameHostWire {
+    /// A Unix-domain socket.
+    Unix,
+    /// TCP over loopback.
+    Tcp,
 }
 
 /// Transports between processes.
@@ -84,18 +101,37 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     match args.transport {
-        Wire::Tcp => measure::<TcpTransport>(&cluster, &args, "tcp"),
-        Wire::Grpc => measure::<GrpcTransport>(&cluster, &args, "grpc"),
+        Wire::Tcp => measure::<TcpTransport>(&cluster, &args, "tcp", |t| t.settings().to_string()),
+        Wire::Grpc => measure::<GrpcTransport>(&cluster, &args, "grpc", |_| {
+            "wires=grpc (tonic, HTTP/2; one stream per peer)".to_owned()
+        }),
     }
 }
 
-fn measure<T: ClusterTransport>(cluster: &Cluster, args: &Args, wire: &str) -> anyhow::Result<()> {
-    let mut comm: Communicator<T> = Communicator::from_cluster(
-        cluster,
-        CommunicationOptions::default(),
-        Duration::from_mins(1),
-    )?;
+fn measure<T: ClusterTransport>(
+    cluster: &Cluster,
+    args: &Args,
+    wire: &str,
+    settings: fn(&T) -> String,
+) -> anyhow::Result<()> {
+    let transport = TcpOptions {
+        rendezvous_timeout: Duration::from_mins(1),
+        same_host: match args.same_host {
+            SameHostWire::Unix => SameHost::UnixSocket,
+            SameHostWire::Tcp => SameHost::Tcp,
+        },
+        ..TcpOptions::default()
+    };
+    let mut comm: Communicator<T> =
+        Communicator::from_cluster_with(cluster, CommunicationOptions::default(), &transport)?;
     let n = comm.world_size();
+    // Every rank says what it chose: the settings of one rank can differ from another's.
+    println!(
+        "settings rank={} {} bytes_per_pack={}",
+        comm.rank(),
+        settings(comm.transport()),
+        args.bytes_per_pack
+    );
     if comm.rank() == 0 {
         println!(
             "{:<6} {:<6} {:<10} {:<10} {:>7} {:>10} {:>11} {:>11}",

@@ -16,6 +16,7 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::inbox::{Inbound, receive};
+use super::tcp::{bind_own, own_address};
 use super::{TcpOptions, Transport};
 use crate::error::CollectiveError;
 use crate::header::{HEADER_LEN, Header, Message};
@@ -181,12 +182,22 @@ impl GrpcTransport {
         addresses: &[String],
         options: &TcpOptions,
     ) -> Result<Self, CollectiveError> {
+        Self::connect_on(bind_own(rank, addresses)?, rank, addresses, options)
+    }
+
+    /// As [`GrpcTransport::connect`], serving on `listener`, bound already.
+    ///
+    /// # Errors
+    ///
+    /// As [`GrpcTransport::connect`].
+    pub fn connect_on(
+        listener: std::net::TcpListener,
+        rank: usize,
+        addresses: &[String],
+        options: &TcpOptions,
+    ) -> Result<Self, CollectiveError> {
+        own_address(rank, addresses)?;
         let world = addresses.len();
-        if rank >= world {
-            return Err(setup(format!(
-                "rank {rank} is not below the world size {world}"
-            )));
-        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -212,10 +223,12 @@ impl GrpcTransport {
         }
         let links = Arc::new(Mutex::new(links));
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
-        let address = addresses[rank].clone();
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind(&address))
-            .map_err(|e| setup(format!("binding {address}: {e}")))?;
+        let listener = {
+            let _in_runtime = runtime.enter();
+            listener.set_nonblocking(true).map_err(setup)?;
+            tokio::net::TcpListener::from_std(listener)
+                .map_err(|e| setup(format!("serving on {}: {e}", addresses[rank])))?
+        };
         let service = CollectiveServer::new(Service {
             me,
             links: Arc::clone(&links),

@@ -2,6 +2,7 @@
 
 mod grpc;
 mod inbox;
+pub(crate) mod inherited;
 mod local;
 mod shared;
 mod tcp;
@@ -11,7 +12,7 @@ use std::time::Instant;
 pub use grpc::GrpcTransport;
 pub use local::LocalTransport;
 pub use shared::SharedMemoryTransport;
-pub use tcp::{TcpOptions, TcpTransport};
+pub use tcp::{SameHost, TcpOptions, TcpSettings, TcpTransport};
 
 use crate::error::CollectiveError;
 use bytes::Bytes;
@@ -215,8 +216,25 @@ pub trait ClusterTransport: Transport + Sized {
     ///
     /// # Errors
     ///
-    /// [`CollectiveError::Setup`] when the group does not form before the rendezvous deadline.
+    /// [`CollectiveError::Setup`] when the address cannot be bound or the group does not form
+    /// before the rendezvous deadline.
     fn connect(
+        rank: usize,
+        addresses: &[String],
+        options: &TcpOptions,
+    ) -> Result<Self, CollectiveError> {
+        Self::connect_on(tcp::bind_own(rank, addresses)?, rank, addresses, options)
+    }
+
+    /// As [`ClusterTransport::connect`], listening on `listener`, bound to `addresses[rank]`
+    /// already: a launcher's hand-over leaves no moment in which the port is free for
+    /// another program to take.
+    ///
+    /// # Errors
+    ///
+    /// As [`ClusterTransport::connect`].
+    fn connect_on(
+        listener: std::net::TcpListener,
         rank: usize,
         addresses: &[String],
         options: &TcpOptions,
@@ -227,12 +245,13 @@ pub trait ClusterTransport: Transport + Sized {
 }
 
 impl ClusterTransport for TcpTransport {
-    fn connect(
+    fn connect_on(
+        listener: std::net::TcpListener,
         rank: usize,
         addresses: &[String],
         options: &TcpOptions,
     ) -> Result<Self, CollectiveError> {
-        Self::connect(rank, addresses, options)
+        Self::connect_on(listener, rank, addresses, options)
     }
     fn single() -> Self {
         Self::single()
@@ -240,12 +259,13 @@ impl ClusterTransport for TcpTransport {
 }
 
 impl ClusterTransport for GrpcTransport {
-    fn connect(
+    fn connect_on(
+        listener: std::net::TcpListener,
         rank: usize,
         addresses: &[String],
         options: &TcpOptions,
     ) -> Result<Self, CollectiveError> {
-        Self::connect(rank, addresses, options)
+        Self::connect_on(listener, rank, addresses, options)
     }
     fn single() -> Self {
         Self::single()

@@ -3,11 +3,12 @@
 #![allow(dead_code, reason = "each test file uses part of the helpers")]
 
 use std::net::{Ipv4Addr, TcpListener};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::Duration;
 
 use lockstep_collective::{
-    ClusterTransport, CommunicationOptions, Communicator, GrpcTransport, LocalTransport,
+    ClusterTransport, CommunicationOptions, Communicator, GrpcTransport, LocalTransport, SameHost,
     SharedMemoryTransport, TcpOptions, TcpTransport, Transport,
 };
 
@@ -16,21 +17,39 @@ use lockstep_collective::{
 pub(crate) enum Wire {
     Local,
     Shared,
+    /// TCP as `from_cluster` sets it up: ranks on one host over Unix-domain sockets.
     Tcp,
+    /// TCP over 127.0.0.1 between every pair (`SameHost::Tcp`).
+    TcpLoopback,
     Grpc,
 }
 
 pub(crate) type Comm = Communicator<Box<dyn Transport>>;
 
-/// `n` distinct free ports on 127.0.0.1.
+/// `n` distinct ports on 127.0.0.1 that nothing listens on (for tests of peers that never
+/// come). Every group that does form binds through [`listeners`] instead.
 pub(crate) fn free_addresses(n: usize) -> Vec<String> {
+    listeners(n).1
+}
+
+/// `n` listeners on ports of 127.0.0.1 the kernel chose, and their addresses. Each stays bound
+/// until its rank listens on it (`connect_on`): no parallel test can take the port between.
+pub(crate) fn listeners(n: usize) -> (Vec<TcpListener>, Vec<String>) {
     let listeners: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap())
         .collect();
-    listeners
+    let addresses = listeners
         .iter()
         .map(|l| l.local_addr().unwrap().to_string())
-        .collect()
+        .collect();
+    (listeners, addresses)
+}
+
+/// A cluster identity no other group of this test run shares, so a connection that strays
+/// between two tests' groups is refused instead of joining.
+pub(crate) fn fresh_cluster() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    (u64::from(std::process::id()) << 32) | NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Connected transports for a group of `n`, one per rank (TCP groups form on threads).
@@ -44,22 +63,29 @@ pub(crate) fn transports(wire: Wire, n: usize) -> Vec<Box<dyn Transport>> {
             .into_iter()
             .map(|t| Box::new(t) as Box<dyn Transport>)
             .collect(),
-        Wire::Tcp => connect_all::<TcpTransport>(n),
-        Wire::Grpc => connect_all::<GrpcTransport>(n),
+        Wire::Tcp => connect_all::<TcpTransport>(n, SameHost::UnixSocket),
+        Wire::TcpLoopback => connect_all::<TcpTransport>(n, SameHost::Tcp),
+        Wire::Grpc => connect_all::<GrpcTransport>(n, SameHost::Tcp),
     }
 }
 
 /// Forms a group of `n` over a network transport, one thread per rank.
-fn connect_all<T: ClusterTransport + 'static>(n: usize) -> Vec<Box<dyn Transport>> {
-    let addresses = free_addresses(n);
+fn connect_all<T: ClusterTransport + 'static>(
+    n: usize,
+    same_host: SameHost,
+) -> Vec<Box<dyn Transport>> {
+    let (listeners, addresses) = listeners(n);
     let options = TcpOptions {
-        cluster: 42,
+        cluster: fresh_cluster(),
         rendezvous_timeout: Duration::from_secs(20),
+        same_host,
     };
-    let handles: Vec<_> = (0..n)
-        .map(|rank| {
+    let handles: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(rank, listener)| {
             let (addresses, options) = (addresses.clone(), options.clone());
-            thread::spawn(move || T::connect(rank, &addresses, &options).unwrap())
+            thread::spawn(move || T::connect_on(listener, rank, &addresses, &options).unwrap())
         })
         .collect();
     handles

@@ -4,11 +4,12 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
 
+use super::stream::Stream;
 use crate::header::{HEADER_LEN, Header, Message};
 use crate::transport::Flow;
 
@@ -65,7 +66,7 @@ pub(super) enum Progress {
 
 /// A non-blocking connection to one peer.
 pub(super) struct Link {
-    stream: TcpStream,
+    stream: Stream,
     staging: Box<[u8]>,
     staged: Range<usize>,
     arriving: Option<Arriving>,
@@ -80,9 +81,9 @@ pub(super) struct Link {
 
 impl Link {
     /// Wraps a connected stream.
-    pub(super) fn new(stream: TcpStream) -> io::Result<Self> {
+    pub(super) fn new(stream: Stream) -> io::Result<Self> {
         stream.set_nonblocking(true)?;
-        stream.set_nodelay(true)?;
+        stream.tune()?;
         Ok(Self {
             stream,
             staging: vec![0; STAGING].into_boxed_slice(),
@@ -94,7 +95,7 @@ impl Link {
         })
     }
 
-    pub(super) fn stream(&self) -> &TcpStream {
+    pub(super) fn stream(&self) -> &Stream {
         &self.stream
     }
 
@@ -311,7 +312,7 @@ impl Link {
 /// Moves payload bytes into `into` (the part of a payload still missing): first what the
 /// staging space already holds, else straight from the socket; counts them in `filled`.
 fn fill(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     staging: &[u8],
     staged: &mut Range<usize>,
     into: &mut [u8],
@@ -336,7 +337,7 @@ fn fill(
 }
 
 /// A non-blocking read: `Ok(None)` when nothing is available.
-fn read(stream: &mut TcpStream, into: &mut [u8]) -> io::Result<Option<usize>> {
+fn read(stream: &mut Stream, into: &mut [u8]) -> io::Result<Option<usize>> {
     loop {
         match stream.read(into) {
             Ok(n) => return Ok(Some(n)),
@@ -349,7 +350,7 @@ fn read(stream: &mut TcpStream, into: &mut [u8]) -> io::Result<Option<usize>> {
 
 #[cfg(test)]
 mod tests {
-    use std::net::TcpListener;
+    use std::net::{TcpListener, TcpStream};
     use std::time::{Duration, Instant};
 
     use bytes::BufMut;
@@ -362,7 +363,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let writer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (reader, _) = listener.accept().unwrap();
-        (writer, Link::new(reader).unwrap())
+        (writer, Link::new(Stream::Tcp(reader)).unwrap())
     }
 
     fn frame(seq: u64, payload: &[u8]) -> Vec<u8> {

@@ -5,7 +5,9 @@
 //! reading, so two ranks sending to each other never block each other.
 
 mod link;
+mod stream;
 
+use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::num::NonZeroUsize;
@@ -17,12 +19,14 @@ use bytes::{Bytes, BytesMut};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use self::link::{Arrived, Link, MAX_PAYLOAD, Placing, Progress};
+pub use self::stream::SameHost;
+use self::stream::{Listeners, Stream, connect_unix};
 use super::{Arrival, Completion, Flow, Transport};
 use crate::error::CollectiveError;
 use crate::header::{HEADER_LEN, Header, Message};
 
 const HELLO_MAGIC: u32 = 0x4C53_4848; // "LSHH"
-const HELLO_LEN: usize = 4 + 8 + 4 + 4;
+const HELLO_LEN: usize = 4 + 8 + 4 + 4 + 4;
 /// How long a receive checks its socket in a loop before sleeping in `poll`: a wake-up from
 /// `poll` costs tens of microseconds on a VM, a round trip on loopback less.
 const SPIN: Duration = Duration::from_micros(50);
@@ -34,6 +38,8 @@ pub struct TcpOptions {
     pub cluster: u64,
     /// How long to keep trying to reach all peers at start-up.
     pub rendezvous_timeout: Duration,
+    /// How to reach peers whose address names this task's host.
+    pub same_host: SameHost,
 }
 
 impl Default for TcpOptions {
@@ -41,6 +47,7 @@ impl Default for TcpOptions {
         Self {
             cluster: 0,
             rendezvous_timeout: Duration::from_mins(1),
+            same_host: SameHost::default(),
         }
     }
 }
@@ -50,7 +57,8 @@ impl Default for TcpOptions {
 /// Rank `i` listens on `addresses[i]`, dials every higher rank and accepts every lower one.
 /// Dialling retries with backoff until the rendezvous deadline, so processes may start in any
 /// order. A connection that does not present this group's cluster identity, a valid rank and
-/// the right world size is closed and ignored.
+/// the right world size is closed and ignored. A peer whose address names this rank's own host
+/// is reached over a Unix-domain socket when it offers one ([`SameHost`]), else over TCP.
 pub struct TcpTransport {
     rank: usize,
     cluster: u64,
@@ -61,37 +69,60 @@ pub struct TcpTransport {
     oversubscribed: bool,
 }
 
+/// The choices a [`TcpTransport`] made, for benchmarks and logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpSettings {
+    /// Per rank, the kind of stream to it (`tcp` or `unix`); `None` for this rank.
+    pub wires: Vec<Option<&'static str>>,
+    /// More ranks of the group on this host than it has cores.
+    pub oversubscribed: bool,
+    /// Packs that sending may run ahead of receiving; `None` for as many as the sockets take.
+    pub send_ahead: Option<usize>,
+    /// How long a wait spins before sleeping in `poll`.
+    pub spin: Duration,
+    /// The kernel's send buffer of the first connection, in bytes (`SO_SNDBUF`).
+    pub send_buffer: Option<usize>,
+    /// The kernel's receive buffer of the first connection, in bytes (`SO_RCVBUF`).
+    pub receive_buffer: Option<usize>,
+}
+
+impl fmt::Display for TcpSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let wires: Vec<&str> = self.wires.iter().map(|w| w.unwrap_or("self")).collect();
+        let bytes = |b: Option<usize>| b.map_or("?".to_owned(), |b| b.to_string());
+        write!(
+            f,
+            "wires={} oversubscribed={} send_ahead={} spin_us={} sndbuf={} rcvbuf={} cores={}",
+            wires.join(","),
+            self.oversubscribed,
+            self.send_ahead
+                .map_or("unbounded".to_owned(), |a| a.to_string()),
+            self.spin.as_micros(),
+            bytes(self.send_buffer),
+            bytes(self.receive_buffer),
+            thread::available_parallelism().map_or(1, NonZeroUsize::get),
+        )
+    }
+}
+
 fn setup(what: impl std::fmt::Display) -> CollectiveError {
     CollectiveError::Setup(what.to_string())
 }
 
-fn hello(cluster: u64, rank: usize, world: usize) -> [u8; HELLO_LEN] {
-    let mut out = [0_u8; HELLO_LEN];
-    out[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-    out[4..12].copy_from_slice(&cluster.to_le_bytes());
-    out[12..16].copy_from_slice(&(rank as u32).to_le_bytes());
-    out[16..20].copy_from_slice(&(world as u32).to_le_bytes());
-    out
+/// `addresses[rank]`, or an error when `rank` is not below the world size.
+pub(crate) fn own_address(rank: usize, addresses: &[String]) -> Result<&str, CollectiveError> {
+    addresses.get(rank).map(String::as_str).ok_or_else(|| {
+        setup(format!(
+            "rank {rank} is not below the world size {}",
+            addresses.len()
+        ))
+    })
 }
 
-/// Reads a peer's hello: `(cluster, rank, world)`.
-fn read_hello(stream: &mut TcpStream) -> io::Result<(u64, usize, usize)> {
-    let mut raw = [0_u8; HELLO_LEN];
-    stream.read_exact(&mut raw)?;
-    let word = |at: usize| u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
-    if word(0) != HELLO_MAGIC {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a Lockstep collective peer",
-        ));
-    }
-    let mut cluster = [0_u8; 8];
-    cluster.copy_from_slice(&raw[4..12]);
-    Ok((
-        u64::from_le_bytes(cluster),
-        word(12) as usize,
-        word(16) as usize,
-    ))
+/// Binds `addresses[rank]` for a rank's listener.
+pub(crate) fn bind_own(rank: usize, addresses: &[String]) -> Result<TcpListener, CollectiveError> {
+    let address = own_address(rank, addresses)?;
+    TcpListener::bind(address).map_err(|e| setup(format!("binding {address}: {e}")))
 }
 
 impl TcpTransport {
@@ -107,20 +138,38 @@ impl TcpTransport {
         addresses: &[String],
         options: &TcpOptions,
     ) -> Result<Self, CollectiveError> {
-        let world = addresses.len();
-        if rank >= world {
-            return Err(setup(format!(
-                "rank {rank} is not below the world size {world}"
-            )));
-        }
-        let deadline = Instant::now() + options.rendezvous_timeout;
-        let listener = TcpListener::bind(&addresses[rank])
-            .map_err(|e| setup(format!("binding {}: {e}", addresses[rank])))?;
-        listener.set_nonblocking(true).map_err(setup)?;
-        let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+        Self::connect_on(bind_own(rank, addresses)?, rank, addresses, options)
+    }
 
+    /// As [`TcpTransport::connect`], accepting on `listener`, bound already (by a launcher
+    /// that handed it over, or a test that must not free a port before using it).
+    ///
+    /// # Errors
+    ///
+    /// As [`TcpTransport::connect`].
+    pub fn connect_on(
+        listener: TcpListener,
+        rank: usize,
+        addresses: &[String],
+        options: &TcpOptions,
+    ) -> Result<Self, CollectiveError> {
+        own_address(rank, addresses)?;
+        let world = addresses.len();
+        let deadline = Instant::now() + options.rendezvous_timeout;
+        let listeners =
+            Listeners::new(listener, &addresses[rank], options.same_host).map_err(setup)?;
+        let mut streams: Vec<Option<Stream>> = (0..world).map(|_| None).collect();
+
+        let me = Hello {
+            cluster: options.cluster,
+            rank,
+            world,
+            flags: 0,
+        };
         for (peer, address) in addresses.iter().enumerate().skip(rank + 1) {
-            streams[peer] = Some(dial(address, peer, rank, world, options.cluster, deadline)?);
+            let unix_first =
+                options.same_host == SameHost::UnixSocket && same_host(address, &addresses[rank]);
+            streams[peer] = Some(dial(address, peer, me, unix_first, deadline)?);
         }
         loop {
             let missing: Vec<usize> = (0..rank).filter(|&p| streams[p].is_none()).collect();
@@ -133,35 +182,42 @@ impl TcpTransport {
                     options.rendezvous_timeout
                 )));
             }
-            match listener.accept() {
-                Ok((mut stream, from)) => {
+            match listeners.accept() {
+                Ok(Some((mut stream, from))) => {
                     stream.set_nonblocking(false).map_err(setup)?;
                     stream
                         .set_read_timeout(Some(Duration::from_secs(5)))
                         .map_err(setup)?;
-                    match read_hello(&mut stream) {
-                        Ok((cluster, peer, peer_world))
-                            if cluster == options.cluster
-                                && peer_world == world
-                                && peer < rank
-                                && streams[peer].is_none() =>
+                    match Hello::read(&mut stream) {
+                        Ok(theirs)
+                            if theirs.cluster == options.cluster
+                                && theirs.world == world
+                                && theirs.rank < rank
+                                && streams[theirs.rank].is_none() =>
                         {
+                            // A peer on this host that reached the TCP port first (a
+                            // launcher's socket accepts before this rank offers its Unix
+                            // socket) is sent round to the Unix socket.
+                            let redirect = matches!(stream, Stream::Tcp(_))
+                                && listeners.unix.is_some()
+                                && theirs.flags & Hello::SAME_HOST != 0;
+                            let flags = if redirect { Hello::USE_UNIX } else { 0 };
                             stream
-                                .write_all(&hello(options.cluster, rank, world))
+                                .write_all(&Hello { flags, ..me }.encode())
                                 .map_err(setup)?;
-                            streams[peer] = Some(stream);
+                            if !redirect {
+                                streams[theirs.rank] = Some(stream);
+                            }
                         }
-                        Ok((cluster, peer, peer_world)) => {
-                            tracing::warn!(%from, cluster, peer, peer_world, "refused a connection from outside this group");
+                        Ok(theirs) => {
+                            tracing::warn!(%from, cluster = theirs.cluster, peer = theirs.rank, peer_world = theirs.world, "refused a connection from outside this group");
                         }
                         Err(e) => {
                             tracing::warn!(%from, %e, "refused a connection that did not say hello");
                         }
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    thread::sleep(Duration::from_millis(5));
-                }
+                Ok(None) => thread::sleep(Duration::from_millis(5)),
                 Err(e) => return Err(setup(format!("accepting on {}: {e}", addresses[rank]))),
             }
         }
@@ -186,6 +242,41 @@ impl TcpTransport {
         })
     }
 
+    /// How many packs sending may run ahead of receiving (`None`: as far as the sockets
+    /// take). With a core per rank, pack for pack keeps the bytes in flight few enough to stay
+    /// in cache (2 ranks on 2 cores: ~2× the bandwidth of unbounded); when ranks share cores,
+    /// each turn on a core should move as much as the sockets hold (4 ranks on 2 cores: ~1.4×).
+    fn send_ahead(&self) -> Option<usize> {
+        (!self.oversubscribed).then_some(0)
+    }
+
+    /// What this rank chose for its connections, as `cargo xtask bench allreduce` prints it.
+    pub fn settings(&self) -> TcpSettings {
+        let buffer = |option: fn(&Stream) -> nix::Result<usize>| {
+            self.links
+                .iter()
+                .flatten()
+                .next()
+                .and_then(|link| option(link.stream()).ok())
+        };
+        TcpSettings {
+            wires: self
+                .links
+                .iter()
+                .map(|link| link.as_ref().map(|l| l.stream().kind()))
+                .collect(),
+            oversubscribed: self.oversubscribed,
+            send_ahead: self.send_ahead(),
+            spin: self.spin,
+            send_buffer: buffer(|s| {
+                nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::SndBuf)
+            }),
+            receive_buffer: buffer(|s| {
+                nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::RcvBuf)
+            }),
+        }
+    }
+
     /// A group of one (a local run): no sockets at all.
     pub fn single() -> Self {
         Self {
@@ -199,54 +290,139 @@ impl TcpTransport {
     }
 }
 
+/// The host part of `host:port`, as written.
+fn host(address: &str) -> &str {
+    address.rsplit_once(':').map_or("", |(host, _)| host)
+}
+
+/// Whether two addresses name the same host (as written: `localhost` and `127.0.0.1` differ).
+fn same_host(a: &str, b: &str) -> bool {
+    host(a).eq_ignore_ascii_case(host(b))
+}
+
 /// Whether this rank's host runs more ranks of the group than it has cores.
 fn oversubscribed(addresses: &[String], rank: usize) -> bool {
-    let host = |address: &str| {
-        address
-            .rsplit_once(':')
-            .map_or("", |(host, _)| host)
-            .to_owned()
-    };
-    let here = host(&addresses[rank]);
-    let colocated = addresses.iter().filter(|a| host(a) == here).count();
+    let colocated = addresses
+        .iter()
+        .filter(|a| same_host(a, &addresses[rank]))
+        .count();
     colocated > thread::available_parallelism().map_or(1, NonZeroUsize::get)
 }
 
-/// Dials `address` until it answers with the expected hello, or the deadline passes.
+/// What one side of a connection says first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hello {
+    cluster: u64,
+    rank: usize,
+    world: usize,
+    /// [`Hello::SAME_HOST`], [`Hello::USE_UNIX`].
+    flags: u32,
+}
+
+impl Hello {
+    /// From a dialer: it is on the acceptor's host and would take its Unix socket.
+    const SAME_HOST: u32 = 1;
+    /// From an acceptor: come back over my Unix socket (this TCP connection is dropped).
+    const USE_UNIX: u32 = 2;
+
+    fn encode(self) -> [u8; HELLO_LEN] {
+        let mut out = [0_u8; HELLO_LEN];
+        out[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+        out[4..12].copy_from_slice(&self.cluster.to_le_bytes());
+        out[12..16].copy_from_slice(&(self.rank as u32).to_le_bytes());
+        out[16..20].copy_from_slice(&(self.world as u32).to_le_bytes());
+        out[20..24].copy_from_slice(&self.flags.to_le_bytes());
+        out
+    }
+
+    fn read(stream: &mut impl Read) -> io::Result<Self> {
+        let mut raw = [0_u8; HELLO_LEN];
+        stream.read_exact(&mut raw)?;
+        let word = |at: usize| u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
+        if word(0) != HELLO_MAGIC {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a Lockstep collective peer",
+            ));
+        }
+        let mut cluster = [0_u8; 8];
+        cluster.copy_from_slice(&raw[4..12]);
+        Ok(Self {
+            cluster: u64::from_le_bytes(cluster),
+            rank: word(12) as usize,
+            world: word(16) as usize,
+            flags: word(20),
+        })
+    }
+
+    /// The same group and world, ignoring flags.
+    fn matches(self, other: Self) -> bool {
+        (self.cluster, self.rank, self.world) == (other.cluster, other.rank, other.world)
+    }
+}
+
+/// Dials `address` until it answers with the expected hello, or the deadline passes. A peer
+/// on this host (`same_host`) is tried over its Unix socket first; one reached over TCP that
+/// offers a Unix socket sends this rank round to it, unless that socket cannot be reached
+/// from here (another network namespace), in which case TCP it is.
 fn dial(
     address: &str,
     peer: usize,
-    rank: usize,
-    world: usize,
-    cluster: u64,
+    me: Hello,
+    same_host: bool,
     deadline: Instant,
-) -> Result<TcpStream, CollectiveError> {
+) -> Result<Stream, CollectiveError> {
+    let expected = Hello { rank: peer, ..me };
+    let mut unix_reachable = same_host;
+    let mut redirected = false;
     let mut backoff = Duration::from_millis(10);
     loop {
-        let attempt = (|| -> io::Result<TcpStream> {
-            let target = address
-                .to_socket_addrs()?
-                .next()
-                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"))?;
-            let wait = deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1));
-            let mut stream = TcpStream::connect_timeout(&target, wait)?;
+        let mut attempt = || -> io::Result<Option<Stream>> {
+            let unix = if unix_reachable {
+                connect_unix(address).ok().map(Stream::Unix)
+            } else {
+                None
+            };
+            if unix.is_none() && redirected {
+                // Sent round to a Unix socket this rank cannot see: the peer is in another
+                // network namespace. The next hello says so, and TCP is accepted.
+                unix_reachable = false;
+            }
+            let mut stream = if let Some(stream) = unix {
+                stream
+            } else {
+                let target = address
+                    .to_socket_addrs()?
+                    .next()
+                    .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"))?;
+                let wait = deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1));
+                Stream::Tcp(TcpStream::connect_timeout(&target, wait)?)
+            };
             stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-            stream.write_all(&hello(cluster, rank, world))?;
-            let (their_cluster, their_rank, their_world) = read_hello(&mut stream)?;
-            if (their_cluster, their_rank, their_world) != (cluster, peer, world) {
+            let flags = if unix_reachable { Hello::SAME_HOST } else { 0 };
+            stream.write_all(&Hello { flags, ..me }.encode())?;
+            let theirs = Hello::read(&mut stream)?;
+            if !theirs.matches(expected) {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!(
-                        "{address} is rank {their_rank} of {their_world} in cluster {their_cluster:x}"
+                        "{address} is rank {} of {} in cluster {:x}",
+                        theirs.rank, theirs.world, theirs.cluster
                     ),
                 ));
             }
-            Ok(stream)
-        })();
-        match attempt {
-            Ok(stream) => return Ok(stream),
+            if theirs.flags & Hello::USE_UNIX != 0 {
+                // The peer's Unix socket is bound by now: try it at once.
+                redirected = true;
+                return Ok(None);
+            }
+            Ok(Some(stream))
+        };
+        match attempt() {
+            Ok(Some(stream)) => return Ok(stream),
+            Ok(None) => {}
             Err(e) if Instant::now() + backoff < deadline => {
                 tracing::debug!(peer, address, %e, "peer not ready; retrying");
                 thread::sleep(backoff);
@@ -532,15 +708,7 @@ impl Transport for TcpTransport {
         // After a write would block, the next waits for `poll` to say there is room: retrying
         // at once would trickle the payload out in many small writes.
         let mut can_write = true;
-        // How many packs sending may run ahead of receiving. With a core per rank, pack for
-        // pack keeps the bytes in flight few enough to stay in cache (2 ranks on 2 cores:
-        // ~2× the bandwidth of unbounded); when ranks share cores, each turn on a core should
-        // move as much as the sockets hold (4 ranks on 2 cores: ~1.4×).
-        let ahead = if self.oversubscribed {
-            usize::MAX / 2
-        } else {
-            0
-        };
+        let ahead = self.send_ahead().unwrap_or(usize::MAX / 2);
         loop {
             let mut moved = false;
             // Take what has arrived first: applying it overlaps with the bytes in flight, and

@@ -1,0 +1,204 @@
+//! The byte stream under a link: TCP, or a Unix-domain socket to a peer on the same host.
+//!
+//! Both carry the same frames; a Unix socket skips the TCP/IP stack, which on loopback costs
+//! more than the copies themselves (two processes exchanging in both directions at once moved
+//! 2.5× as many bytes over Unix sockets as over TCP on 127.0.0.1, `docs/PERFORMANCE.md`).
+//! The Unix sockets live in Linux's abstract namespace, named after the rank's TCP address:
+//! no file is left behind, and the name is private to the network namespace, so a peer that
+//! shares this task's address but not its network namespace is simply not found there and
+//! gets TCP.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::Duration;
+
+/// The send and receive buffer asked for a Unix socket; Linux doubles it for bookkeeping, so
+/// 1 MiB of data fits: one pack of the default `bytes_per_pack`. Measured beside the default
+/// and 2 and 4 MiB (`cargo xtask bench allreduce`, 16–256 MiB): larger buffers kept more bytes
+/// in flight than the caches hold and were slower on 4 ranks sharing 2 cores.
+const UNIX_BUFFER: usize = 512 * 1024;
+
+/// How a rank reaches the peers that its cluster spec places on its own host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SameHost {
+    /// A Unix-domain socket where the peer offers one (falling back to TCP).
+    #[default]
+    UnixSocket,
+    /// TCP like every other peer.
+    Tcp,
+}
+
+/// A connected stream of either kind.
+#[derive(Debug)]
+pub(super) enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    /// `tcp` or `unix`, for logs and the benchmark's settings line.
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            Self::Tcp(_) => "tcp",
+            Self::Unix(_) => "unix",
+        }
+    }
+
+    pub(super) fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.set_nonblocking(nonblocking),
+            Self::Unix(s) => s.set_nonblocking(nonblocking),
+        }
+    }
+
+    pub(super) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.set_read_timeout(timeout),
+            Self::Unix(s) => s.set_read_timeout(timeout),
+        }
+    }
+
+    /// Readies a connected stream for frames: small frames leave at once (Nagle's algorithm
+    /// would hold a header back), and a Unix socket gets buffers that hold one default pack
+    /// (its 208 KiB default made writers stop every fifth of a pack; TCP tunes its own).
+    pub(super) fn tune(&self) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.set_nodelay(true),
+            Self::Unix(s) => {
+                use nix::sys::socket::{setsockopt, sockopt};
+                setsockopt(s, sockopt::SndBuf, &UNIX_BUFFER)?;
+                setsockopt(s, sockopt::RcvBuf, &UNIX_BUFFER)?;
+                Ok(())
+            }
+        }
+    }
+
+    pub(super) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.shutdown(how),
+            Self::Unix(s) => s.shutdown(how),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.read(buf),
+            Self::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.write(buf),
+            Self::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.write_vectored(bufs),
+            Self::Unix(s) => s.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl AsFd for Stream {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Self::Tcp(s) => s.as_fd(),
+            Self::Unix(s) => s.as_fd(),
+        }
+    }
+}
+
+/// Where a rank accepts its lower-ranked peers: its TCP address, and the abstract Unix
+/// socket named after it when one could be bound.
+pub(super) struct Listeners {
+    pub(super) tcp: TcpListener,
+    pub(super) unix: Option<UnixListener>,
+}
+
+impl Listeners {
+    /// Non-blocking listeners on `tcp` (bound already) and, with [`SameHost::UnixSocket`],
+    /// the Unix socket for `address`. A Unix name already taken (another process bound this
+    /// TCP address earlier with `SO_REUSEPORT`, say) only means no Unix socket.
+    pub(super) fn new(tcp: TcpListener, address: &str, same_host: SameHost) -> io::Result<Self> {
+        tcp.set_nonblocking(true)?;
+        let unix = match same_host {
+            SameHost::Tcp => None,
+            SameHost::UnixSocket => match bind_unix(address) {
+                Ok(listener) => {
+                    listener.set_nonblocking(true)?;
+                    Some(listener)
+                }
+                Err(e) => {
+                    tracing::debug!(address, %e, "no Unix socket for same-host peers; TCP only");
+                    None
+                }
+            },
+        };
+        Ok(Self { tcp, unix })
+    }
+
+    /// A connection waiting on either listener, with where it came from.
+    pub(super) fn accept(&self) -> io::Result<Option<(Stream, String)>> {
+        if let Some(unix) = &self.unix {
+            match unix.accept() {
+                Ok((stream, _)) => return Ok(Some((Stream::Unix(stream), "unix".into()))),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        match self.tcp.accept() {
+            Ok((stream, from)) => Ok(Some((Stream::Tcp(stream), from.to_string()))),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The abstract socket name of the rank listening on TCP `address`.
+fn unix_name(address: &str) -> String {
+    format!("lockstep-collective/{address}")
+}
+
+#[cfg(target_os = "linux")]
+fn bind_unix(address: &str) -> io::Result<UnixListener> {
+    use std::os::linux::net::SocketAddrExt;
+    let name = std::os::unix::net::SocketAddr::from_abstract_name(unix_name(address))?;
+    UnixListener::bind_addr(&name)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn bind_unix(_address: &str) -> io::Result<UnixListener> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "abstract Unix sockets are Linux-only",
+    ))
+}
+
+/// Connects to the Unix socket of the rank listening on TCP `address`, if it offers one.
+#[cfg(target_os = "linux")]
+pub(super) fn connect_unix(address: &str) -> io::Result<UnixStream> {
+    use std::os::linux::net::SocketAddrExt;
+    let name = std::os::unix::net::SocketAddr::from_abstract_name(unix_name(address))?;
+    UnixStream::connect_addr(&name)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(super) fn connect_unix(_address: &str) -> io::Result<UnixStream> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "abstract Unix sockets are Linux-only",
+    ))
+}
