@@ -47,7 +47,9 @@ fn xtask_command(args: &[&str]) -> Command {
         .current_dir(workspace_root())
         .arg("xtask")
         .args(args)
-        .stdin(Stdio::null());
+        .stdin(Stdio::null())
+        // Output is piped here, as into a file; a forced colour setting would say otherwise.
+        .env_remove("CLICOLOR_FORCE");
     command
 }
 
@@ -66,6 +68,62 @@ pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
 }
 
+/// The keys of a line of `key=value` fields, in order, up to the first word that is not one
+/// (free text, such as an error message, may follow the last field).
+pub fn keys(line: &str) -> Vec<&str> {
+    line.split_whitespace()
+        .map_while(|word| {
+            let (key, _) = word.split_once('=')?;
+            (!key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+                .then_some(key)
+        })
+        .collect()
+}
+
+/// The output an example's documentation shows: each `[task] …` line of the `text` block in
+/// `examples/src/bin/EXAMPLE.rs`, as `(task, line without the prefix)`.
+///
+/// # Errors
+///
+/// When the example's source cannot be read.
+pub fn documented_output(example: &str) -> std::io::Result<Vec<(String, String)>> {
+    let path = workspace_root()
+        .join("examples/src/bin")
+        .join(format!("{example}.rs"));
+    let source = std::fs::read_to_string(path)?;
+    Ok(source
+        .lines()
+        .filter_map(|line| line.strip_prefix("//! ["))
+        .filter_map(|rest| rest.split_once("] "))
+        .map(|(task, line)| (task.to_owned(), line.to_owned()))
+        .collect())
+}
+
+/// Checks that every line an example's documentation shows (see [`documented_output`]) has
+/// the same fields, in the same order, as some line its task printed in `stdout`: the
+/// documentation cannot drift from the program.
+///
+/// # Errors
+///
+/// A description of the first documented line with no printed counterpart.
+pub fn check_documented_output(stdout: &[u8], example: &str) -> Result<(), String> {
+    let documented = documented_output(example).map_err(|e| e.to_string())?;
+    if documented.is_empty() {
+        return Err(format!("{example}'s documentation shows no output"));
+    }
+    for (task, line) in documented {
+        let printed = task_lines(stdout, &task);
+        if !printed.iter().any(|p| keys(p) == keys(&line)) {
+            return Err(format!(
+                "{example}'s documentation shows `[{task}] {line}` (fields {:?}), but {task} printed:\n{}",
+                keys(&line),
+                printed.join("\n")
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,6 +133,31 @@ mod tests {
         let out = b"[worker:0] a=1\n[worker:1] a=2\n[worker:0] b=3\nplain\n";
         assert_eq!(task_lines(out, "worker:0"), ["a=1", "b=3"]);
         assert_eq!(task_lines(out, "chief:0"), Vec::<String>::new());
+    }
+
+    #[test]
+    fn keys_stop_at_free_text() {
+        assert_eq!(keys("a=1 b_c=x y"), ["a", "b_c"]);
+        assert_eq!(
+            keys("result=error kind=PeerLost detail=rank 1 was lost: k=v"),
+            ["result", "kind", "detail"]
+        );
+        assert!(keys("ranks bytes").is_empty());
+    }
+
+    #[test]
+    fn every_example_documents_its_output() {
+        for example in [
+            "mnist_custom_loop",
+            "cluster_info",
+            "collective_check",
+            "allreduce_bench",
+        ] {
+            assert!(
+                !documented_output(example).unwrap().is_empty(),
+                "{example} shows no output in its documentation"
+            );
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use lockstep_e2e::{field, spawn_xtask, task_lines, xtask};
+use lockstep_e2e::{check_documented_output, field, spawn_xtask, task_lines, xtask};
 
 /// Flags shared by every run: the dev profile reuses the test build's artifacts, and the
 /// timeout bounds a run that would otherwise hang the suite.
@@ -70,6 +70,12 @@ fn three_workers_and_an_evaluator_each_print_their_rank() {
             "{line}"
         );
     }
+    check_documented_output(&out.stdout, "cluster_info").unwrap();
+    // Piped, as into a file: the launcher's and the tasks' log lines are plain text.
+    assert!(
+        !out.stderr.contains(&0x1b) && !out.stdout.contains(&0x1b),
+        "ANSI escape codes in piped output:\n{stderr}"
+    );
     let evaluator = the_only_line(&out.stdout, "evaluator:0");
     assert_eq!(field(&evaluator, "rank"), Some("none"), "{evaluator}");
     assert_eq!(field(&evaluator, "world_size"), Some("3"), "{evaluator}");

@@ -5,7 +5,7 @@
     reason = "a test helper that meets an error must fail the test loudly"
 )]
 
-use lockstep_e2e::{field, task_lines, xtask};
+use lockstep_e2e::{check_documented_output, field, task_lines, xtask};
 
 /// Each worker's final line: (test accuracy, weight checksum).
 fn train_one_epoch() -> Vec<(f64, String)> {
@@ -23,6 +23,7 @@ fn train_one_epoch() -> Vec<(f64, String)> {
     .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "training failed\n{stderr}");
+    check_documented_output(&out.stdout, "mnist_custom_loop").unwrap();
     (0..2)
         .map(|rank| {
             let lines = task_lines(&out.stdout, &format!("worker:{rank}"));

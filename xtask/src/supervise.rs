@@ -48,8 +48,17 @@ impl Supervisor {
             processes: Vec::with_capacity(commands.len()),
             grace,
         };
+        // A task's stderr is a pipe to this process: tell it whether the lines it logs end
+        // up on a terminal (colour) or not (plain text).
+        let colour = if lockstep_examples::colour_logs() {
+            ("CLICOLOR_FORCE", "NO_COLOR")
+        } else {
+            ("NO_COLOR", "CLICOLOR_FORCE")
+        };
         for (task, mut command) in commands {
             command
+                .env(colour.0, "1")
+                .env_remove(colour.1)
                 .process_group(0)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())

@@ -85,10 +85,7 @@ fn implementation(name: &str) -> anyhow::Result<Implementation> {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    lockstep_examples::init_logging();
     let args = Args::parse();
     let cluster = TfConfigResolver::from_env()?
         .resolve()

@@ -33,10 +33,7 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    lockstep_examples::init_logging();
     let args = Args::parse();
     let cluster = TfConfigResolver::from_env()
         .and_then(|resolver| resolver.resolve())

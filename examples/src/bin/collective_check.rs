@@ -65,10 +65,7 @@ fn kind(error: &CollectiveError) -> &'static str {
 }
 
 fn main() -> anyhow::Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    lockstep_examples::init_logging();
     let args = Args::parse();
     let cluster = TfConfigResolver::from_env()?
         .resolve()
