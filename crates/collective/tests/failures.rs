@@ -12,7 +12,7 @@ use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Wire, free_addresses, fresh_cluster, listeners, run, transports};
+use common::{Wire, free_addresses, fresh_cluster, listeners, run, tcp_group, transports};
 use lockstep_collective::{
     CollectiveError, CommunicationOptions, Communicator, Implementation, Op, ReduceOp, TcpOptions,
     TcpTransport,
@@ -36,13 +36,7 @@ fn is_mismatch_or_abort_of_one(e: &CollectiveError) -> bool {
 
 #[test]
 fn wrong_sizes_on_one_rank_fail_every_rank_and_break_the_communicator() {
-    for wire in [
-        Wire::Local,
-        Wire::Shared,
-        Wire::Tcp,
-        Wire::TcpLoopback,
-        Wire::Grpc,
-    ] {
+    for wire in Wire::ALL {
         for implementation in [Implementation::Ring, Implementation::Tree] {
             let results = run(wire, 4, quick(implementation), |comm| {
                 let len = if comm.rank() == 2 { 100 } else { 200 };
@@ -67,13 +61,7 @@ fn wrong_sizes_on_one_rank_fail_every_rank_and_break_the_communicator() {
 
 #[test]
 fn a_rank_that_never_joins_makes_the_others_fail_within_the_timeout() {
-    for wire in [
-        Wire::Local,
-        Wire::Shared,
-        Wire::Tcp,
-        Wire::TcpLoopback,
-        Wire::Grpc,
-    ] {
+    for wire in Wire::ALL {
         let started = Instant::now();
         let results = run(wire, 3, quick(Implementation::Ring), |comm| {
             if comm.rank() == 2 {
@@ -181,30 +169,24 @@ fn a_connection_from_outside_the_cluster_is_refused_and_the_group_still_forms() 
 
 #[test]
 fn late_starters_join_the_group() {
-    let (listeners, addresses) = listeners(3);
     let options = TcpOptions {
         cluster: fresh_cluster(),
         rendezvous_timeout: Duration::from_secs(20),
         ..TcpOptions::default()
     };
-    let handles: Vec<_> = listeners
-        .into_iter()
-        .enumerate()
-        .map(|(rank, listener)| {
-            let (addresses, options) = (addresses.clone(), options.clone());
-            thread::spawn(move || {
-                thread::sleep(Duration::from_millis(400 * (2 - rank as u64))); // rank 0 starts last
-                let mut comm = Communicator::new(
-                    TcpTransport::connect_on(listener, rank, &addresses, &options).unwrap(),
-                    CommunicationOptions::default(),
-                );
-                let mut data = [rank as f64];
-                comm.all_reduce(&mut data, ReduceOp::Sum).map(|()| data[0])
-            })
-        })
-        .collect();
-    for h in handles {
-        assert_eq!(h.join().unwrap().unwrap(), 3.0);
+    // Rank 0 starts last.
+    let sums = tcp_group(
+        3,
+        &options,
+        |rank| Duration::from_millis(400 * (2 - rank as u64)),
+        |rank, transport| {
+            let mut comm = Communicator::new(transport, CommunicationOptions::default());
+            let mut data = [rank as f64];
+            comm.all_reduce(&mut data, ReduceOp::Sum).map(|()| data[0])
+        },
+    );
+    for sum in sums {
+        assert_eq!(sum.unwrap(), 3.0);
     }
 }
 

@@ -8,13 +8,10 @@
 
 mod common;
 
-use std::thread;
 use std::time::Duration;
 
-use common::{fresh_cluster, listeners};
-use lockstep_collective::{
-    CommunicationOptions, Communicator, ReduceOp, SameHost, TcpOptions, TcpTransport,
-};
+use common::{fresh_cluster, tcp_group};
+use lockstep_collective::{CommunicationOptions, Communicator, ReduceOp, SameHost, TcpOptions};
 
 fn options(same_host: SameHost) -> TcpOptions {
     TcpOptions {
@@ -24,33 +21,20 @@ fn options(same_host: SameHost) -> TcpOptions {
     }
 }
 
-/// Forms a group of `n` on threads, rank `r` starting after `delay(r)`, and returns each
-/// rank's wires and the result of one all-reduce.
+/// Each rank's wires and the result of one all-reduce, in a group of `n` whose rank `r`
+/// starts after `delay(r)`.
 fn group(
     n: usize,
     same_host: SameHost,
     delay: fn(usize) -> Duration,
 ) -> Vec<(Vec<Option<&'static str>>, Vec<f32>)> {
-    let (listeners, addresses) = listeners(n);
-    let options = options(same_host);
-    let handles: Vec<_> = listeners
-        .into_iter()
-        .enumerate()
-        .map(|(rank, listener)| {
-            let (addresses, options) = (addresses.clone(), options.clone());
-            thread::spawn(move || {
-                thread::sleep(delay(rank));
-                let transport =
-                    TcpTransport::connect_on(listener, rank, &addresses, &options).unwrap();
-                let wires = transport.settings().wires;
-                let mut comm = Communicator::new(transport, CommunicationOptions::default());
-                let mut data = vec![rank as f32 + 1.0; 100_000];
-                comm.all_reduce(&mut data, ReduceOp::Sum).unwrap();
-                (wires, data)
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
+    tcp_group(n, &options(same_host), delay, |rank, transport| {
+        let wires = transport.settings().wires;
+        let mut comm = Communicator::new(transport, CommunicationOptions::default());
+        let mut data = vec![rank as f32 + 1.0; 100_000];
+        comm.all_reduce(&mut data, ReduceOp::Sum).unwrap();
+        (wires, data)
+    })
 }
 
 #[test]

@@ -24,6 +24,17 @@ pub(crate) enum Wire {
     Grpc,
 }
 
+impl Wire {
+    /// Every transport.
+    pub(crate) const ALL: [Self; 5] = [
+        Self::Local,
+        Self::Shared,
+        Self::Tcp,
+        Self::TcpLoopback,
+        Self::Grpc,
+    ];
+}
+
 pub(crate) type Comm = Communicator<Box<dyn Transport>>;
 
 /// `n` distinct ports on 127.0.0.1 that nothing listens on (for tests of peers that never
@@ -67,6 +78,32 @@ pub(crate) fn transports(wire: Wire, n: usize) -> Vec<Box<dyn Transport>> {
         Wire::TcpLoopback => connect_all::<TcpTransport>(n, SameHost::Tcp),
         Wire::Grpc => connect_all::<GrpcTransport>(n, SameHost::Tcp),
     }
+}
+
+/// Forms a TCP group of `n` on threads, rank `r` starting after `delay(r)`, and returns what
+/// `body` makes of each rank's transport, in rank order.
+pub(crate) fn tcp_group<R: Send + 'static>(
+    n: usize,
+    options: &TcpOptions,
+    delay: fn(usize) -> Duration,
+    body: fn(usize, TcpTransport) -> R,
+) -> Vec<R> {
+    let (listeners, addresses) = listeners(n);
+    let handles: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(rank, listener)| {
+            let (addresses, options) = (addresses.clone(), options.clone());
+            thread::spawn(move || {
+                thread::sleep(delay(rank));
+                body(
+                    rank,
+                    TcpTransport::connect_on(listener, rank, &addresses, &options).unwrap(),
+                )
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
 /// Forms a group of `n` over a network transport, one thread per rank.
