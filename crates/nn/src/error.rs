@@ -58,3 +58,12 @@ impl<T> InLayer<T> for Result<T, TensorError> {
         })
     }
 }
+
+/// The number of values of `shape`, or [`NnError::InvalidConfig`] naming `layer` when the
+/// count overflows `usize` (as `lockstep_tensor::element_count` counts it).
+pub(crate) fn count_values(layer: &str, shape: &[usize]) -> Result<usize, NnError> {
+    lockstep_tensor::element_count(shape).ok_or_else(|| NnError::InvalidConfig {
+        layer: layer.into(),
+        why: format!("shape {shape:?} has more values than a usize can count"),
+    })
+}

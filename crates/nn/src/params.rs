@@ -7,7 +7,7 @@ use rand_core::SeedableRng;
 use rand_pcg::Pcg64Mcg;
 use rayon::prelude::*;
 
-use crate::error::NnError;
+use crate::error::{NnError, count_values};
 use crate::initializers::Initializer;
 
 /// One named variable inside [`Parameters`].
@@ -160,20 +160,14 @@ impl ParamBuilder {
         shape: Vec<usize>,
         init: Initializer,
     ) -> Result<usize, NnError> {
-        let too_large = |why: String| NnError::InvalidConfig {
-            layer: name.clone(),
-            why,
-        };
-        let len = lockstep_tensor::element_count(&shape).ok_or_else(|| {
-            too_large(format!(
-                "shape {shape:?} has more values than a usize can count"
-            ))
-        })?;
-        self.params.values.try_reserve(len).map_err(|e| {
-            too_large(format!(
-                "{len} values of shape {shape:?} do not fit in memory: {e}"
-            ))
-        })?;
+        let len = count_values(&name, &shape)?;
+        self.params
+            .values
+            .try_reserve(len)
+            .map_err(|e| NnError::InvalidConfig {
+                layer: name.clone(),
+                why: format!("{len} values of shape {shape:?} do not fit in memory: {e}"),
+            })?;
         let index = self.params.specs.len();
         let offset = self.params.values.len();
         let spec = ParamSpec {

@@ -1,7 +1,7 @@
 use lockstep_tensor::{Tensor, ops};
 
 use super::{ForwardContext, Layer};
-use crate::error::{InLayer, NnError};
+use crate::error::{InLayer, NnError, count_values};
 use crate::params::ParamBuilder;
 
 /// Keras' `Flatten`: `(None, a, b, …) → (None, a·b·…)`.
@@ -23,12 +23,7 @@ impl Layer for Flatten {
         input_shape: &[usize],
         _params: &mut ParamBuilder,
     ) -> Result<Vec<usize>, NnError> {
-        let len =
-            lockstep_tensor::element_count(input_shape).ok_or_else(|| NnError::InvalidConfig {
-                layer: name.into(),
-                why: format!("input shape {input_shape:?} has more values than a usize can count"),
-            })?;
-        Ok(vec![len])
+        Ok(vec![count_values(name, input_shape)?])
     }
 
     fn forward(

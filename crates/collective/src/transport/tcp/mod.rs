@@ -16,6 +16,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use lockstep_cluster::Address;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use self::link::{Arrived, Link, MAX_PAYLOAD, Placing, Progress};
@@ -290,14 +291,15 @@ impl TcpTransport {
     }
 }
 
-/// The host part of `host:port`, as written.
-fn host(address: &str) -> &str {
-    address.rsplit_once(':').map_or("", |(host, _)| host)
-}
-
-/// Whether two addresses name the same host (as written: `localhost` and `127.0.0.1` differ).
+/// Whether two addresses name the same host, by the rule of
+/// `lockstep_cluster::Cluster::group_tasks_on_this_host`: hosts compare as parsed (`[::1]` and
+/// `[0::1]` are one host, names ignore case), but `localhost` and `127.0.0.1` are two.
+/// Addresses that do not parse never share a host.
 fn same_host(a: &str, b: &str) -> bool {
-    host(a).eq_ignore_ascii_case(host(b))
+    match (a.parse::<Address>(), b.parse::<Address>()) {
+        (Ok(a), Ok(b)) => a.host() == b.host(),
+        _ => false,
+    }
 }
 
 /// Whether this rank's host runs more ranks of the group than it has cores.
@@ -807,6 +809,15 @@ mod tests {
             .encode(message.payload.len() as u32, &mut out);
         out.extend_from_slice(&message.payload);
         out.freeze()
+    }
+
+    #[test]
+    fn hosts_compare_as_parsed_addresses() {
+        assert!(same_host("[::1]:1", "[0::1]:2"));
+        assert!(same_host("Worker-0.svc:1", "worker-0.svc:2"));
+        assert!(!same_host("localhost:1", "127.0.0.1:2"));
+        assert!(!same_host("10.0.0.1:1", "10.0.0.2:1"));
+        assert!(!same_host("local", "local"));
     }
 
     #[test]
