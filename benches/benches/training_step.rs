@@ -58,6 +58,7 @@ fn step(
             ForwardContext {
                 training: true,
                 step,
+                replica: 0,
             },
         )
         .expect("forward");

@@ -94,6 +94,12 @@ impl<T: Transport> Communicator<T> {
         &self.transport
     }
 
+    /// The transport underneath, to build another kind of communicator on it (a
+    /// [`HierarchicalCommunicator`](crate::HierarchicalCommunicator) across processes).
+    pub fn into_transport(self) -> T {
+        self.transport
+    }
+
     /// The options in force.
     pub fn options(&self) -> &CommunicationOptions {
         &self.options

@@ -64,6 +64,57 @@ impl<X: Transport> HierarchicalCommunicator<X> {
         self.processes * self.local.world_size()
     }
 
+    /// This process's index among the processes.
+    pub fn process(&self) -> usize {
+        self.process
+    }
+
+    /// The number of processes.
+    pub fn processes(&self) -> usize {
+        self.processes
+    }
+
+    /// Gives every replica of every process replica 0's `data` (process 0's first replica):
+    /// the initial variables of a model built on every worker.
+    ///
+    /// # Errors
+    ///
+    /// As [`Communicator::broadcast`] at either level; a cross-process failure reaches the
+    /// other local replicas as [`CollectiveError::Aborted`].
+    pub fn broadcast<E: Element>(&mut self, data: &mut [E]) -> Result<(), CollectiveError> {
+        if let Some(cross) = &mut self.cross
+            && let Err(e) = cross.broadcast(data, 0)
+        {
+            return Err(self.local.abandon_next(Op::Broadcast, e));
+        }
+        self.local.broadcast(data, 0)
+    }
+
+    /// An all-reduce among the processes alone, from the first replica of each (the others
+    /// take no part): agreements that concern processes, not replicas, such as whether the
+    /// chief's checkpoint was written.
+    ///
+    /// # Errors
+    ///
+    /// [`CollectiveError::InvalidArgument`] on a replica other than its process's first; else
+    /// as [`Communicator::all_reduce`].
+    pub fn all_reduce_processes<E: Element>(
+        &mut self,
+        data: &mut [E],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        match &mut self.cross {
+            Some(cross) => cross.all_reduce(data, op),
+            None => Err(CollectiveError::InvalidArgument {
+                op: "all_reduce_processes",
+                why: format!(
+                    "replica {} is not its process's first; only that one talks to other processes",
+                    self.local.rank()
+                ),
+            }),
+        }
+    }
+
     /// Replaces `data` with the reduction over every replica of every process.
     ///
     /// # Errors

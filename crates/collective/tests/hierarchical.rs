@@ -20,6 +20,38 @@ fn value(rank: usize, i: usize) -> f64 {
     ((rank * 31 + i * 7) % 23) as f64 - 11.0
 }
 
+#[test]
+fn a_broadcast_reaches_every_replica_and_process_reductions_involve_first_replicas_only() {
+    let (processes, replicas) = (3, 2);
+    let mut handles = Vec::new();
+    for cross in transports(Wire::Tcp, processes) {
+        for mut replica in
+            HierarchicalCommunicator::group(replicas, cross, CommunicationOptions::default())
+        {
+            handles.push(thread::spawn(move || {
+                let rank = replica.rank();
+                let mut data = vec![rank as f32 + 1.0; 5];
+                replica.broadcast(&mut data).unwrap();
+                let mut count = [1.0_f64];
+                let process_sum = replica
+                    .all_reduce_processes(&mut count, ReduceOp::Sum)
+                    .map(|()| count[0]);
+                (rank, data, process_sum)
+            }));
+        }
+    }
+    for handle in handles {
+        let (rank, data, process_sum) = handle.join().unwrap();
+        assert_eq!(data, [1.0; 5], "replica {rank} has replica 0's values");
+        if rank % replicas == 0 {
+            assert_eq!(process_sum.unwrap(), processes as f64);
+        } else {
+            let err = process_sum.unwrap_err();
+            assert!(err.to_string().contains("not its process's first"), "{err}");
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 10, ..ProptestConfig::default() })]
 

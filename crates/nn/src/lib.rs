@@ -18,7 +18,7 @@
 //!
 //! let x = Tensor::from_vec(vec![0.5; 32 * 784], &[32, 784]).unwrap();
 //! let labels = vec![3_usize; 32];
-//! let forward = model.forward(&x, ForwardContext { training: true, step: 0 })?;
+//! let forward = model.forward(&x, ForwardContext { training: true, step: 0, replica: 0 })?;
 //! let loss = loss_fn.call(&forward.output, &labels)?;
 //! let grads = loss.backward().unwrap();
 //! let mut flat = vec![0.0; model.parameters().len()];

@@ -21,8 +21,63 @@ pub trait Optimizer: Send {
     /// Steps applied so far.
     fn iterations(&self) -> u64;
 
-    /// Named state, for checkpoints: each slot is laid out like the parameters.
+    /// Named state, for checkpoints: each slot is laid out like the parameters (empty before
+    /// the first step).
     fn slots(&self) -> Vec<(&'static str, &[f32])>;
+
+    /// Keras' class name (`SGD`, `Adam`), recorded in checkpoints.
+    fn name(&self) -> &'static str;
+
+    /// Replaces the state with a saved one: the step count and every slot [`Optimizer::slots`]
+    /// names, or no slot at all for an optimizer saved before its first step.
+    ///
+    /// # Errors
+    ///
+    /// [`NnError::InvalidConfig`] when a slot is missing, unknown, or of another length than
+    /// the others.
+    fn restore(&mut self, iterations: u64, slots: &[(&str, &[f32])]) -> Result<(), NnError>;
+}
+
+/// Fills `targets` (name, slot) from `saved`, which must name exactly those slots, all of one
+/// length, or none (the state before the first step).
+fn restore_slots(
+    optimizer: &'static str,
+    targets: &mut [(&'static str, &mut Vec<f32>)],
+    saved: &[(&str, &[f32])],
+) -> Result<(), NnError> {
+    if saved.is_empty() {
+        // Saved before its first step: no state yet.
+        for (_, slot) in targets.iter_mut() {
+            slot.clear();
+        }
+        return Ok(());
+    }
+    let invalid = |why: String| NnError::InvalidConfig {
+        layer: optimizer.to_owned(),
+        why,
+    };
+    if let Some((name, _)) = saved
+        .iter()
+        .find(|(name, _)| !targets.iter().any(|(t, _)| t == name))
+    {
+        return Err(invalid(format!("it has no slot {name:?}")));
+    }
+    let mut length = None;
+    for (name, slot) in targets.iter_mut() {
+        let Some((_, values)) = saved.iter().find(|(s, _)| s == name) else {
+            return Err(invalid(format!("the saved state lacks slot {name:?}")));
+        };
+        if *length.get_or_insert(values.len()) != values.len() {
+            return Err(invalid(format!(
+                "slot {name:?} holds {} values, another slot {}",
+                values.len(),
+                length.unwrap_or_default()
+            )));
+        }
+        slot.clear();
+        slot.extend_from_slice(values);
+    }
+    Ok(())
 }
 
 fn check(params: &[f32], grads: &[f32], slots: &mut [&mut Vec<f32>]) -> Result<(), NnError> {
@@ -139,6 +194,20 @@ impl Optimizer for Sgd {
             vec![("momentum", &self.velocity)]
         }
     }
+
+    fn name(&self) -> &'static str {
+        "SGD"
+    }
+
+    fn restore(&mut self, iterations: u64, slots: &[(&str, &[f32])]) -> Result<(), NnError> {
+        if self.momentum == 0.0 {
+            restore_slots("SGD", &mut [], slots)?;
+        } else {
+            restore_slots("SGD", &mut [("momentum", &mut self.velocity)], slots)?;
+        }
+        self.iterations = iterations;
+        Ok(())
+    }
 }
 
 /// Keras' `Adam` (Keras 3 update rule), with Keras' defaults.
@@ -221,6 +290,16 @@ impl Optimizer for Adam {
     fn slots(&self) -> Vec<(&'static str, &[f32])> {
         vec![("m", &self.m), ("v", &self.v)]
     }
+
+    fn name(&self) -> &'static str {
+        "Adam"
+    }
+
+    fn restore(&mut self, iterations: u64, slots: &[(&str, &[f32])]) -> Result<(), NnError> {
+        restore_slots("Adam", &mut [("m", &mut self.m), ("v", &mut self.v)], slots)?;
+        self.iterations = iterations;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -250,6 +329,31 @@ mod tests {
         }
         assert!(p.iter().all(|v| v.abs() < 1e-2), "{p:?}");
         assert_eq!(adam.iterations(), 500);
+    }
+
+    #[test]
+    fn a_restored_optimizer_continues_as_the_original_would() {
+        let mut original = Adam::new(0.1);
+        let mut p = [5.0_f32, -3.0];
+        for _ in 0..3 {
+            original.apply(&mut p, &[1.0, 2.0]).unwrap();
+        }
+        let saved: Vec<(&str, Vec<f32>)> = original
+            .slots()
+            .into_iter()
+            .map(|(n, s)| (n, s.to_vec()))
+            .collect();
+        let view: Vec<(&str, &[f32])> = saved.iter().map(|(n, s)| (*n, s.as_slice())).collect();
+        let mut restored = Adam::new(0.1);
+        restored.restore(original.iterations(), &view).unwrap();
+        let mut q = p;
+        original.apply(&mut p, &[0.5, 0.5]).unwrap();
+        restored.apply(&mut q, &[0.5, 0.5]).unwrap();
+        assert_eq!(p, q);
+        let err = Adam::default().restore(1, &view[..1]).unwrap_err();
+        assert!(err.to_string().contains("lacks slot"), "{err}");
+        let err = Sgd::new(0.1).restore(1, &view).unwrap_err();
+        assert!(err.to_string().contains("no slot"), "{err}");
     }
 
     #[test]

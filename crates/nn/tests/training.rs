@@ -72,6 +72,7 @@ fn train(
                     ForwardContext {
                         training: true,
                         step,
+                        replica: 0,
                     },
                 )
                 .unwrap();

@@ -166,6 +166,7 @@ fn train(
                 ForwardContext {
                     training: true,
                     step,
+                    replica: rank,
                 },
             )?;
             let loss = loss_fn.call(&forward.output, &y)?;

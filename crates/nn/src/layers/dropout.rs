@@ -5,7 +5,7 @@ use crate::error::{InLayer, NnError};
 use crate::params::ParamBuilder;
 
 /// Keras' `Dropout`: in training, zeroes a `rate` fraction of values and scales the rest up;
-/// in inference, the identity. Masks are a function of `seed` and the step.
+/// in inference, the identity. Masks are a function of `seed`, the step and the replica.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Dropout {
     rate: f32,
@@ -53,7 +53,9 @@ impl Layer for Dropout {
         if !ctx.training || self.rate == 0.0 {
             return Ok(x.clone());
         }
-        let seed = self.seed ^ ctx.step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let seed = self.seed
+            ^ ctx.step.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (ctx.replica as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93);
         ops::dropout(x, self.rate, seed).in_layer(name)
     }
 }

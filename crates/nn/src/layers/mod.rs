@@ -28,6 +28,9 @@ pub struct ForwardContext {
     pub training: bool,
     /// Varies per step so dropout masks differ between steps yet repeat between runs.
     pub step: u64,
+    /// The replica running the pass, among all replicas in sync: replicas of one step draw
+    /// different dropout masks, each the same from run to run.
+    pub replica: usize,
 }
 
 /// One layer of a [`Sequential`](crate::Sequential) model.

@@ -1,0 +1,144 @@
+//! `BackupAndRestore`: survive a crash by resuming from the last backup.
+
+use std::path::PathBuf;
+
+use lockstep_checkpoint::CheckpointManager;
+
+use crate::callbacks::{Callback, TrainingContext};
+use crate::error::TrainError;
+use crate::history::Logs;
+
+/// When a callback saves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SaveFreq {
+    /// At the end of every epoch.
+    #[default]
+    Epoch,
+    /// Every this many steps.
+    Steps(u64),
+}
+
+/// Backs the whole training state up to `backup_dir` and restores it when `fit` starts
+/// again, as `tf.keras.callbacks.BackupAndRestore`, and more exactly: the backup holds the
+/// optimizer state and the position in the epoch, so a restart resumes at the step it
+/// stopped at and reproduces the uninterrupted run bit for bit, also on another number of
+/// workers (with the same global batch).
+///
+/// The chief writes the backup (keeping only the newest); after each save every worker
+/// learns whether it was written, so a failed save stops training everywhere with the
+/// reason. After a run that ends normally the backup is deleted, as `tf_keras` does.
+#[derive(Debug, Clone)]
+pub struct BackupAndRestore {
+    dir: PathBuf,
+    save_freq: SaveFreq,
+    delete_checkpoint: bool,
+    manager: Option<CheckpointManager>,
+}
+
+impl BackupAndRestore {
+    /// Backs up to `backup_dir` at the end of every epoch.
+    pub fn new(backup_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: backup_dir.into(),
+            save_freq: SaveFreq::Epoch,
+            delete_checkpoint: true,
+            manager: None,
+        }
+    }
+
+    /// Sets when to save.
+    #[must_use]
+    pub fn save_freq(mut self, save_freq: SaveFreq) -> Self {
+        self.save_freq = save_freq;
+        self
+    }
+
+    /// Whether to delete the backup after training ends normally (default `true`).
+    #[must_use]
+    pub fn delete_checkpoint(mut self, delete: bool) -> Self {
+        self.delete_checkpoint = delete;
+        self
+    }
+
+    fn save(&mut self, ctx: &mut TrainingContext<'_>) -> Result<(), TrainError> {
+        let written = match &self.manager {
+            Some(manager) => ctx.checkpoint().and_then(|c| Ok(manager.save(&c)?)),
+            None => Ok(self.dir.clone()),
+        };
+        let ok = match &written {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!("backing up to {}: {e}", self.dir.display());
+                false
+            }
+        };
+        if ctx.agree(ok)? {
+            return Ok(());
+        }
+        written?;
+        Err(TrainError::invalid(
+            "BackupAndRestore",
+            format!(
+                "the chief could not write its backup to {}",
+                self.dir.display()
+            ),
+        ))
+    }
+}
+
+impl Callback for BackupAndRestore {
+    fn on_train_begin(&mut self, ctx: &mut TrainingContext<'_>) -> Result<(), TrainError> {
+        if let SaveFreq::Steps(0) = self.save_freq {
+            return Err(TrainError::invalid(
+                "BackupAndRestore",
+                "save_freq of 0 steps",
+            ));
+        }
+        if !ctx.is_chief() {
+            return Ok(());
+        }
+        let manager = CheckpointManager::new(&self.dir, Some(1))?;
+        if let Some(checkpoint) = manager.latest()? {
+            ctx.restore(&checkpoint)?;
+            tracing::info!(
+                step = checkpoint.progress.step,
+                epoch = checkpoint.progress.epoch,
+                "resuming from the backup in {}",
+                self.dir.display()
+            );
+        }
+        self.manager = Some(manager);
+        Ok(())
+    }
+
+    fn on_train_batch_end(
+        &mut self,
+        _batch: u64,
+        _logs: &Logs,
+        ctx: &mut TrainingContext<'_>,
+    ) -> Result<(), TrainError> {
+        match self.save_freq {
+            SaveFreq::Steps(n) if ctx.step().is_multiple_of(n) => self.save(ctx),
+            _ => Ok(()),
+        }
+    }
+
+    fn on_epoch_end(
+        &mut self,
+        _epoch: u64,
+        _logs: &Logs,
+        ctx: &mut TrainingContext<'_>,
+    ) -> Result<(), TrainError> {
+        match self.save_freq {
+            SaveFreq::Epoch => self.save(ctx),
+            SaveFreq::Steps(_) => Ok(()),
+        }
+    }
+
+    fn on_train_end(&mut self, _ctx: &mut TrainingContext<'_>) -> Result<(), TrainError> {
+        match (&self.manager, self.delete_checkpoint) {
+            (Some(manager), true) => Ok(manager.delete_all()?),
+            _ => Ok(()),
+        }
+    }
+}

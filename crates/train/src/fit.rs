@@ -1,0 +1,223 @@
+//! `Model::fit`: the training loop, as Keras runs it under a strategy.
+
+use lockstep_data::{Dataset, IterState};
+
+use crate::batch::LabeledBatch;
+use crate::callbacks::Callback;
+use crate::error::TrainError;
+use crate::history::{History, Logs};
+use crate::model::{Model, next_step};
+use crate::replica::{not_compiled, on_replicas};
+use crate::state::{Position, TrainingContext};
+
+/// A `fit` call being set up: `model.fit(&data).epochs(3).callback(…).run()`.
+pub struct Fit<'m, D, V = D> {
+    model: &'m mut Model,
+    data: &'m D,
+    validation: Option<&'m V>,
+    epochs: u64,
+    steps_per_epoch: Option<u64>,
+    callbacks: Vec<Box<dyn Callback + 'm>>,
+    verbose: bool,
+}
+
+impl Model {
+    /// Starts setting up training on `data`, a distributed dataset
+    /// ([`Model::distribute_dataset`]): one epoch, no validation, no callbacks, one line per
+    /// epoch on the chief.
+    pub fn fit<'m, D>(&'m mut self, data: &'m D) -> Fit<'m, D, D> {
+        Fit {
+            model: self,
+            data,
+            validation: None,
+            epochs: 1,
+            steps_per_epoch: None,
+            callbacks: Vec::new(),
+            verbose: true,
+        }
+    }
+}
+
+impl<'m, D, V, B, VB> Fit<'m, D, V>
+where
+    D: Dataset<Item = Vec<B>>,
+    B: LabeledBatch,
+    V: Dataset<Item = Vec<VB>>,
+    VB: LabeledBatch,
+{
+    /// Passes over the data.
+    #[must_use]
+    pub fn epochs(mut self, epochs: u64) -> Self {
+        self.epochs = epochs;
+        self
+    }
+
+    /// At most this many steps per epoch (each epoch still starts a fresh pass).
+    #[must_use]
+    pub fn steps_per_epoch(mut self, steps: u64) -> Self {
+        self.steps_per_epoch = Some(steps);
+        self
+    }
+
+    /// Evaluates on `validation` after every epoch; its values are logged as `val_loss`, ….
+    pub fn validation_data<W, WB>(self, validation: &'m W) -> Fit<'m, D, W>
+    where
+        W: Dataset<Item = Vec<WB>>,
+        WB: LabeledBatch,
+    {
+        Fit {
+            model: self.model,
+            data: self.data,
+            validation: Some(validation),
+            epochs: self.epochs,
+            steps_per_epoch: self.steps_per_epoch,
+            callbacks: self.callbacks,
+            verbose: self.verbose,
+        }
+    }
+
+    /// Adds a callback; callbacks run in the order added.
+    #[must_use]
+    pub fn callback(mut self, callback: impl Callback + 'm) -> Self {
+        self.callbacks.push(Box::new(callback));
+        self
+    }
+
+    /// Whether the chief prints one line per epoch (default `true`).
+    #[must_use]
+    pub fn verbose(mut self, verbose: bool) -> Self {
+        self.verbose = verbose;
+        self
+    }
+
+    /// Trains, and returns every epoch's logs.
+    ///
+    /// Each step, every replica takes its batch of the step (a replica whose worker has run
+    /// out of data takes none), computes gradients, and all replicas' gradients and loss
+    /// totals are summed in one all-reduce; the update divides by the examples in the step.
+    /// An epoch ends when no replica of any worker had data, or after `steps_per_epoch`.
+    ///
+    /// # Errors
+    ///
+    /// When the model is not compiled, the input fails, a collective fails (a peer died or
+    /// timed out), or a callback fails; training stops at once on every worker.
+    pub fn run(self) -> Result<History, TrainError> {
+        let Fit {
+            model,
+            data,
+            validation,
+            epochs,
+            steps_per_epoch,
+            mut callbacks,
+            verbose,
+        } = self;
+        let compiled = model.compiled.clone().ok_or_else(not_compiled)?;
+        let workers = model.num_replicas_in_sync() / model.replicas.len().max(1);
+        let mut ctx = TrainingContext {
+            model,
+            position: Position::default(),
+            stop: false,
+            workers,
+        };
+        for callback in &mut callbacks {
+            callback.on_train_begin(&mut ctx)?;
+        }
+        ctx.sync_from_chief()?;
+        let mut history = History::default();
+        let fingerprint = data.fingerprint_value();
+        while ctx.position.epoch < epochs && !ctx.stop {
+            let epoch = ctx.position.epoch;
+            for callback in &mut callbacks {
+                callback.on_epoch_begin(epoch, &mut ctx)?;
+            }
+            let mut batches = data.iter_from(&IterState {
+                epoch,
+                offset: ctx.position.steps_into_epoch,
+                fingerprint,
+            })?;
+            let replicas = ctx.model.replicas.len();
+            while steps_per_epoch.is_none_or(|cap| ctx.position.steps_into_epoch < cap) {
+                let inputs = next_step(&mut batches, replicas)?
+                    .unwrap_or_else(|| (0..replicas).map(|_| None).collect());
+                let (loss, step) = (compiled.loss, ctx.position.step);
+                let totals = on_replicas(&mut ctx.model.replicas, inputs, |r, batch| {
+                    r.train_step(batch, loss, step)
+                })?;
+                if totals.examples == 0.0 {
+                    break;
+                }
+                ctx.position.add(totals);
+                let logs = Logs::from_totals(&ctx.position.totals(), &compiled.metrics, "");
+                let batch = ctx.position.steps_into_epoch - 1;
+                for callback in &mut callbacks {
+                    callback.on_train_batch_end(batch, &logs, &mut ctx)?;
+                }
+                if ctx.stop {
+                    break;
+                }
+            }
+            let steps = ctx.position.steps_into_epoch;
+            let mut logs = Logs::from_totals(&ctx.position.totals(), &compiled.metrics, "");
+            if let Some(validation) = validation {
+                let val = ctx.model.evaluate(validation)?;
+                logs.0.extend(
+                    val.0
+                        .into_iter()
+                        .map(|(name, value)| (format!("val_{name}"), value)),
+                );
+            }
+            ctx.position.next_epoch();
+            if verbose && ctx.model.is_chief() {
+                println!(
+                    "Epoch {}/{epochs}: {steps} steps, {}",
+                    epoch + 1,
+                    logs.line()
+                );
+            }
+            history.record(epoch, &logs);
+            for callback in &mut callbacks {
+                callback.on_epoch_end(epoch, &logs, &mut ctx)?;
+            }
+        }
+        for callback in &mut callbacks {
+            callback.on_train_end(&mut ctx)?;
+        }
+        Ok(history)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lockstep_data::{Dataset, from_vec};
+    use lockstep_nn::{Adam, SparseCategoricalCrossentropy, models};
+    use ndarray::Array1;
+
+    use crate::{MirroredStrategy, Model};
+
+    #[test]
+    fn every_replica_ends_with_bit_identical_weights_and_optimizer_state() {
+        let mut model =
+            Model::new(MirroredStrategy::new(3).unwrap(), || models::mnist_mlp(1)).unwrap();
+        let loss = SparseCategoricalCrossentropy {
+            from_logits: true,
+            ..Default::default()
+        };
+        model.compile(Adam::default(), loss, &[]).unwrap();
+        let examples: Vec<(Array1<f32>, u8)> = (0..96_u8)
+            .map(|i| (Array1::from_elem(784, f32::from(i) / 96.0), i % 10))
+            .collect();
+        let data = model.distribute_dataset(from_vec(examples), 48).unwrap();
+        assert_eq!(data.iter().unwrap().count(), 2);
+        model.fit(&data).epochs(2).verbose(false).run().unwrap();
+        let first = &model.replicas[0];
+        for replica in &model.replicas[1..] {
+            assert_eq!(replica.net.parameters(), first.net.parameters());
+            let (a, b) = (
+                first.optimizer.as_ref().unwrap(),
+                replica.optimizer.as_ref().unwrap(),
+            );
+            assert_eq!(a.slots(), b.slots());
+            assert_eq!(a.iterations(), 4);
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! What `fit` and `evaluate` report: logs of named values, and their history per epoch.
+
+use std::collections::BTreeMap;
+
+use crate::model::MetricKind;
+use crate::replica::StepTotals;
+
+/// Named values of a step, an epoch or an evaluation, as Keras' `logs` dict: `loss`,
+/// `accuracy`, and with a prefix (`val_loss`) for validation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Logs(pub BTreeMap<String, f64>);
+
+impl Logs {
+    pub(crate) fn from_totals(totals: &StepTotals, metrics: &[MetricKind], prefix: &str) -> Self {
+        let mean = |sum: f64| {
+            if totals.examples > 0.0 {
+                sum / totals.examples
+            } else {
+                0.0
+            }
+        };
+        let mut logs = BTreeMap::new();
+        logs.insert(format!("{prefix}loss"), mean(totals.loss_sum));
+        for metric in metrics {
+            let value = match metric {
+                MetricKind::Accuracy => mean(totals.correct),
+            };
+            logs.insert(format!("{prefix}{}", metric.name()), value);
+        }
+        Self(logs)
+    }
+
+    /// The value called `name`.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.0.get(name).copied()
+    }
+
+    /// `loss=0.1234 accuracy=0.9876`, in name order.
+    pub fn line(&self) -> String {
+        self.0
+            .iter()
+            .map(|(name, value)| format!("{name}={value:.4}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// Every epoch's logs, as the `History` object `model.fit` returns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct History {
+    /// The epochs run, from 0 (a resumed run starts where the backup stood).
+    pub epochs: Vec<u64>,
+    /// Each name's value per epoch of `epochs`.
+    pub history: BTreeMap<String, Vec<f64>>,
+}
+
+impl History {
+    pub(crate) fn record(&mut self, epoch: u64, logs: &Logs) {
+        self.epochs.push(epoch);
+        for (name, value) in &logs.0 {
+            self.history.entry(name.clone()).or_default().push(*value);
+        }
+    }
+
+    /// The values of `name` per epoch.
+    pub fn get(&self, name: &str) -> Option<&[f64]> {
+        self.history.get(name).map(Vec::as_slice)
+    }
+}

@@ -1,0 +1,49 @@
+//! Keras-style training under `tf.distribute` strategies: a [`Model`] replicated by a
+//! [`Strategy`] ([`OneDeviceStrategy`], [`MirroredStrategy`],
+//! [`MultiWorkerMirroredStrategy`]), `compile`, `fit` with [`Callback`]s, `evaluate`,
+//! `predict`, and [`BackupAndRestore`] that resumes a crashed run at the step it stopped.
+//!
+//! ```
+//! use lockstep_data::{Dataset, mnist::{Mnist, scale}};
+//! use lockstep_nn::{Adam, SparseCategoricalCrossentropy, models};
+//! use lockstep_train::{MirroredStrategy, Model};
+//!
+//! let mnist = Mnist::embedded()?;
+//! let mut model = Model::new(MirroredStrategy::new(2)?, || models::mnist_mlp(42))?;
+//! model.compile(Adam::default(), SparseCategoricalCrossentropy { from_logits: true, ..Default::default() }, &["accuracy"])?;
+//! let train = mnist.train.dataset()?.take(512).map(|(x, y)| (scale(&x).into_iter().collect::<ndarray::Array1<f32>>(), y));
+//! let train = model.distribute_dataset(train, 64)?; // 32 examples per replica per step
+//! let history = model.fit(&train).epochs(2).verbose(false).run()?;
+//! assert_eq!(history.get("loss").map(<[f64]>::len), Some(2));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The shape of a step: each replica of each worker runs forward and backward on its batch,
+//! its gradients and its loss totals go into one flat buffer, one all-reduce sums them over
+//! all replicas, and every replica divides by the step's example count and applies the same
+//! optimizer update to its own copy of the variables. `docs/ARCHITECTURE.md` describes the
+//! invariants.
+//!
+//! Dependencies: the Lockstep crates below it (cluster, collective, data, nn, tensor,
+//! checkpoint); `ndarray` for the batches the data pipeline yields; `serde`/`serde_json` for
+//! the trainer state in checkpoints; `thiserror` for errors; `tracing` for logs.
+
+mod batch;
+mod callbacks;
+mod error;
+mod fit;
+mod history;
+mod model;
+mod replica;
+mod state;
+mod strategy;
+
+pub use batch::LabeledBatch;
+pub use callbacks::{BackupAndRestore, Callback, SaveFreq, TrainingContext};
+pub use error::TrainError;
+pub use fit::Fit;
+pub use history::{History, Logs};
+pub use model::{MetricKind, Model};
+pub use strategy::{
+    MirroredStrategy, MultiWorkerMirroredStrategy, OneDeviceStrategy, ReplicaLink, Strategy,
+};

@@ -1,0 +1,299 @@
+//! `Model`: a `Sequential` network replicated under a strategy, Keras-style.
+
+use lockstep_data::{AutoShardPolicy, Batchable, Dataset, InputContext, distribute};
+use lockstep_nn::{NnError, Optimizer, Sequential, SparseCategoricalCrossentropy};
+use lockstep_tensor::Tensor;
+
+use crate::batch::LabeledBatch;
+use crate::error::TrainError;
+use crate::history::Logs;
+use crate::replica::{Replica, ReplicaBatch, StepTotals, not_compiled, on_replicas};
+use crate::strategy::Strategy;
+
+/// The metrics `compile` knows, by their Keras names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// `accuracy` (sparse categorical accuracy).
+    Accuracy,
+}
+
+impl MetricKind {
+    /// Parses a Keras metric name: `accuracy`, `acc`, `sparse_categorical_accuracy`.
+    ///
+    /// # Errors
+    ///
+    /// When the name is not one of those.
+    pub fn from_name(name: &str) -> Result<Self, TrainError> {
+        match name {
+            "accuracy" | "acc" | "sparse_categorical_accuracy" => Ok(Self::Accuracy),
+            other => Err(TrainError::invalid(
+                "compile",
+                format!("unknown metric {other:?}; known: accuracy"),
+            )),
+        }
+    }
+
+    /// The name Keras logs it under.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Accuracy => "accuracy",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Compiled {
+    pub(crate) loss: SparseCategoricalCrossentropy,
+    pub(crate) metrics: Vec<MetricKind>,
+}
+
+/// A model replicated under a [`Strategy`], as a Keras model built in `strategy.scope()`.
+///
+/// Every replica holds its own copy of the variables and of the optimizer state; at each
+/// step their gradients are all-reduced in one flat buffer and every replica applies the same
+/// update, so the copies stay bit-identical.
+///
+/// ```
+/// use lockstep_nn::{Adam, SparseCategoricalCrossentropy, models};
+/// use lockstep_train::{Model, MirroredStrategy};
+///
+/// let mut model = Model::new(MirroredStrategy::new(2)?, || models::mnist_mlp(7))?;
+/// model.compile(Adam::default(), SparseCategoricalCrossentropy { from_logits: true, ..Default::default() }, &["accuracy"])?;
+/// assert_eq!(model.num_replicas_in_sync(), 2);
+/// # Ok::<(), lockstep_train::TrainError>(())
+/// ```
+pub struct Model {
+    pub(crate) replicas: Vec<Replica>,
+    pub(crate) compiled: Option<Compiled>,
+    pub(crate) chief: bool,
+    pub(crate) task: String,
+    context: InputContext,
+}
+
+impl Model {
+    /// Builds the network once per replica of this process with `build` (which must give the
+    /// same architecture each time), then gives every replica the variables of replica 0 of
+    /// the chief, as TensorFlow does when a model is created under a strategy.
+    ///
+    /// # Errors
+    ///
+    /// When `build` fails, builds different architectures, or the broadcast fails.
+    pub fn new(
+        mut strategy: impl Strategy,
+        build: impl Fn() -> Result<Sequential, NnError>,
+    ) -> Result<Self, TrainError> {
+        let links = strategy.take_replicas()?;
+        if links.is_empty() {
+            return Err(TrainError::invalid(
+                "strategy",
+                "it gave the model no replicas",
+            ));
+        }
+        let mut replicas = Vec::with_capacity(links.len());
+        for link in links {
+            let net = build()?;
+            if let Some(first) = replicas
+                .first()
+                .map(|r: &Replica| r.net.parameters().specs())
+                && first != net.parameters().specs()
+            {
+                return Err(TrainError::invalid(
+                    "Model::new",
+                    "the build function made different architectures for two replicas",
+                ));
+            }
+            replicas.push(Replica::new(link, net));
+        }
+        let mut model = Self {
+            replicas,
+            compiled: None,
+            chief: strategy.is_chief(),
+            task: strategy.task(),
+            context: strategy.input_context(),
+        };
+        let inputs = vec![(); model.replicas.len()];
+        on_replicas(&mut model.replicas, inputs, |replica, ()| {
+            Ok(replica
+                .link
+                .broadcast(replica.net.parameters_mut().values_mut())?)
+        })?;
+        Ok(model)
+    }
+
+    /// Sets the optimizer (each replica gets a copy), the loss, and the metrics by Keras name.
+    ///
+    /// Under any strategy the loss is computed as `tf.distribute` prescribes: each replica sums
+    /// its examples' losses and the total is divided by the number of examples in the global
+    /// step, whatever `loss.reduction` says.
+    ///
+    /// # Errors
+    ///
+    /// When a metric name is unknown.
+    pub fn compile<O: Optimizer + Clone + 'static>(
+        &mut self,
+        optimizer: O,
+        loss: SparseCategoricalCrossentropy,
+        metrics: &[&str],
+    ) -> Result<(), TrainError> {
+        let metrics = metrics
+            .iter()
+            .map(|m| MetricKind::from_name(m))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut copies: Vec<O> = vec![optimizer];
+        while copies.len() < self.replicas.len() {
+            copies.push(copies[0].clone());
+        }
+        for (replica, copy) in self.replicas.iter_mut().zip(copies) {
+            replica.optimizer = Some(Box::new(copy));
+        }
+        self.compiled = Some(Compiled { loss, metrics });
+        Ok(())
+    }
+
+    /// Replicas across all processes.
+    pub fn num_replicas_in_sync(&self) -> usize {
+        self.context.num_replicas_in_sync
+    }
+
+    /// This process's part of the input.
+    pub fn input_context(&self) -> InputContext {
+        self.context
+    }
+
+    /// Whether this process writes checkpoints and logs.
+    pub fn is_chief(&self) -> bool {
+        self.chief
+    }
+
+    /// This process's task, as `worker:0`.
+    pub fn task(&self) -> &str {
+        &self.task
+    }
+
+    /// The network (replica 0's copy; all copies are equal).
+    ///
+    /// # Panics
+    ///
+    /// Never: a model has at least one replica.
+    pub fn network(&self) -> &Sequential {
+        #[allow(
+            clippy::indexing_slicing,
+            reason = "Model::new makes at least one replica"
+        )]
+        &self.replicas[0].net
+    }
+
+    /// The optimizer (replica 0's copy), once compiled.
+    pub fn optimizer(&self) -> Option<&dyn Optimizer> {
+        self.replicas.first()?.optimizer.as_deref()
+    }
+
+    /// The table of layers, output shapes and parameter counts, as Keras prints it.
+    pub fn summary(&self) -> String {
+        self.network().summary()
+    }
+
+    /// Divides `dataset` (of single examples) among the workers and their replicas in global
+    /// batches of `global_batch` examples, as `strategy.experimental_distribute_dataset`:
+    /// auto-sharded by data, each element one step's batches for this process's replicas.
+    ///
+    /// # Errors
+    ///
+    /// When `global_batch` does not divide by the replicas in sync.
+    pub fn distribute_dataset<D>(
+        &self,
+        dataset: D,
+        global_batch: usize,
+    ) -> Result<impl Dataset<Item = Vec<<D::Item as Batchable>::Batched>>, TrainError>
+    where
+        D: Dataset,
+        D::Item: Batchable,
+    {
+        Ok(distribute(dataset, global_batch, &self.context, AutoShardPolicy::Auto)?.prefetch(2))
+    }
+
+    /// As `strategy.distribute_datasets_from_function`: `make` builds this process's pipeline
+    /// from its [`InputContext`] (it shards and batches per replica itself); each element of
+    /// the result is one step's batches for this process's replicas.
+    ///
+    /// # Errors
+    ///
+    /// What `make` returns.
+    pub fn distribute_datasets_from_function<D>(
+        &self,
+        make: impl FnOnce(&InputContext) -> Result<D, TrainError>,
+    ) -> Result<D, TrainError> {
+        make(&self.context)
+    }
+
+    /// Loss and metrics over `data` (a distributed dataset), summed over every replica of
+    /// every worker: every worker gets the same figures.
+    ///
+    /// # Errors
+    ///
+    /// When the model is not compiled, the input fails, or a collective fails.
+    pub fn evaluate<D, B>(&mut self, data: &D) -> Result<Logs, TrainError>
+    where
+        D: Dataset<Item = Vec<B>>,
+        B: LabeledBatch,
+    {
+        let compiled = self.compiled.clone().ok_or_else(not_compiled)?;
+        let mut totals = StepTotals::default();
+        let mut batches = data.iter_epoch(0)?;
+        loop {
+            // A worker out of data takes empty batches until every worker is: the step's
+            // totals say when no replica had any.
+            let inputs = next_step(&mut batches, self.replicas.len())?
+                .unwrap_or_else(|| (0..self.replicas.len()).map(|_| None).collect());
+            let loss = compiled.loss;
+            let step = on_replicas(&mut self.replicas, inputs, |r, batch| {
+                r.evaluate_batch(batch, loss)
+            })?;
+            if step.examples == 0.0 {
+                break;
+            }
+            totals.add(step);
+        }
+        Ok(Logs::from_totals(&totals, &compiled.metrics, ""))
+    }
+
+    /// Outputs for a batch of inputs, from this process's first replica (inference needs no
+    /// other replica).
+    ///
+    /// # Errors
+    ///
+    /// When `x` is not a batch of the model's input shape.
+    pub fn predict(&self, x: &Tensor) -> Result<Tensor, TrainError> {
+        Ok(self.network().predict(x)?)
+    }
+}
+
+/// The next step's batches for `replicas` replicas, as tensors and labels; `None` at the end
+/// of the data.
+pub(crate) fn next_step<S, B>(
+    batches: &mut lockstep_data::Iter<S>,
+    replicas: usize,
+) -> Result<Option<Vec<ReplicaBatch>>, TrainError>
+where
+    S: lockstep_data::ElementStream<Item = Vec<B>>,
+    B: LabeledBatch,
+{
+    let Some(step) = batches.next() else {
+        return Ok(None);
+    };
+    let mut parts: Vec<ReplicaBatch> = step?
+        .into_iter()
+        .map(|b| b.into_parts().map(Some))
+        .collect::<Result<_, _>>()?;
+    if parts.len() > replicas {
+        return Err(TrainError::invalid(
+            "input",
+            format!(
+                "a step holds {} batches for {replicas} replicas in this process",
+                parts.len()
+            ),
+        ));
+    }
+    parts.resize_with(replicas, || None);
+    Ok(Some(parts))
+}

@@ -1,0 +1,309 @@
+//! Where training stands, and the state a checkpoint holds: saving it, restoring it, and
+//! making every worker's state the chief's.
+
+use lockstep_checkpoint::{Checkpoint, NamedTensor, Progress};
+use lockstep_collective::ReduceOp;
+use serde::{Deserialize, Serialize};
+
+use crate::error::TrainError;
+use crate::model::Model;
+use crate::replica::{StepTotals, not_compiled, on_replicas};
+
+/// The position of training: what a resumed run needs besides weights and optimizer state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Position {
+    /// Optimizer steps taken.
+    pub(crate) step: u64,
+    /// The epoch in progress.
+    pub(crate) epoch: u64,
+    /// Steps of `epoch` taken: the distributed dataset's element index, the same on any
+    /// number of workers for one global batch size.
+    pub(crate) steps_into_epoch: u64,
+    /// The epoch's totals so far, so a resumed epoch logs what an uninterrupted one would.
+    pub(crate) loss_sum: f64,
+    pub(crate) examples: f64,
+    pub(crate) correct: f64,
+}
+
+impl Position {
+    pub(crate) fn totals(&self) -> StepTotals {
+        StepTotals {
+            loss_sum: self.loss_sum,
+            examples: self.examples,
+            correct: self.correct,
+        }
+    }
+
+    pub(crate) fn add(&mut self, step: StepTotals) {
+        self.step += 1;
+        self.steps_into_epoch += 1;
+        self.loss_sum += step.loss_sum;
+        self.examples += step.examples;
+        self.correct += step.correct;
+    }
+
+    pub(crate) fn next_epoch(&mut self) {
+        *self = Self {
+            step: self.step,
+            epoch: self.epoch + 1,
+            ..Self::default()
+        };
+    }
+}
+
+/// What the manifest's `meta` holds for a model.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Meta {
+    optimizer: String,
+    iterations: u64,
+    position: Position,
+}
+
+const MODEL: &str = "model";
+const OPTIMIZER: &str = "optimizer";
+
+/// What a callback sees of training: the model, where training stands, and the means to save,
+/// restore and agree with the other workers.
+pub struct TrainingContext<'m> {
+    pub(crate) model: &'m mut Model,
+    pub(crate) position: Position,
+    pub(crate) stop: bool,
+    pub(crate) workers: usize,
+}
+
+impl TrainingContext<'_> {
+    /// Whether this process writes checkpoints and logs.
+    pub fn is_chief(&self) -> bool {
+        self.model.is_chief()
+    }
+
+    /// This process's task, as `worker:1`.
+    pub fn task(&self) -> &str {
+        self.model.task()
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model {
+        self.model
+    }
+
+    /// Optimizer steps taken so far.
+    pub fn step(&self) -> u64 {
+        self.position.step
+    }
+
+    /// The epoch in progress (after an epoch's end: the next one).
+    pub fn epoch(&self) -> u64 {
+        self.position.epoch
+    }
+
+    /// Asks `fit` to stop after this step or epoch, as setting `model.stop_training`.
+    pub fn stop_training(&mut self) {
+        self.stop = true;
+    }
+
+    /// The whole training state as a checkpoint: weights, optimizer state and iterations,
+    /// position (step, epoch, examples of the epoch consumed over all workers).
+    ///
+    /// # Errors
+    ///
+    /// When the model is not compiled.
+    pub fn checkpoint(&self) -> Result<Checkpoint, TrainError> {
+        let net = self.model.network();
+        let optimizer = self.model.optimizer().ok_or_else(not_compiled)?;
+        let specs = net.parameters().specs();
+        let values = net.parameters().values();
+        let mut checkpoint = Checkpoint::new(Progress {
+            step: self.position.step,
+            epoch: self.position.epoch,
+            examples_into_epoch: self.position.examples as u64,
+            worker_count: self.workers,
+            seed: 0,
+        });
+        let mut weights = Vec::with_capacity(specs.len());
+        for spec in specs {
+            weights.push(NamedTensor::new(
+                spec.name.clone(),
+                spec.shape.clone(),
+                values[spec.range()].to_vec(),
+            )?);
+        }
+        let mut slots = Vec::new();
+        for (slot, flat) in optimizer.slots() {
+            if flat.len() != values.len() {
+                continue; // not yet allocated: the optimizer has taken no step
+            }
+            for spec in specs {
+                slots.push(NamedTensor::new(
+                    format!("{slot}/{}", spec.name),
+                    spec.shape.clone(),
+                    flat[spec.range()].to_vec(),
+                )?);
+            }
+        }
+        checkpoint.files.insert(MODEL.into(), weights);
+        checkpoint.files.insert(OPTIMIZER.into(), slots);
+        checkpoint.meta = serde_json::to_value(Meta {
+            optimizer: optimizer.name().into(),
+            iterations: optimizer.iterations(),
+            position: self.position,
+        })
+        .map_err(|e| TrainError::invalid("checkpoint", e.to_string()))?;
+        Ok(checkpoint)
+    }
+
+    /// Restores a checkpoint into this process's replicas and moves training to where it
+    /// stood. Meant for [`Callback::on_train_begin`](crate::Callback::on_train_begin); `fit`
+    /// then gives every worker the chief's state.
+    ///
+    /// # Errors
+    ///
+    /// For a checkpoint of another model or optimizer, naming the difference.
+    pub fn restore(&mut self, checkpoint: &Checkpoint) -> Result<(), TrainError> {
+        let specs = self.model.network().parameters().specs().to_vec();
+        let want: Vec<(&str, &[usize])> = specs
+            .iter()
+            .map(|s| (s.name.as_str(), s.shape.as_slice()))
+            .collect();
+        checkpoint.check_variables(MODEL, &want)?;
+        let meta: Meta = serde_json::from_value(checkpoint.meta.clone()).map_err(|e| {
+            TrainError::invalid(
+                "checkpoint",
+                format!("its trainer state is unreadable: {e}"),
+            )
+        })?;
+        let name = self.model.optimizer().ok_or_else(not_compiled)?.name();
+        if meta.optimizer != name {
+            return Err(lockstep_checkpoint::CheckpointError::Mismatch {
+                what: "optimizer".into(),
+                expected: name.into(),
+                found: meta.optimizer,
+            }
+            .into());
+        }
+        let total = self.model.network().parameters().len();
+        let mut slots: Vec<(String, Vec<f32>)> = Vec::new();
+        for tensor in checkpoint.file(OPTIMIZER)? {
+            let (slot, variable) = tensor.name.split_once('/').unwrap_or((&tensor.name, ""));
+            let Some(spec) = specs
+                .iter()
+                .find(|s| s.name == variable && s.shape == tensor.shape)
+            else {
+                return Err(TrainError::invalid(
+                    "checkpoint",
+                    format!(
+                        "optimizer slot {} matches no variable of the model",
+                        tensor.name
+                    ),
+                ));
+            };
+            if !slots.iter().any(|(s, _)| s == slot) {
+                slots.push((slot.to_owned(), vec![0.0; total]));
+            }
+            if let Some((_, flat)) = slots.iter_mut().find(|(s, _)| s == slot) {
+                flat[spec.range()].copy_from_slice(&tensor.values);
+            }
+        }
+        let view: Vec<(&str, &[f32])> = slots
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_slice()))
+            .collect();
+        let mut weights = vec![0.0; total];
+        for spec in &specs {
+            weights[spec.range()].copy_from_slice(&checkpoint.tensor(MODEL, &spec.name)?.values);
+        }
+        for replica in &mut self.model.replicas {
+            replica
+                .net
+                .parameters_mut()
+                .values_mut()
+                .copy_from_slice(&weights);
+            replica
+                .optimizer
+                .as_mut()
+                .ok_or_else(not_compiled)?
+                .restore(meta.iterations, &view)?;
+        }
+        self.position = meta.position;
+        Ok(())
+    }
+
+    /// Whether every worker says `ok`: a phase that every worker enters together, bounded by
+    /// the collective timeout (the chief saves, then all learn whether it could).
+    ///
+    /// # Errors
+    ///
+    /// When the workers cannot agree (a peer is gone).
+    pub fn agree(&mut self, ok: bool) -> Result<bool, TrainError> {
+        let mut vote = [f64::from(u8::from(ok))];
+        let leader = self
+            .model
+            .replicas
+            .first_mut()
+            .ok_or_else(|| TrainError::invalid("model", "it has no replicas"))?;
+        leader.link.all_reduce_processes(&mut vote, ReduceOp::Min)?;
+        Ok(vote[0] == 1.0)
+    }
+
+    /// Gives every replica of every worker the state of the chief's first replica: weights,
+    /// optimizer state and position (a backup restored on the chief reaches all).
+    pub(crate) fn sync_from_chief(&mut self) -> Result<(), TrainError> {
+        let n = self.model.network().parameters().len();
+        let (iterations, slot_names, slots_ready) = {
+            let optimizer = self.model.optimizer().ok_or_else(not_compiled)?;
+            let slots = optimizer.slots();
+            let ready = !slots.is_empty() && slots.iter().all(|(_, s)| s.len() == n);
+            (
+                optimizer.iterations(),
+                slots.iter().map(|(name, _)| *name).collect::<Vec<_>>(),
+                ready,
+            )
+        };
+        let p = self.position;
+        let mut header = [
+            p.step as f64,
+            p.epoch as f64,
+            p.steps_into_epoch as f64,
+            p.loss_sum,
+            p.examples,
+            p.correct,
+            iterations as f64,
+            f64::from(u8::from(slots_ready)),
+        ];
+        let replicas = self.model.replicas.len();
+        on_replicas(&mut self.model.replicas, vec![(); replicas], |r, ()| {
+            let mut header = header;
+            r.link.broadcast(&mut header)?;
+            r.link.broadcast(r.net.parameters_mut().values_mut())?;
+            let optimizer = r.optimizer.as_mut().ok_or_else(not_compiled)?;
+            if header[7] == 1.0 {
+                let mut flat: Vec<f32> = optimizer
+                    .slots()
+                    .iter()
+                    .flat_map(|(_, s)| s.iter().copied())
+                    .collect();
+                flat.resize(slot_names.len() * n, 0.0);
+                r.link.broadcast(&mut flat)?;
+                let view: Vec<(&str, &[f32])> = slot_names
+                    .iter()
+                    .zip(flat.chunks(n.max(1)))
+                    .map(|(name, values)| (*name, values))
+                    .collect();
+                optimizer.restore(header[6] as u64, &view)?;
+            } else {
+                optimizer.restore(header[6] as u64, &[])?;
+            }
+            Ok(header)
+        })
+        .map(|h| header = h)?;
+        self.position = Position {
+            step: header[0] as u64,
+            epoch: header[1] as u64,
+            steps_into_epoch: header[2] as u64,
+            loss_sum: header[3],
+            examples: header[4],
+            correct: header[5],
+        };
+        Ok(())
+    }
+}

@@ -1,0 +1,323 @@
+//! `fit` under each strategy: the same mathematics whatever the layout, bit-identical
+//! repeats, exact resume from a backup, and clear errors.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test that meets an error must fail loudly"
+)]
+
+use std::net::{Ipv4Addr, TcpListener};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use lockstep_cluster::{Cluster, TfConfig};
+use lockstep_collective::{CommunicationOptions, Implementation, TcpOptions, TcpTransport};
+use lockstep_data::mnist::{Mnist, scale};
+use lockstep_data::{Dataset, from_vec};
+use lockstep_nn::{Adam, Sequential, Sgd, SparseCategoricalCrossentropy, models};
+use lockstep_train::{
+    BackupAndRestore, Callback, History, MirroredStrategy, Model, MultiWorkerMirroredStrategy,
+    OneDeviceStrategy, SaveFreq, Strategy, TrainError, TrainingContext,
+};
+use ndarray::{Array1, Array2};
+
+const EXAMPLES: usize = 640;
+
+fn loss() -> SparseCategoricalCrossentropy {
+    SparseCategoricalCrossentropy {
+        from_logits: true,
+        ..Default::default()
+    }
+}
+
+/// The first `EXAMPLES` training digits, scaled and flattened for the MLP.
+fn digits() -> impl Dataset<Item = (Array1<f32>, u8)> {
+    let mnist = Mnist::embedded().unwrap();
+    let (x, y): (Vec<Array1<f32>>, Vec<u8>) = mnist
+        .train
+        .dataset()
+        .unwrap()
+        .iter()
+        .unwrap()
+        .take(EXAMPLES)
+        .map(|e| {
+            let (x, y) = e.unwrap();
+            let flat: Array1<f32> = scale(&x).into_iter().collect();
+            (flat, y)
+        })
+        .unzip();
+    from_vec(x.into_iter().zip(y).collect())
+}
+
+fn mlp() -> Result<Sequential, lockstep_nn::NnError> {
+    models::mnist_mlp(3)
+}
+
+/// Trains the MLP under `strategy` for `epochs` with `global_batch`, with the callbacks.
+fn train(
+    strategy: impl Strategy,
+    global_batch: usize,
+    epochs: u64,
+    callbacks: Vec<Box<dyn Callback>>,
+) -> Result<(Vec<f32>, History), TrainError> {
+    let mut model = Model::new(strategy, mlp)?;
+    model.compile(Adam::default(), loss(), &["accuracy"])?;
+    let data = model.distribute_dataset(digits(), global_batch)?;
+    let mut fit = model.fit(&data).epochs(epochs).verbose(false);
+    for callback in callbacks {
+        fit = fit.callback(callback);
+    }
+    let history = fit.run()?;
+    Ok((model.network().parameters().values().to_vec(), history))
+}
+
+fn max_difference(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn two_mirrored_replicas_train_as_one_device_with_the_same_global_batch() {
+    let (one, one_history) = train(OneDeviceStrategy::new(), 64, 2, Vec::new()).unwrap();
+    let (two, two_history) = train(MirroredStrategy::new(2).unwrap(), 64, 2, Vec::new()).unwrap();
+    assert!(
+        max_difference(&one, &two) < 1e-4,
+        "{}",
+        max_difference(&one, &two)
+    );
+    let (a, b) = (
+        one_history.get("loss").unwrap(),
+        two_history.get("loss").unwrap(),
+    );
+    assert!((a[1] - b[1]).abs() < 1e-3, "{a:?} vs {b:?}");
+    assert!(a[1] < a[0], "the loss falls: {a:?}");
+    assert_eq!(one_history.epochs, [0, 1]);
+}
+
+#[test]
+fn repeated_runs_give_bit_identical_weights() {
+    let (a, _) = train(MirroredStrategy::new(2).unwrap(), 64, 1, Vec::new()).unwrap();
+    let (b, _) = train(MirroredStrategy::new(2).unwrap(), 64, 1, Vec::new()).unwrap();
+    assert_eq!(a, b);
+}
+
+/// A cluster of `n` workers on 127.0.0.1, with its transports formed on threads; runs `body`
+/// as each worker and returns their results in rank order.
+fn cluster<R: Send + 'static>(n: usize, body: fn(Cluster, TcpTransport) -> R) -> Vec<R> {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let identity = (u64::from(std::process::id()) << 32) | NEXT.fetch_add(1, Ordering::Relaxed);
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap())
+        .collect();
+    let addresses: Vec<String> = listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().to_string())
+        .collect();
+    let handles: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(rank, listener)| {
+            let addresses = addresses.clone();
+            std::thread::spawn(move || {
+                let json = format!(
+                    r#"{{"cluster": {{"worker": {addresses:?}}}, "task": {{"type": "worker", "index": {rank}}}}}"#
+                );
+                let cluster = Cluster::new(TfConfig::parse(&json).unwrap()).unwrap();
+                let options = TcpOptions {
+                    cluster: identity,
+                    rendezvous_timeout: Duration::from_secs(30),
+                    ..TcpOptions::default()
+                };
+                let transport = TcpTransport::connect_on(listener, rank, &addresses, &options).unwrap();
+                body(cluster, transport)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn two_workers_over_tcp_train_as_one_device_with_the_same_global_batch() {
+    let workers = cluster(2, |cluster, transport| {
+        let strategy = MultiWorkerMirroredStrategy::from_transport(
+            &cluster,
+            transport,
+            CommunicationOptions::default(),
+            1,
+        )
+        .unwrap();
+        train(strategy, 64, 2, Vec::new()).unwrap()
+    });
+    let (one, _) = train(OneDeviceStrategy::new(), 64, 2, Vec::new()).unwrap();
+    assert_eq!(
+        workers[0].0, workers[1].0,
+        "the workers' weights are bit-identical"
+    );
+    assert_eq!(workers[0].1, workers[1].1, "both log the same figures");
+    assert!(max_difference(&one, &workers[0].0) < 1e-4);
+}
+
+#[test]
+fn two_workers_with_two_replicas_each_train_as_four_mirrored_replicas() {
+    let workers = cluster(2, |cluster, transport| {
+        let strategy = MultiWorkerMirroredStrategy::from_transport(
+            &cluster,
+            transport,
+            CommunicationOptions::default(),
+            2,
+        )
+        .unwrap();
+        train(strategy, 64, 1, Vec::new()).unwrap().0
+    });
+    let (four, _) = train(MirroredStrategy::new(4).unwrap(), 64, 1, Vec::new()).unwrap();
+    assert_eq!(workers[0], workers[1]);
+    assert!(max_difference(&four, &workers[0]) < 1e-4);
+}
+
+/// Fails training with an error after `at` steps, as a crash would stop it.
+struct CrashAt(u64);
+
+impl Callback for CrashAt {
+    fn on_train_batch_end(
+        &mut self,
+        _batch: u64,
+        _logs: &lockstep_train::Logs,
+        ctx: &mut TrainingContext<'_>,
+    ) -> Result<(), TrainError> {
+        if ctx.step() == self.0 {
+            return Err(TrainError::Invalid {
+                what: "test",
+                why: "crashed on purpose".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_run_resumed_from_its_backup_ends_bit_identical_to_an_uninterrupted_one() {
+    let (uninterrupted, history) =
+        train(MirroredStrategy::new(2).unwrap(), 64, 3, Vec::new()).unwrap();
+    for freq in [SaveFreq::Steps(4), SaveFreq::Epoch] {
+        let dir = tempfile::tempdir().unwrap();
+        let backup = || BackupAndRestore::new(dir.path().join("backup")).save_freq(freq);
+        // Step 17: mid-epoch (10 steps per epoch), after the backup of step 16 or epoch 1.
+        let err = train(
+            MirroredStrategy::new(2).unwrap(),
+            64,
+            3,
+            vec![Box::new(backup()), Box::new(CrashAt(17))],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("crashed on purpose"));
+        assert!(
+            dir.path().join("backup").exists(),
+            "the backup survives a failed run"
+        );
+        let (resumed, resumed_history) = train(
+            MirroredStrategy::new(2).unwrap(),
+            64,
+            3,
+            vec![Box::new(backup())],
+        )
+        .unwrap();
+        assert_eq!(resumed, uninterrupted, "{freq:?}");
+        let last = |h: &History| h.get("loss").unwrap().last().copied();
+        assert_eq!(last(&resumed_history), last(&history), "{freq:?}");
+        assert!(
+            !dir.path().join("backup").exists(),
+            "deleted after a successful run"
+        );
+    }
+}
+
+#[test]
+fn a_backup_of_another_model_is_refused_naming_the_difference() {
+    let dir = tempfile::tempdir().unwrap();
+    let backup = || BackupAndRestore::new(dir.path()).delete_checkpoint(false);
+    train(OneDeviceStrategy::new(), 64, 1, vec![Box::new(backup())]).unwrap();
+    let mut other = Model::new(OneDeviceStrategy::new(), || models::mnist_cnn(3)).unwrap();
+    other.compile(Adam::default(), loss(), &[]).unwrap();
+    let data = other.distribute_dataset(digits(), 64).unwrap();
+    let err = other
+        .fit(&data)
+        .verbose(false)
+        .callback(backup())
+        .run()
+        .unwrap_err();
+    assert!(err.to_string().contains("does not match"), "{err}");
+    let mut sgd = Model::new(OneDeviceStrategy::new(), mlp).unwrap();
+    sgd.compile(Sgd::new(0.1), loss(), &[]).unwrap();
+    let err = sgd
+        .fit(&data_for(&sgd))
+        .verbose(false)
+        .callback(backup())
+        .run()
+        .unwrap_err();
+    assert!(err.to_string().contains("optimizer"), "{err}");
+}
+
+fn data_for(model: &Model) -> impl Dataset<Item = Vec<(Array2<f32>, Array1<u8>)>> {
+    model.distribute_dataset(digits(), 64).unwrap()
+}
+
+#[test]
+fn bad_settings_are_clear_errors() {
+    assert!(MirroredStrategy::new(0).is_err());
+    let mut model = Model::new(OneDeviceStrategy::new(), mlp).unwrap();
+    let err = model.compile(Adam::default(), loss(), &["f1"]).unwrap_err();
+    assert!(err.to_string().contains("unknown metric"), "{err}");
+    let data = data_for(&model);
+    let err = model.fit(&data).run().unwrap_err();
+    assert!(err.to_string().contains("compile"), "{err}");
+    let err = model.distribute_dataset(digits(), 0).err().unwrap();
+    assert!(err.to_string().contains("batch"), "{err}");
+
+    let json = r#"{"cluster": {"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]}, "task": {"type": "evaluator", "index": 0}}"#;
+    let evaluator = Cluster::new(TfConfig::parse(json).unwrap()).unwrap();
+    let err = MultiWorkerMirroredStrategy::new(
+        &evaluator,
+        CommunicationOptions::default(),
+        1,
+        Duration::from_secs(1),
+    )
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("trains nothing"), "{err}");
+    let nccl = CommunicationOptions {
+        implementation: Implementation::Nccl,
+        ..CommunicationOptions::default()
+    };
+    let worker = Cluster::new(
+        TfConfig::parse(&json.replace("evaluator\", \"index", "worker\", \"index")).unwrap(),
+    )
+    .unwrap();
+    let err = MultiWorkerMirroredStrategy::new(&worker, nccl, 1, Duration::from_secs(1))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("NCCL"), "{err}");
+}
+
+#[test]
+fn evaluation_counts_every_example_once_on_every_layout() {
+    let mut one = Model::new(OneDeviceStrategy::new(), mlp).unwrap();
+    one.compile(Adam::default(), loss(), &["accuracy"]).unwrap();
+    let data = one.distribute_dataset(digits(), 64).unwrap();
+    let a = one.evaluate(&data).unwrap();
+    let mut two = Model::new(MirroredStrategy::new(2).unwrap(), mlp).unwrap();
+    two.compile(Adam::default(), loss(), &["accuracy"]).unwrap();
+    let data = two.distribute_dataset(digits(), 64).unwrap();
+    let b = two.evaluate(&data).unwrap();
+    assert!((a.get("loss").unwrap() - b.get("loss").unwrap()).abs() < 1e-5);
+    assert_eq!(a.get("accuracy"), b.get("accuracy"));
+    let accuracy = a.get("accuracy").unwrap();
+    assert!((0.0..=1.0).contains(&accuracy));
+    assert_eq!(
+        (accuracy * EXAMPLES as f64).fract(),
+        0.0,
+        "whole examples counted"
+    );
+}
