@@ -120,7 +120,8 @@ pub enum AutoShardPolicy {
 /// With `Data` sharding, step `s` of every worker comes from global batch `s` of the stream,
 /// worker `w` taking elements `w * b .. (w + 1) * b` of it (`b` = per-worker batch). A final
 /// incomplete global batch is dropped on every worker, so no worker waits for a step the
-/// others never take.
+/// others never take; [`Distributed::keep_remainder`] keeps it instead, for a training loop
+/// that lets workers without data join a step empty-handed (as `lockstep-train` does).
 ///
 /// ```
 /// use lockstep_data::{AutoShardPolicy, Dataset, InputContext, distribute, from_vec};
@@ -194,6 +195,7 @@ where
         replicas: ctx.local_replicas(),
         lead: lead as u64,
         stride: stride as u64,
+        keep_remainder: false,
     })
 }
 
@@ -208,6 +210,30 @@ pub struct Distributed<D> {
     lead: u64,
     /// Elements of the input consumed per step (the global batch, or this worker's part).
     stride: u64,
+    keep_remainder: bool,
+}
+
+impl<D> Distributed<D> {
+    /// Keeps the last, incomplete global batch: each worker takes what falls in its part of
+    /// it, so a step may hold fewer batches than replicas (the first ones, the last of them
+    /// short) and a worker whose part is empty ends its epoch one step before the others.
+    ///
+    /// ```
+    /// use lockstep_data::{AutoShardPolicy, Dataset, InputContext, distribute, from_vec};
+    ///
+    /// let ctx = InputContext::new(2, 1, 4)?; // worker 1 of 2, two replicas each
+    /// let ds = distribute(from_vec((0..22_u32).collect()), 8, &ctx, AutoShardPolicy::Data)?;
+    /// let steps = ds.keep_remainder().iter()?.collect::<Result<Vec<_>, _>>()?;
+    /// assert_eq!(steps.len(), 3);
+    /// assert_eq!(steps[2].len(), 1); // elements 16..22: worker 1 gets 20, 21 for one replica
+    /// assert_eq!(steps[2][0].to_vec(), [20, 21]);
+    /// # Ok::<(), lockstep_data::DataError>(())
+    /// ```
+    #[must_use]
+    pub fn keep_remainder(mut self) -> Self {
+        self.keep_remainder = true;
+        self
+    }
 }
 
 impl<D> Dataset for Distributed<D>
@@ -231,12 +257,15 @@ where
             replicas: self.replicas,
             lead: self.lead,
             stride: self.stride,
+            keep_remainder: self.keep_remainder,
         })
     }
 
     fn cardinality(&self) -> Cardinality {
-        let stride = self.stride;
-        self.inner.cardinality().map(|n| n / stride)
+        let (stride, lead, keep) = (self.stride, self.lead, self.keep_remainder);
+        self.inner
+            .cardinality()
+            .map(|n| n / stride + u64::from(keep && n % stride > lead))
     }
 
     fn fingerprint(&self, fp: &mut Fingerprint) {
@@ -244,7 +273,8 @@ where
             .u64(self.per_replica as u64)
             .u64(self.replicas as u64)
             .u64(self.lead)
-            .u64(self.stride);
+            .u64(self.stride)
+            .u64(u64::from(self.keep_remainder));
         self.inner.fingerprint(fp);
     }
 }
@@ -256,13 +286,15 @@ pub struct DistributedStream<S> {
     replicas: usize,
     lead: u64,
     stride: u64,
+    keep_remainder: bool,
 }
 
 impl<S: ElementStream> DistributedStream<S>
 where
     S::Item: Batchable,
 {
-    /// This worker's elements of the next stride; `None` when the stride is incomplete.
+    /// This worker's elements of the next stride; `None` when the stride is incomplete
+    /// (unless remainders are kept and this worker's part of it is not empty).
     fn take_part(&mut self) -> Result<Option<Vec<S::Item>>, DataError> {
         if self.inner.advance(self.lead)? < self.lead {
             return Ok(None);
@@ -272,11 +304,12 @@ where
         while items.len() < own {
             match self.inner.next_element() {
                 Some(item) => items.push(item?),
+                None if self.keep_remainder && !items.is_empty() => return Ok(Some(items)),
                 None => return Ok(None),
             }
         }
         let trail = self.stride - self.lead - own as u64;
-        if self.inner.advance(trail)? < trail {
+        if self.inner.advance(trail)? < trail && !self.keep_remainder {
             return Ok(None);
         }
         Ok(Some(items))
@@ -295,8 +328,9 @@ where
             Ok(None) => return None,
             Err(e) => return Some(Err(e)),
         };
+        let replicas = items.len().div_ceil(self.per_replica.max(1));
         let mut items = items.into_iter();
-        let batches = (0..self.replicas)
+        let batches = (0..replicas)
             .map(|_| <S::Item as Batchable>::stack(items.by_ref().take(self.per_replica).collect()))
             .collect();
         Some(batches)

@@ -178,6 +178,36 @@ proptest! {
     }
 
     #[test]
+    fn keeping_the_remainder_gives_every_element_to_exactly_one_replica_once(
+        n in 0..400_u32, workers in 1..5_usize, per_replica in 1..9_usize, replicas_per_worker in 1..3_usize,
+        stop in 0..60_usize,
+    ) {
+        let replicas = workers * replicas_per_worker;
+        let global = per_replica * replicas;
+        let ds = from_vec((0..n).collect());
+        let mut seen = Vec::new();
+        for worker in 0..workers {
+            let ctx = InputContext::new(workers, worker, replicas).unwrap();
+            let distributed = distribute(ds.clone(), global, &ctx, AutoShardPolicy::Data)
+                .unwrap()
+                .keep_remainder();
+            let steps = collect(&distributed);
+            prop_assert_eq!(Some(steps.len() as u64), distributed.cardinality().finite());
+            prop_assert!(steps.len() <= (n as usize).div_ceil(global));
+            for step in &steps {
+                prop_assert!(!step.is_empty() && step.len() <= replicas_per_worker);
+                for batch in step {
+                    prop_assert!(!batch.is_empty() && batch.len() <= per_replica);
+                    seen.extend(batch.iter().copied());
+                }
+            }
+            check_resume(&distributed, 1, stop)?;
+        }
+        seen.sort_unstable();
+        prop_assert_eq!(seen, (0..n).collect::<Vec<_>>());
+    }
+
+    #[test]
     fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
         let _ = <(ndarray::Array3<f32>, u8)>::decode(&mut bytes.as_slice());
         let _ = <Vec<String>>::decode(&mut bytes.as_slice());

@@ -1,5 +1,7 @@
 //! `Model::fit`: the training loop, as Keras runs it under a strategy.
 
+use std::time::Instant;
+
 use lockstep_data::{Dataset, IterState};
 
 use crate::batch::LabeledBatch;
@@ -127,6 +129,7 @@ where
         let fingerprint = data.fingerprint_value();
         while ctx.position.epoch < epochs && !ctx.stop {
             let epoch = ctx.position.epoch;
+            let started = Instant::now();
             for callback in &mut callbacks {
                 callback.on_epoch_begin(epoch, &mut ctx)?;
             }
@@ -147,6 +150,7 @@ where
                     break;
                 }
                 ctx.position.add(totals);
+                history.steps += 1;
                 let logs = Logs::from_totals(&ctx.position.totals(), &compiled.metrics, "");
                 let batch = ctx.position.steps_into_epoch - 1;
                 for callback in &mut callbacks {
@@ -169,8 +173,9 @@ where
             ctx.position.next_epoch();
             if verbose && ctx.model.is_chief() {
                 println!(
-                    "Epoch {}/{epochs}: {steps} steps, {}",
+                    "Epoch {}/{epochs} - {steps} steps - {:.1}s - {}",
                     epoch + 1,
+                    started.elapsed().as_secs_f64(),
                     logs.line()
                 );
             }

@@ -35,13 +35,13 @@ impl Logs {
         self.0.get(name).copied()
     }
 
-    /// `loss=0.1234 accuracy=0.9876`, in name order.
+    /// `accuracy: 0.9876 - loss: 0.1234`, in name order, as Keras prints logs.
     pub fn line(&self) -> String {
         self.0
             .iter()
-            .map(|(name, value)| format!("{name}={value:.4}"))
+            .map(|(name, value)| format!("{name}: {value:.4}"))
             .collect::<Vec<_>>()
-            .join(" ")
+            .join(" - ")
     }
 }
 
@@ -52,6 +52,8 @@ pub struct History {
     pub epochs: Vec<u64>,
     /// Each name's value per epoch of `epochs`.
     pub history: BTreeMap<String, Vec<f64>>,
+    /// Optimizer steps this `fit` took (fewer than the model's total after a resume).
+    pub steps: u64,
 }
 
 impl History {

@@ -195,7 +195,9 @@ impl Model {
 
     /// Divides `dataset` (of single examples) among the workers and their replicas in global
     /// batches of `global_batch` examples, as `strategy.experimental_distribute_dataset`:
-    /// auto-sharded by data, each element one step's batches for this process's replicas.
+    /// auto-sharded by data, each element one step's batches for this process's replicas. The
+    /// last global batch may be short: replicas past its end get no batch, and `fit` and
+    /// `evaluate` let them join the step empty-handed.
     ///
     /// # Errors
     ///
@@ -209,7 +211,11 @@ impl Model {
         D: Dataset,
         D::Item: Batchable,
     {
-        Ok(distribute(dataset, global_batch, &self.context, AutoShardPolicy::Auto)?.prefetch(2))
+        Ok(
+            distribute(dataset, global_batch, &self.context, AutoShardPolicy::Auto)?
+                .keep_remainder()
+                .prefetch(2),
+        )
     }
 
     /// As `strategy.distribute_datasets_from_function`: `make` builds this process's pipeline

@@ -98,6 +98,40 @@ fn two_mirrored_replicas_train_as_one_device_with_the_same_global_batch() {
 }
 
 #[test]
+fn a_short_last_batch_is_weighted_exactly_whichever_replicas_it_reaches() {
+    // 640 examples in global batches of 96: six whole ones and 64 left, which reach the
+    // first replica whole and the second in part (two replicas), or only the first worker
+    // (two workers of 48).
+    let (one, one_history) = train(OneDeviceStrategy::new(), 96, 2, Vec::new()).unwrap();
+    let (two, two_history) = train(MirroredStrategy::new(2).unwrap(), 96, 2, Vec::new()).unwrap();
+    assert!(
+        max_difference(&one, &two) < 1e-4,
+        "{}",
+        max_difference(&one, &two)
+    );
+    let workers = cluster(2, |cluster, transport| {
+        let strategy = MultiWorkerMirroredStrategy::from_transport(
+            &cluster,
+            transport,
+            CommunicationOptions::default(),
+            1,
+        )
+        .unwrap();
+        train(strategy, 96, 2, Vec::new()).unwrap()
+    });
+    assert_eq!(workers[0], workers[1]);
+    assert!(max_difference(&one, &workers[0].0) < 1e-4);
+    let (a, b) = (
+        one_history.get("accuracy").unwrap(),
+        two_history.get("accuracy").unwrap(),
+    );
+    assert!(
+        (a[1] - b[1]).abs() < 1e-9,
+        "every example counted once: {a:?} vs {b:?}"
+    );
+}
+
+#[test]
 fn repeated_runs_give_bit_identical_weights() {
     let (a, _) = train(MirroredStrategy::new(2).unwrap(), 64, 1, Vec::new()).unwrap();
     let (b, _) = train(MirroredStrategy::new(2).unwrap(), 64, 1, Vec::new()).unwrap();
