@@ -34,6 +34,7 @@
 
 mod durable;
 mod error;
+mod file;
 mod manager;
 mod manifest;
 mod tensors;
@@ -41,6 +42,7 @@ mod tensors;
 use std::collections::BTreeMap;
 
 pub use error::CheckpointError;
+pub use file::{read_tensors, write_tensors};
 pub use manager::CheckpointManager;
 pub use manifest::Progress;
 pub use tensors::NamedTensor;

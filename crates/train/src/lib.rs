@@ -39,7 +39,10 @@ mod state;
 mod strategy;
 
 pub use batch::LabeledBatch;
-pub use callbacks::{BackupAndRestore, Callback, SaveFreq, TrainingContext};
+pub use callbacks::{
+    BackupAndRestore, Callback, CsvLogger, EarlyStopping, Mode, ModelCheckpoint, SaveFreq,
+    TrainingContext,
+};
 pub use error::TrainError;
 pub use fit::Fit;
 pub use history::{History, Logs};

@@ -1,5 +1,6 @@
 //! `Model`: a `Sequential` network replicated under a strategy, Keras-style.
 
+use lockstep_checkpoint::{NamedTensor, Progress, read_tensors, write_tensors};
 use lockstep_data::{AutoShardPolicy, Batchable, Dataset, InputContext, distribute};
 use lockstep_nn::{NnError, Optimizer, Sequential, SparseCategoricalCrossentropy};
 use lockstep_tensor::Tensor;
@@ -261,6 +262,55 @@ impl Model {
             totals.add(step);
         }
         Ok(Logs::from_totals(&totals, &compiled.metrics, ""))
+    }
+
+    /// Writes the weights to `path` as a safetensors file named by variable (`dense/kernel`),
+    /// atomically, as Keras' `save_weights`.
+    ///
+    /// # Errors
+    ///
+    /// When `path` cannot be written, naming it.
+    pub fn save_weights(&self, path: impl AsRef<std::path::Path>) -> Result<(), TrainError> {
+        let params = self.network().parameters();
+        let tensors = params
+            .specs()
+            .iter()
+            .map(|spec| {
+                NamedTensor::new(
+                    spec.name.clone(),
+                    spec.shape.clone(),
+                    params.values()[spec.range()].to_vec(),
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(write_tensors(path.as_ref(), &tensors)?)
+    }
+
+    /// Loads weights that [`Model::save_weights`] wrote into every replica of this process
+    /// (call it on every worker, or before `fit`, which gives all workers the chief's).
+    ///
+    /// # Errors
+    ///
+    /// When the file is missing or damaged, or holds another model's variables (the error
+    /// names the first difference).
+    pub fn load_weights(&mut self, path: impl AsRef<std::path::Path>) -> Result<(), TrainError> {
+        let tensors = read_tensors(path.as_ref())?;
+        let specs = self.network().parameters().specs().to_vec();
+        let mut checkpoint = lockstep_checkpoint::Checkpoint::new(Progress::default());
+        checkpoint.files.insert("weights".into(), tensors);
+        let want: Vec<(&str, &[usize])> = specs
+            .iter()
+            .map(|s| (s.name.as_str(), s.shape.as_slice()))
+            .collect();
+        checkpoint.check_variables("weights", &want)?;
+        for replica in &mut self.replicas {
+            for spec in &specs {
+                let tensor = checkpoint.tensor("weights", &spec.name)?;
+                replica.net.parameters_mut().values_mut()[spec.range()]
+                    .copy_from_slice(&tensor.values);
+            }
+        }
+        Ok(())
     }
 
     /// Outputs for a batch of inputs, from this process's first replica (inference needs no

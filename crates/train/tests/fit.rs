@@ -10,48 +10,18 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+mod common;
+
+use common::{EXAMPLES, digits, loss, mlp};
 use lockstep_cluster::{Cluster, TfConfig};
 use lockstep_collective::{CommunicationOptions, Implementation, TcpOptions, TcpTransport};
-use lockstep_data::mnist::{Mnist, scale};
-use lockstep_data::{Dataset, from_vec};
-use lockstep_nn::{Adam, Sequential, Sgd, SparseCategoricalCrossentropy, models};
+use lockstep_data::Dataset;
+use lockstep_nn::{Adam, Sgd, models};
 use lockstep_train::{
     BackupAndRestore, Callback, History, MirroredStrategy, Model, MultiWorkerMirroredStrategy,
     OneDeviceStrategy, SaveFreq, Strategy, TrainError, TrainingContext,
 };
 use ndarray::{Array1, Array2};
-
-const EXAMPLES: usize = 640;
-
-fn loss() -> SparseCategoricalCrossentropy {
-    SparseCategoricalCrossentropy {
-        from_logits: true,
-        ..Default::default()
-    }
-}
-
-/// The first `EXAMPLES` training digits, scaled and flattened for the MLP.
-fn digits() -> impl Dataset<Item = (Array1<f32>, u8)> {
-    let mnist = Mnist::embedded().unwrap();
-    let (x, y): (Vec<Array1<f32>>, Vec<u8>) = mnist
-        .train
-        .dataset()
-        .unwrap()
-        .iter()
-        .unwrap()
-        .take(EXAMPLES)
-        .map(|e| {
-            let (x, y) = e.unwrap();
-            let flat: Array1<f32> = scale(&x).into_iter().collect();
-            (flat, y)
-        })
-        .unzip();
-    from_vec(x.into_iter().zip(y).collect())
-}
-
-fn mlp() -> Result<Sequential, lockstep_nn::NnError> {
-    models::mnist_mlp(3)
-}
 
 /// Trains the MLP under `strategy` for `epochs` with `global_batch`, with the callbacks.
 fn train(

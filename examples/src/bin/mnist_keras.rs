@@ -113,7 +113,9 @@ fn main() -> anyhow::Result<()> {
         .callback(BackupAndRestore::new(&args.backup_dir))
         .run()?;
     let elapsed = started.elapsed().as_secs_f64();
-    let steps = model.optimizer().map_or(0, lockstep_nn::Optimizer::iterations);
+    let steps = model
+        .optimizer()
+        .map_or(0, lockstep_nn::Optimizer::iterations);
 
     let checksum = model
         .network()

@@ -1,8 +1,16 @@
 //! Callbacks: code that runs at points of `fit`, as Keras' `tf.keras.callbacks`.
 
 mod backup_and_restore;
+mod csv_logger;
+mod early_stopping;
+mod model_checkpoint;
+mod monitor;
 
 pub use backup_and_restore::{BackupAndRestore, SaveFreq};
+pub use csv_logger::CsvLogger;
+pub use early_stopping::EarlyStopping;
+pub use model_checkpoint::ModelCheckpoint;
+pub use monitor::Mode;
 
 use crate::error::TrainError;
 use crate::history::Logs;

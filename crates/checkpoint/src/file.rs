@@ -1,0 +1,102 @@
+//! A single safetensors file of named tensors, written atomically: Keras' `save_weights`.
+
+use std::path::{Path, PathBuf};
+
+use crate::durable::Op;
+use crate::error::CheckpointError;
+use crate::tensors::{NamedTensor, decode, encode};
+
+/// Writes `tensors` to `path` as safetensors: into a temporary file beside it, flushed to
+/// disk, then renamed over `path`, so a reader sees the old file or the new one, never part.
+///
+/// ```
+/// use lockstep_checkpoint::{NamedTensor, read_tensors, write_tensors};
+///
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("weights.safetensors");
+/// write_tensors(&path, &[NamedTensor::new("dense/bias", vec![2], vec![1.0, 2.0])?])?;
+/// assert_eq!(read_tensors(&path)?[0].values, [1.0, 2.0]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// [`CheckpointError::Io`] naming the path when it cannot be written (a missing or read-only
+/// directory); [`CheckpointError::Invalid`] for tensors whose values do not fill their shape.
+pub fn write_tensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), CheckpointError> {
+    let bytes = encode(tensors)?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| CheckpointError::Invalid(format!("{} names no file", path.display())))?;
+    let mut temporary = name.to_os_string();
+    temporary.push(format!(".tmp-{}", std::process::id()));
+    let temporary = path.with_file_name(temporary);
+    let dir = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let ops = [
+        Op::Write {
+            path: temporary.clone(),
+            bytes,
+        },
+        Op::Rename {
+            from: temporary.clone(),
+            to: path.to_path_buf(),
+        },
+        Op::SyncDir(dir),
+    ];
+    for op in &ops {
+        if let Err(e) = op.run() {
+            let _ = Op::RemoveAll(temporary).run();
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Reads a safetensors file of `F32` tensors (any writer's: the names are the file's).
+///
+/// # Errors
+///
+/// [`CheckpointError::Damaged`] for a missing, truncated or foreign file.
+pub fn read_tensors(path: &Path) -> Result<Vec<NamedTensor>, CheckpointError> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            CheckpointError::damaged(path, "the file is missing")
+        } else {
+            CheckpointError::io("reading", path)(e)
+        }
+    })?;
+    decode(&bytes, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_that_does_not_exist_is_an_error_naming_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing/w.safetensors");
+        let err = write_tensors(&path, &[]).unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+        let err = read_tensors(&path).unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+    }
+
+    #[test]
+    fn writing_again_replaces_the_file_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        for fill in [1.0, 2.0] {
+            write_tensors(
+                &path,
+                &[NamedTensor::new("w", vec![3], vec![fill; 3]).unwrap()],
+            )
+            .unwrap();
+        }
+        assert_eq!(read_tensors(&path).unwrap()[0].values, [2.0; 3]);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}

@@ -1,0 +1,164 @@
+//! The Keras callbacks: files they write, when they stop training, and their errors.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test that meets an error must fail loudly"
+)]
+
+mod common;
+
+use common::{digits, loss, mlp};
+use lockstep_nn::Adam;
+use lockstep_train::{
+    CsvLogger, EarlyStopping, MirroredStrategy, Mode, Model, ModelCheckpoint, OneDeviceStrategy,
+    SaveFreq, TrainError,
+};
+
+fn compiled(replicas: usize) -> Model {
+    let mut model = Model::new(MirroredStrategy::new(replicas).unwrap(), mlp).unwrap();
+    model
+        .compile(Adam::default(), loss(), &["accuracy"])
+        .unwrap();
+    model
+}
+
+#[test]
+fn model_checkpoint_writes_the_weights_each_epoch_under_the_pattern() {
+    let dir = tempfile::tempdir().unwrap();
+    let pattern = dir.path().join("w.{epoch:02d}.safetensors");
+    let mut model = compiled(2);
+    let data = model.distribute_dataset(digits(), 64).unwrap();
+    model
+        .fit(&data)
+        .epochs(2)
+        .verbose(false)
+        .callback(ModelCheckpoint::new(pattern.to_str().unwrap()))
+        .run()
+        .unwrap();
+    assert!(dir.path().join("w.01.safetensors").exists());
+    let last = dir.path().join("w.02.safetensors");
+    let mut restored = Model::new(OneDeviceStrategy::new(), mlp).unwrap();
+    assert_ne!(
+        restored.network().parameters(),
+        model.network().parameters()
+    );
+    restored.load_weights(&last).unwrap();
+    assert_eq!(
+        restored.network().parameters(),
+        model.network().parameters()
+    );
+
+    let mut other = Model::new(OneDeviceStrategy::new(), || {
+        lockstep_nn::models::mnist_cnn(1)
+    })
+    .unwrap();
+    let err = other.load_weights(&last).unwrap_err();
+    assert!(err.to_string().contains("does not match"), "{err}");
+}
+
+/// Files `ModelCheckpoint` writes every 5 steps of one epoch (10 steps) with `save_best_only`.
+fn best_only(mode: Mode) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let pattern = dir.path().join("best-{epoch}-{batch}.safetensors");
+    let mut model = compiled(1);
+    let data = model.distribute_dataset(digits(), 64).unwrap();
+    model
+        .fit(&data)
+        .epochs(1)
+        .verbose(false)
+        .callback(
+            ModelCheckpoint::new(pattern.to_str().unwrap())
+                .save_freq(SaveFreq::Steps(5))
+                .save_best_only("loss", mode),
+        )
+        .run()
+        .unwrap();
+    let mut saved: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    saved.sort();
+    saved
+}
+
+#[test]
+fn save_best_only_saves_when_the_monitored_value_improves_only() {
+    // The epoch's running loss falls from step 5 to step 10: minimising, both improve;
+    // maximising, only the first (which improves on nothing).
+    assert_eq!(
+        best_only(Mode::Min),
+        ["best-1-10.safetensors", "best-1-5.safetensors"]
+    );
+    assert_eq!(best_only(Mode::Max), ["best-1-5.safetensors"]);
+}
+
+#[test]
+fn a_checkpoint_path_that_cannot_be_written_stops_training_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pattern = dir.path().join("no-such-dir/w.safetensors");
+    let mut model = compiled(2);
+    let data = model.distribute_dataset(digits(), 64).unwrap();
+    let err = model
+        .fit(&data)
+        .epochs(2)
+        .verbose(false)
+        .callback(ModelCheckpoint::new(pattern.to_str().unwrap()))
+        .run()
+        .unwrap_err();
+    assert!(err.to_string().contains("no-such-dir"), "{err}");
+    let err = model
+        .fit(&data)
+        .verbose(false)
+        .callback(ModelCheckpoint::new("w{epoch"))
+        .run()
+        .unwrap_err();
+    assert!(matches!(err, TrainError::Invalid { .. }), "{err}");
+}
+
+#[test]
+fn early_stopping_ends_training_after_its_patience_runs_out() {
+    let mut model = compiled(1);
+    let data = model.distribute_dataset(digits(), 64).unwrap();
+    // No epoch improves the loss by 10: the first sets the mark, the next two wait.
+    let history = model
+        .fit(&data)
+        .epochs(10)
+        .verbose(false)
+        .callback(EarlyStopping::new("loss", 2).min_delta(10.0))
+        .run()
+        .unwrap();
+    assert_eq!(history.epochs, [0, 1, 2]);
+}
+
+#[test]
+fn csv_logger_writes_a_header_and_a_row_per_epoch_with_validation_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log.csv");
+    let mut model = compiled(2);
+    let data = model.distribute_dataset(digits(), 64).unwrap();
+    let validation = model.distribute_dataset(digits(), 128).unwrap();
+    let history = model
+        .fit(&data)
+        .epochs(2)
+        .verbose(false)
+        .validation_data(&validation)
+        .callback(CsvLogger::new(&path))
+        .run()
+        .unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "epoch,accuracy,loss,val_accuracy,val_loss");
+    assert_eq!(lines.len(), 3);
+    let row: Vec<f64> = lines[2].split(',').map(|v| v.parse().unwrap()).collect();
+    assert_eq!(row[0], 1.0);
+    assert_eq!(row[2], history.get("loss").unwrap()[1]);
+    assert_eq!(row[4], history.get("val_loss").unwrap()[1]);
+
+    let err = model
+        .fit(&data)
+        .verbose(false)
+        .callback(CsvLogger::new(dir.path().join("missing/log.csv")))
+        .run()
+        .unwrap_err();
+    assert!(err.to_string().contains("missing"), "{err}");
+}
