@@ -26,7 +26,8 @@
 //!
 //! Dependencies: the Lockstep crates below it (cluster, collective, data, nn, tensor,
 //! checkpoint); `ndarray` for the batches the data pipeline yields; `serde`/`serde_json` for
-//! the trainer state in checkpoints; `thiserror` for errors; `tracing` for logs.
+//! the trainer state in checkpoints; `prost` and `crc32c` for `TensorBoard`'s event files (no
+//! maintained crate writes them); `thiserror` for errors; `tracing` for logs.
 
 mod batch;
 mod callbacks;
@@ -37,6 +38,7 @@ mod model;
 mod replica;
 mod state;
 mod strategy;
+mod tensorboard;
 
 pub use batch::LabeledBatch;
 pub use callbacks::{
@@ -50,3 +52,4 @@ pub use model::{MetricKind, Model};
 pub use strategy::{
     MirroredStrategy, MultiWorkerMirroredStrategy, OneDeviceStrategy, ReplicaLink, Strategy,
 };
+pub use tensorboard::TensorBoard;

@@ -11,7 +11,7 @@ use common::{digits, loss, mlp};
 use lockstep_nn::Adam;
 use lockstep_train::{
     CsvLogger, EarlyStopping, MirroredStrategy, Mode, Model, ModelCheckpoint, OneDeviceStrategy,
-    SaveFreq, TrainError,
+    SaveFreq, TensorBoard, TrainError,
 };
 
 fn compiled(replicas: usize) -> Model {
@@ -161,4 +161,40 @@ fn csv_logger_writes_a_header_and_a_row_per_epoch_with_validation_values() {
         .run()
         .unwrap_err();
     assert!(err.to_string().contains("missing"), "{err}");
+}
+
+#[test]
+fn tensorboard_writes_an_event_file_for_training_and_one_for_validation() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut model = compiled(1);
+    let data = model.distribute_dataset(digits(), 64).unwrap();
+    let validation = model.distribute_dataset(digits(), 128).unwrap();
+    model
+        .fit(&data)
+        .epochs(2)
+        .verbose(false)
+        .validation_data(&validation)
+        .callback(TensorBoard::new(dir.path()).update_freq(5))
+        .run()
+        .unwrap();
+    for sub in ["train", "validation"] {
+        let files: Vec<_> = std::fs::read_dir(dir.path().join(sub)).unwrap().collect();
+        assert_eq!(files.len(), 1, "{sub}");
+        let file = files[0].as_ref().unwrap();
+        assert!(
+            file.file_name()
+                .to_str()
+                .unwrap()
+                .starts_with("events.out.tfevents.")
+        );
+        // The version event, then one event per epoch (and per 5 steps in train).
+        assert!(file.metadata().unwrap().len() > 100, "{sub}");
+    }
+    let err = model
+        .fit(&data)
+        .verbose(false)
+        .callback(TensorBoard::new(dir.path()).update_freq(0))
+        .run()
+        .unwrap_err();
+    assert!(err.to_string().contains("update_freq"), "{err}");
 }

@@ -1,6 +1,7 @@
 //! The multi-worker Keras tutorial in Rust: the tutorial's CNN built under
 //! `MultiWorkerMirroredStrategy` (from `TF_CONFIG`; one local worker without it), trained with
-//! `fit` and `BackupAndRestore`, then evaluated on the test split.
+//! `fit` and `BackupAndRestore` (plus `TensorBoard` and `ModelCheckpoint` when asked), then
+//! evaluated on the test split.
 //!
 //! ```text
 //! $ cargo xtask run-cluster --example mnist_keras
@@ -26,7 +27,9 @@ use lockstep_collective::CommunicationOptions;
 use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_nn::{Adam, SparseCategoricalCrossentropy, models};
-use lockstep_train::{BackupAndRestore, Model, MultiWorkerMirroredStrategy};
+use lockstep_train::{
+    BackupAndRestore, Model, ModelCheckpoint, MultiWorkerMirroredStrategy, TensorBoard,
+};
 
 /// Activations of several MB are allocated every step; mimalloc keeps them mapped.
 #[global_allocator]
@@ -53,6 +56,13 @@ struct Args {
     /// a run that completes).
     #[arg(long, default_value_os_t = std::env::temp_dir().join("lockstep-mnist-keras-backup"))]
     backup_dir: PathBuf,
+    /// Write event files for tensorboard here (`train/`, `validation/`), as Keras' callback does.
+    #[arg(long)]
+    tensorboard_dir: Option<PathBuf>,
+    /// Save the weights at every epoch's end to this path (a Keras pattern such as
+    /// `weights.{epoch:02d}.safetensors`).
+    #[arg(long)]
+    checkpoint_path: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -107,11 +117,17 @@ fn main() -> anyhow::Result<()> {
     let test = model.distribute_dataset(test, 500 * workers)?;
 
     let started = Instant::now();
-    let history = model
+    let mut fit = model
         .fit(&train)
         .epochs(args.epochs)
-        .callback(BackupAndRestore::new(&args.backup_dir))
-        .run()?;
+        .callback(BackupAndRestore::new(&args.backup_dir));
+    if let Some(dir) = &args.tensorboard_dir {
+        fit = fit.callback(TensorBoard::new(dir));
+    }
+    if let Some(pattern) = &args.checkpoint_path {
+        fit = fit.callback(ModelCheckpoint::new(pattern.as_str()));
+    }
+    let history = fit.run()?;
     let elapsed = started.elapsed().as_secs_f64();
     let steps = model
         .optimizer()
