@@ -40,6 +40,28 @@ pub fn spawn_xtask(args: &[&str]) -> std::io::Result<Child> {
         .spawn()
 }
 
+/// Builds example `name` (dev profile) and returns its binary, to run one process by hand.
+///
+/// # Errors
+///
+/// When cargo cannot run or the build fails.
+pub fn example_binary(name: &str) -> std::io::Result<PathBuf> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(workspace_root())
+        .args(["build", "--quiet", "-p", "lockstep-examples", "--bin", name])
+        .stdin(Stdio::null())
+        .status()?;
+    if !status.success() {
+        return Err(std::io::Error::other(format!(
+            "building {name} failed: {status}"
+        )));
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace_root().join("target"), PathBuf::from);
+    Ok(target.join("debug").join(name))
+}
+
 fn xtask_command(args: &[&str]) -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);

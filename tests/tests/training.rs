@@ -6,7 +6,11 @@
     reason = "a test helper that meets an error must fail the test loudly"
 )]
 
-use lockstep_e2e::{check_documented_output, field, task_lines, xtask};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lockstep_e2e::{check_documented_output, example_binary, field, task_lines, xtask};
 
 /// Each worker's final line: (test accuracy, weight checksum).
 fn train_one_epoch() -> Vec<(f64, String)> {
@@ -98,4 +102,80 @@ fn the_keras_example_trains_in_lockstep_and_removes_its_backup() {
     let accuracy: f64 = field(&lines[0], "test_accuracy").unwrap().parse().unwrap();
     assert!(accuracy >= 0.85, "{lines:?}");
     assert!(!backup.exists(), "a completed run deletes its backup");
+}
+
+/// Runs `mnist_keras` alone (no `TF_CONFIG`: one local worker), backing up every 10 steps to
+/// `backup`; when `kill_after_step` is given, SIGKILLs it once a backup of at least that step
+/// exists. Returns the final line, or `None` when killed.
+fn keras_alone(backup: &Path, kill_after_step: Option<u64>) -> Option<String> {
+    let binary = example_binary("mnist_keras").unwrap();
+    let mut child = Command::new(binary)
+        .args([
+            "--epochs",
+            "2",
+            "--threads",
+            "1",
+            "--backup-every-steps",
+            "10",
+            "--backup-dir",
+        ])
+        .arg(backup)
+        .env_remove("TF_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    if let Some(step) = kill_after_step {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let backed_up = |dir: &Path| {
+            std::fs::read_dir(dir).is_ok_and(|entries| {
+                entries.flatten().any(|e| {
+                    e.file_name()
+                        .to_str()
+                        .and_then(|n| n.strip_prefix("ckpt-"))
+                        .and_then(|s| s.parse::<u64>().ok())
+                        .is_some_and(|s| s >= step)
+                })
+            })
+        };
+        while !backed_up(backup) {
+            assert!(
+                Instant::now() < deadline,
+                "no backup of step {step} appeared"
+            );
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "finished before the kill"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.kill().unwrap(); // SIGKILL: no chance to clean up
+        child.wait().unwrap();
+        return None;
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("test_accuracy="))
+        .map(str::to_owned)
+}
+
+#[test]
+fn a_worker_killed_mid_epoch_resumes_from_its_backup_to_the_same_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let checksum = |line: &str| field(line, "weights_checksum").unwrap().to_owned();
+    let uninterrupted = keras_alone(&dir.path().join("a"), None).unwrap();
+    let backup = dir.path().join("b");
+    // 125 steps an epoch: step 30 is mid-way through the first.
+    assert!(keras_alone(&backup, Some(30)).is_none());
+    let resumed = keras_alone(&backup, None).unwrap();
+    assert_eq!(
+        checksum(&resumed),
+        checksum(&uninterrupted),
+        "{resumed} vs {uninterrupted}"
+    );
+    assert!(field(&resumed, "steps") == field(&uninterrupted, "steps"));
 }

@@ -28,7 +28,7 @@ use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_nn::{Adam, SparseCategoricalCrossentropy, models};
 use lockstep_train::{
-    BackupAndRestore, Model, ModelCheckpoint, MultiWorkerMirroredStrategy, TensorBoard,
+    BackupAndRestore, Model, ModelCheckpoint, MultiWorkerMirroredStrategy, SaveFreq, TensorBoard,
 };
 
 /// Activations of several MB are allocated every step; mimalloc keeps them mapped.
@@ -56,6 +56,9 @@ struct Args {
     /// a run that completes).
     #[arg(long, default_value_os_t = std::env::temp_dir().join("lockstep-mnist-keras-backup"))]
     backup_dir: PathBuf,
+    /// Back up every this many steps rather than at every epoch's end.
+    #[arg(long)]
+    backup_every_steps: Option<u64>,
     /// Write event files for tensorboard here (`train/`, `validation/`), as Keras' callback does.
     #[arg(long)]
     tensorboard_dir: Option<PathBuf>,
@@ -117,10 +120,12 @@ fn main() -> anyhow::Result<()> {
     let test = model.distribute_dataset(test, 500 * workers)?;
 
     let started = Instant::now();
-    let mut fit = model
-        .fit(&train)
-        .epochs(args.epochs)
-        .callback(BackupAndRestore::new(&args.backup_dir));
+    let mut fit = model.fit(&train).epochs(args.epochs).callback(
+        BackupAndRestore::new(&args.backup_dir).save_freq(
+            args.backup_every_steps
+                .map_or(SaveFreq::Epoch, SaveFreq::Steps),
+        ),
+    );
     if let Some(dir) = &args.tensorboard_dir {
         fit = fit.callback(TensorBoard::new(dir));
     }
