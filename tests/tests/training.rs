@@ -127,7 +127,7 @@ fn keras_alone(backup: &Path, kill_after_step: Option<u64>) -> Option<String> {
         .spawn()
         .unwrap();
     if let Some(step) = kill_after_step {
-        let deadline = Instant::now() + Duration::from_secs(300);
+        let deadline = Instant::now() + Duration::from_mins(5);
         let backed_up = |dir: &Path| {
             std::fs::read_dir(dir).is_ok_and(|entries| {
                 entries.flatten().any(|e| {
