@@ -28,6 +28,12 @@ pub trait Optimizer: Send {
     /// Keras' class name (`SGD`, `Adam`), recorded in checkpoints.
     fn name(&self) -> &'static str;
 
+    /// The step size.
+    fn learning_rate(&self) -> f32;
+
+    /// Changes the step size (a learning-rate schedule).
+    fn set_learning_rate(&mut self, learning_rate: f32);
+
     /// Replaces the state with a saved one: the step count and every slot [`Optimizer::slots`]
     /// names, or no slot at all for an optimizer saved before its first step.
     ///
@@ -199,6 +205,14 @@ impl Optimizer for Sgd {
         "SGD"
     }
 
+    fn learning_rate(&self) -> f32 {
+        self.learning_rate
+    }
+
+    fn set_learning_rate(&mut self, learning_rate: f32) {
+        self.learning_rate = learning_rate;
+    }
+
     fn restore(&mut self, iterations: u64, slots: &[(&str, &[f32])]) -> Result<(), NnError> {
         if self.momentum == 0.0 {
             restore_slots("SGD", &mut [], slots)?;
@@ -293,6 +307,14 @@ impl Optimizer for Adam {
 
     fn name(&self) -> &'static str {
         "Adam"
+    }
+
+    fn learning_rate(&self) -> f32 {
+        self.learning_rate
+    }
+
+    fn set_learning_rate(&mut self, learning_rate: f32) {
+        self.learning_rate = learning_rate;
     }
 
     fn restore(&mut self, iterations: u64, slots: &[(&str, &[f32])]) -> Result<(), NnError> {

@@ -42,8 +42,8 @@ mod tensorboard;
 
 pub use batch::LabeledBatch;
 pub use callbacks::{
-    BackupAndRestore, Callback, CsvLogger, EarlyStopping, Mode, ModelCheckpoint, SaveFreq,
-    TrainingContext,
+    BackupAndRestore, Callback, CsvLogger, EarlyStopping, LearningRateScheduler, Mode,
+    ModelCheckpoint, SaveFreq, TrainingContext,
 };
 pub use error::TrainError;
 pub use fit::Fit;

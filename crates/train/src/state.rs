@@ -56,6 +56,8 @@ impl Position {
 struct Meta {
     optimizer: String,
     iterations: u64,
+    /// Saved because a schedule may have changed it, as Keras saves it with the optimizer.
+    learning_rate: f32,
     position: Position,
 }
 
@@ -95,6 +97,15 @@ impl TrainingContext<'_> {
     /// The epoch in progress (after an epoch's end: the next one).
     pub fn epoch(&self) -> u64 {
         self.position.epoch
+    }
+
+    /// Sets every local replica's learning rate (every worker must set the same).
+    pub fn set_learning_rate(&mut self, learning_rate: f32) {
+        for replica in &mut self.model.replicas {
+            if let Some(optimizer) = &mut replica.optimizer {
+                optimizer.set_learning_rate(learning_rate);
+            }
+        }
     }
 
     /// Asks `fit` to stop after this step or epoch, as setting `model.stop_training`.
@@ -146,6 +157,7 @@ impl TrainingContext<'_> {
         checkpoint.meta = serde_json::to_value(Meta {
             optimizer: optimizer.name().into(),
             iterations: optimizer.iterations(),
+            learning_rate: optimizer.learning_rate(),
             position: self.position,
         })
         .map_err(|e| TrainError::invalid("checkpoint", e.to_string()))?;
@@ -224,6 +236,7 @@ impl TrainingContext<'_> {
                 .ok_or_else(not_compiled)?
                 .restore(meta.iterations, &view)?;
         }
+        self.set_learning_rate(meta.learning_rate);
         self.position = meta.position;
         Ok(())
     }
@@ -249,7 +262,7 @@ impl TrainingContext<'_> {
     /// optimizer state and position (a backup restored on the chief reaches all).
     pub(crate) fn sync_from_chief(&mut self) -> Result<(), TrainError> {
         let n = self.model.network().parameters().len();
-        let (iterations, slot_names, slots_ready) = {
+        let (iterations, slot_names, slots_ready, learning_rate) = {
             let optimizer = self.model.optimizer().ok_or_else(not_compiled)?;
             let slots = optimizer.slots();
             let ready = !slots.is_empty() && slots.iter().all(|(_, s)| s.len() == n);
@@ -257,6 +270,7 @@ impl TrainingContext<'_> {
                 optimizer.iterations(),
                 slots.iter().map(|(name, _)| *name).collect::<Vec<_>>(),
                 ready,
+                optimizer.learning_rate(),
             )
         };
         let p = self.position;
@@ -269,6 +283,7 @@ impl TrainingContext<'_> {
             p.correct,
             iterations as f64,
             f64::from(u8::from(slots_ready)),
+            f64::from(learning_rate),
         ];
         let replicas = self.model.replicas.len();
         on_replicas(&mut self.model.replicas, vec![(); replicas], |r, ()| {
@@ -276,6 +291,7 @@ impl TrainingContext<'_> {
             r.link.broadcast(&mut header)?;
             r.link.broadcast(r.net.parameters_mut().values_mut())?;
             let optimizer = r.optimizer.as_mut().ok_or_else(not_compiled)?;
+            optimizer.set_learning_rate(header[8] as f32);
             if header[7] == 1.0 {
                 let mut flat: Vec<f32> = optimizer
                     .slots()

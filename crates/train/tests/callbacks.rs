@@ -10,8 +10,8 @@ mod common;
 use common::{digits, loss, mlp};
 use lockstep_nn::Adam;
 use lockstep_train::{
-    CsvLogger, EarlyStopping, MirroredStrategy, Mode, Model, ModelCheckpoint, OneDeviceStrategy,
-    SaveFreq, TensorBoard, TrainError,
+    CsvLogger, EarlyStopping, LearningRateScheduler, MirroredStrategy, Mode, Model,
+    ModelCheckpoint, OneDeviceStrategy, SaveFreq, TensorBoard, TrainError,
 };
 
 fn compiled(replicas: usize) -> Model {
@@ -197,4 +197,30 @@ fn tensorboard_writes_an_event_file_for_training_and_one_for_validation() {
         .run()
         .unwrap_err();
     assert!(err.to_string().contains("update_freq"), "{err}");
+}
+
+#[test]
+fn a_learning_rate_schedule_reaches_every_replica_each_epoch() {
+    let mut model = compiled(2);
+    let data = model.distribute_dataset(digits(), 64).unwrap();
+    let mut seen = Vec::new();
+    model
+        .fit(&data)
+        .epochs(3)
+        .verbose(false)
+        .callback(LearningRateScheduler::new(|epoch, rate| {
+            seen.push(rate);
+            if epoch == 0 { rate } else { rate * 0.5 }
+        }))
+        .run()
+        .unwrap();
+    assert_eq!(seen, [1e-3, 1e-3, 5e-4]);
+    assert_eq!(model.optimizer().unwrap().learning_rate(), 2.5e-4);
+    let err = model
+        .fit(&data)
+        .verbose(false)
+        .callback(LearningRateScheduler::new(|_, _| f32::NAN))
+        .run()
+        .unwrap_err();
+    assert!(err.to_string().contains("NaN"), "{err}");
 }

@@ -3,12 +3,14 @@
 mod backup_and_restore;
 mod csv_logger;
 mod early_stopping;
+mod learning_rate_scheduler;
 mod model_checkpoint;
 mod monitor;
 
 pub use backup_and_restore::{BackupAndRestore, SaveFreq};
 pub use csv_logger::CsvLogger;
 pub use early_stopping::EarlyStopping;
+pub use learning_rate_scheduler::LearningRateScheduler;
 pub use model_checkpoint::ModelCheckpoint;
 pub use monitor::Mode;
 
