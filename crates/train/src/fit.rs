@@ -1,7 +1,5 @@
 //! `Model::fit`: the training loop, as Keras runs it under a strategy.
 
-use std::time::Instant;
-
 use lockstep_data::{Dataset, IterState};
 
 use crate::batch::LabeledBatch;
@@ -9,6 +7,7 @@ use crate::callbacks::Callback;
 use crate::error::TrainError;
 use crate::history::{History, Logs};
 use crate::model::{Model, next_step};
+use crate::progress::EpochProgress;
 use crate::replica::{not_compiled, on_replicas};
 use crate::state::{Position, TrainingContext};
 
@@ -129,7 +128,12 @@ where
         let fingerprint = data.fingerprint_value();
         while ctx.position.epoch < epochs && !ctx.stop {
             let epoch = ctx.position.epoch;
-            let started = Instant::now();
+            let show = verbose && ctx.model.is_chief();
+            let total = data
+                .cardinality()
+                .finite()
+                .map(|n| steps_per_epoch.map_or(n, |cap| cap.min(n)));
+            let progress = EpochProgress::start(show, epoch, epochs, total);
             for callback in &mut callbacks {
                 callback.on_epoch_begin(epoch, &mut ctx)?;
             }
@@ -152,6 +156,7 @@ where
                 ctx.position.add(totals);
                 history.steps += 1;
                 let logs = Logs::from_totals(&ctx.position.totals(), &compiled.metrics, "");
+                progress.step(ctx.position.steps_into_epoch, &logs);
                 let batch = ctx.position.steps_into_epoch - 1;
                 for callback in &mut callbacks {
                     callback.on_train_batch_end(batch, &logs, &mut ctx)?;
@@ -171,14 +176,7 @@ where
                 );
             }
             ctx.position.next_epoch();
-            if verbose && ctx.model.is_chief() {
-                println!(
-                    "Epoch {}/{epochs} - {steps} steps - {:.1}s - {}",
-                    epoch + 1,
-                    started.elapsed().as_secs_f64(),
-                    logs.line()
-                );
-            }
+            progress.finish(show, steps, &logs);
             history.record(epoch, &logs);
             for callback in &mut callbacks {
                 callback.on_epoch_end(epoch, &logs, &mut ctx)?;

@@ -25,7 +25,8 @@
 //! invariants.
 //!
 //! Dependencies: the Lockstep crates below it (cluster, collective, data, nn, tensor,
-//! checkpoint); `ndarray` for the batches the data pipeline yields; `serde`/`serde_json` for
+//! checkpoint); `ndarray` for the batches the data pipeline yields; `indicatif` for the
+//! progress bar; `serde`/`serde_json` for
 //! the trainer state in checkpoints; `prost` and `crc32c` for `TensorBoard`'s event files (no
 //! maintained crate writes them); `thiserror` for errors; `tracing` for logs.
 
@@ -35,6 +36,7 @@ mod error;
 mod fit;
 mod history;
 mod model;
+mod progress;
 mod replica;
 mod state;
 mod strategy;
