@@ -1,5 +1,5 @@
 //! The training examples train in lockstep across real processes: `cargo xtask run-cluster`'s
-//! default (the custom loop) and the Keras-style `mnist_keras`.
+//! default (the Keras-style `mnist_keras`) and the custom loop.
 
 #![allow(
     clippy::unwrap_used,
@@ -21,6 +21,8 @@ fn train_one_epoch() -> Vec<(f64, String)> {
         "--timeout-secs=600",
         "--workers",
         "2",
+        "--example",
+        "mnist_custom_loop",
         "--",
         "--epochs",
         "1",
@@ -62,7 +64,8 @@ fn two_workers_train_in_lockstep_and_reproducibly() {
     );
 }
 
-/// `mnist_keras` for one epoch with its backup in `backup`: each worker's final line.
+/// `cargo xtask run-cluster` (`mnist_keras`) for one epoch with its backup in `backup`: each
+/// worker's final line.
 fn keras_one_epoch(backup: &std::path::Path) -> Vec<String> {
     let backup = backup.to_str().unwrap();
     let out = xtask(&[
@@ -70,8 +73,6 @@ fn keras_one_epoch(backup: &std::path::Path) -> Vec<String> {
         "--profile",
         "dev",
         "--timeout-secs=600",
-        "--example",
-        "mnist_keras",
         "--",
         "--epochs",
         "1",

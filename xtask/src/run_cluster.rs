@@ -13,7 +13,7 @@ use crate::ports::TaskListeners;
 use crate::supervise::{Outcome, Supervisor};
 
 /// The example run when `--example` is not given: synchronous training on the embedded MNIST.
-const DEFAULT_EXAMPLE: &str = "mnist_custom_loop";
+const DEFAULT_EXAMPLE: &str = "mnist_keras";
 
 /// Options of `cargo xtask run-cluster`.
 #[derive(Debug, Clone, clap::Args)]

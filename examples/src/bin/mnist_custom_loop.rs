@@ -6,7 +6,7 @@
 //! at the end each prints the same weight checksum.
 //!
 //! ```text
-//! $ cargo xtask run-cluster              # 2 workers, this example, 3 epochs
+//! $ cargo xtask run-cluster --example mnist_custom_loop     # 2 workers, 3 epochs
 //! [worker:0] epoch=1 loss=0.7595 accuracy=0.8002 steps=62
 //! [worker:1] epoch=1 loss=0.7595 accuracy=0.8002 steps=62
 //! …

@@ -4,7 +4,7 @@
 //! evaluated on the test split.
 //!
 //! ```text
-//! $ cargo xtask run-cluster --example mnist_keras
+//! $ cargo xtask run-cluster              # 2 workers, this example, 3 epochs
 //! [worker:0] Epoch 1/3 - 63 steps - 1.1s - accuracy: 0.8012 - loss: 0.7555
 //! [worker:0] Epoch 2/3 - 63 steps - 0.9s - accuracy: 0.9498 - loss: 0.1796
 //! [worker:0] Epoch 3/3 - 63 steps - 0.9s - accuracy: 0.9656 - loss: 0.1161
