@@ -180,3 +180,36 @@ fn a_worker_killed_mid_epoch_resumes_from_its_backup_to_the_same_weights() {
     );
     assert!(field(&resumed, "steps") == field(&uninterrupted, "steps"));
 }
+
+#[test]
+fn the_mirrored_mlp_trains_on_two_replicas_with_validation() {
+    let out = xtask(&[
+        "run-cluster",
+        "--profile",
+        "dev",
+        "--timeout-secs=600",
+        "--workers",
+        "1",
+        "--example",
+        "mirrored_mlp",
+        "--",
+        "--epochs",
+        "1",
+    ])
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check_documented_output(&out.stdout, "mirrored_mlp").unwrap();
+    let lines = task_lines(&out.stdout, "worker:0");
+    assert!(
+        lines.iter().any(|l| l.contains("val_accuracy: ")),
+        "{lines:?}"
+    );
+    let last = lines.iter().find(|l| l.starts_with("test_loss=")).unwrap();
+    let accuracy: f64 = field(last, "test_accuracy").unwrap().parse().unwrap();
+    assert!(accuracy >= 0.85, "{last}");
+    assert_eq!(field(last, "replicas"), Some("2"));
+}
