@@ -181,8 +181,8 @@ fn a_worker_killed_mid_epoch_resumes_from_its_backup_to_the_same_weights() {
     assert!(field(&resumed, "steps") == field(&uninterrupted, "steps"));
 }
 
-#[test]
-fn the_mirrored_mlp_trains_on_two_replicas_with_validation() {
+/// The lines worker 0 of a one-worker `run-cluster` of `example` printed.
+fn alone(example: &str) -> Vec<String> {
     let out = xtask(&[
         "run-cluster",
         "--profile",
@@ -191,10 +191,7 @@ fn the_mirrored_mlp_trains_on_two_replicas_with_validation() {
         "--workers",
         "1",
         "--example",
-        "mirrored_mlp",
-        "--",
-        "--epochs",
-        "1",
+        example,
     ])
     .unwrap();
     assert!(
@@ -202,14 +199,51 @@ fn the_mirrored_mlp_trains_on_two_replicas_with_validation() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    check_documented_output(&out.stdout, "mirrored_mlp").unwrap();
-    let lines = task_lines(&out.stdout, "worker:0");
+    check_documented_output(&out.stdout, example).unwrap();
+    task_lines(&out.stdout, "worker:0")
+}
+
+/// An epoch line without its duration (`- 0.8s -`).
+fn timeless(line: &str) -> String {
+    line.split(" - ")
+        .filter(|part| {
+            part.strip_suffix('s')
+                .is_none_or(|seconds| seconds.parse::<f64>().is_err())
+        })
+        .collect::<Vec<_>>()
+        .join(" - ")
+}
+
+#[test]
+fn the_mirrored_mlp_trains_and_a_resumed_run_continues_it_exactly() {
+    let mirrored = alone("mirrored_mlp");
     assert!(
-        lines.iter().any(|l| l.contains("val_accuracy: ")),
-        "{lines:?}"
+        mirrored.iter().any(|l| l.contains("val_accuracy: ")),
+        "{mirrored:?}"
     );
-    let last = lines.iter().find(|l| l.starts_with("test_loss=")).unwrap();
+    let last = mirrored
+        .iter()
+        .find(|l| l.starts_with("test_loss="))
+        .unwrap();
     let accuracy: f64 = field(last, "test_accuracy").unwrap().parse().unwrap();
     assert!(accuracy >= 0.85, "{last}");
     assert_eq!(field(last, "replicas"), Some("2"));
+
+    let resumed = alone("keras_resume");
+    assert!(
+        resumed.iter().any(|l| l == "Creating a new model"),
+        "{resumed:?}"
+    );
+    assert!(
+        resumed.iter().any(|l| l.starts_with("Restoring from")),
+        "{resumed:?}"
+    );
+    let second = |lines: &[String]| {
+        lines
+            .iter()
+            .find(|l| l.starts_with("Epoch 2/2"))
+            .map(|l| timeless(l))
+            .unwrap()
+    };
+    assert_eq!(second(&resumed), second(&mirrored));
 }

@@ -55,11 +55,11 @@ mod params;
 pub use error::NnError;
 pub use initializers::Initializer;
 pub use layers::{
-    Activation, ActivationLayer, Conv2D, Dense, Dropout, Flatten, ForwardContext, Layer,
-    MaxPooling2D, Reshape,
+    Activation, ActivationLayer, ActivationName, Conv2D, Dense, Dropout, Flatten, ForwardContext,
+    Layer, LayerConfig, MaxPooling2D, PaddingName, Reshape,
 };
 pub use loss::{Reduction, SparseCategoricalCrossentropy};
 pub use metrics::{Mean, Metric, SparseCategoricalAccuracy};
-pub use model::{Forward, Sequential};
-pub use optimizers::{Adam, Optimizer, Sgd};
+pub use model::{Forward, Sequential, SequentialConfig};
+pub use optimizers::{Adam, Optimizer, OptimizerConfig, Sgd};
 pub use params::{ParamBuilder, ParamSpec, Parameters};

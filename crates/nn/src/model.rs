@@ -8,7 +8,9 @@ use lockstep_tensor::{Gradients, Tensor};
 use rayon::prelude::*;
 
 use crate::error::NnError;
-use crate::layers::{ForwardContext, Layer};
+use serde::{Deserialize, Serialize};
+
+use crate::layers::{ForwardContext, Layer, LayerConfig};
 use crate::params::{ParamBuilder, Parameters};
 
 /// Values per task when gradients are copied into the flat buffer.
@@ -44,6 +46,17 @@ pub struct Sequential {
     input_shape: Vec<usize>,
     layers: Vec<Built>,
     params: Parameters,
+}
+
+/// What rebuilds a [`Sequential`]: the input shape and each layer's settings (Keras'
+/// `model.get_config()`), serialisable to JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SequentialConfig {
+    /// The shape of one example.
+    pub input_shape: Vec<usize>,
+    /// The layers, in order.
+    pub layers: Vec<LayerConfig>,
 }
 
 /// The result of a forward pass that will be differentiated: the output, and the variable
@@ -99,6 +112,34 @@ impl Sequential {
             layers: built,
             params: builder.finish(),
         })
+    }
+
+    /// The settings that rebuild this model with [`Sequential::from_config`].
+    pub fn config(&self) -> SequentialConfig {
+        SequentialConfig {
+            input_shape: self.input_shape.clone(),
+            layers: self.layers.iter().map(|l| l.layer.config()).collect(),
+        }
+    }
+
+    /// Builds the model `config` describes, with variables initialised from `seed` (load
+    /// saved weights into them to restore a model).
+    ///
+    /// ```
+    /// use lockstep_nn::{Sequential, models};
+    ///
+    /// let model = models::mnist_cnn(1)?;
+    /// let again = Sequential::from_config(&model.config(), 1)?;
+    /// assert_eq!(again.parameters(), model.parameters());
+    /// # Ok::<(), lockstep_nn::NnError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Sequential::new`].
+    pub fn from_config(config: &SequentialConfig, seed: u64) -> Result<Self, NnError> {
+        let layers = config.layers.iter().map(LayerConfig::build).collect();
+        Self::new(&config.input_shape, layers, seed)
     }
 
     /// The shape of one example.

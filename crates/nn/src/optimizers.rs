@@ -2,6 +2,7 @@
 //! Keras' update rules and defaults.
 
 use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
 
 use crate::error::NnError;
 
@@ -28,6 +29,9 @@ pub trait Optimizer: Send {
     /// Keras' class name (`SGD`, `Adam`), recorded in checkpoints.
     fn name(&self) -> &'static str;
 
+    /// The settings that make a fresh optimizer like this one ([`OptimizerConfig::build`]).
+    fn config(&self) -> OptimizerConfig;
+
     /// The step size.
     fn learning_rate(&self) -> f32;
 
@@ -42,6 +46,57 @@ pub trait Optimizer: Send {
     /// [`NnError::InvalidConfig`] when a slot is missing, unknown, or of another length than
     /// the others.
     fn restore(&mut self, iterations: u64, slots: &[(&str, &[f32])]) -> Result<(), NnError>;
+}
+
+/// An optimizer's settings by Keras class name, serialisable for whole-model saves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "class_name", content = "config", deny_unknown_fields)]
+pub enum OptimizerConfig {
+    /// [`Sgd`].
+    #[serde(rename = "SGD")]
+    Sgd {
+        /// Step size.
+        learning_rate: f32,
+        /// Momentum factor.
+        momentum: f32,
+        /// Nesterov momentum.
+        nesterov: bool,
+    },
+    /// [`Adam`].
+    Adam {
+        /// Step size.
+        learning_rate: f32,
+        /// First-moment decay.
+        beta_1: f32,
+        /// Second-moment decay.
+        beta_2: f32,
+        /// Added to the denominator.
+        epsilon: f32,
+    },
+}
+
+impl OptimizerConfig {
+    /// A fresh optimizer with these settings (no state yet).
+    pub fn build(&self) -> Box<dyn Optimizer> {
+        match *self {
+            Self::Sgd {
+                learning_rate,
+                momentum,
+                nesterov,
+            } => Box::new(Sgd::with_momentum(learning_rate, momentum, nesterov)),
+            Self::Adam {
+                learning_rate,
+                beta_1,
+                beta_2,
+                epsilon,
+            } => Box::new(Adam {
+                beta_1,
+                beta_2,
+                epsilon,
+                ..Adam::new(learning_rate)
+            }),
+        }
+    }
 }
 
 /// Fills `targets` (name, slot) from `saved`, which must name exactly those slots, all of one
@@ -205,6 +260,14 @@ impl Optimizer for Sgd {
         "SGD"
     }
 
+    fn config(&self) -> OptimizerConfig {
+        OptimizerConfig::Sgd {
+            learning_rate: self.learning_rate,
+            momentum: self.momentum,
+            nesterov: self.nesterov,
+        }
+    }
+
     fn learning_rate(&self) -> f32 {
         self.learning_rate
     }
@@ -307,6 +370,15 @@ impl Optimizer for Adam {
 
     fn name(&self) -> &'static str {
         "Adam"
+    }
+
+    fn config(&self) -> OptimizerConfig {
+        OptimizerConfig::Adam {
+            learning_rate: self.learning_rate,
+            beta_1: self.beta_1,
+            beta_2: self.beta_2,
+            epsilon: self.epsilon,
+        }
     }
 
     fn learning_rate(&self) -> f32 {

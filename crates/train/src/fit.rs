@@ -17,6 +17,7 @@ pub struct Fit<'m, D, V = D> {
     data: &'m D,
     validation: Option<&'m V>,
     epochs: u64,
+    initial_epoch: u64,
     steps_per_epoch: Option<u64>,
     callbacks: Vec<Box<dyn Callback + 'm>>,
     verbose: bool,
@@ -32,6 +33,7 @@ impl Model {
             data,
             validation: None,
             epochs: 1,
+            initial_epoch: 0,
             steps_per_epoch: None,
             callbacks: Vec::new(),
             verbose: true,
@@ -53,6 +55,14 @@ where
         self
     }
 
+    /// The epoch to start at (from 0), as Keras' `initial_epoch`: training runs epochs
+    /// `initial_epoch..epochs`, each reading its own pass of the data.
+    #[must_use]
+    pub fn initial_epoch(mut self, epoch: u64) -> Self {
+        self.initial_epoch = epoch;
+        self
+    }
+
     /// At most this many steps per epoch (each epoch still starts a fresh pass).
     #[must_use]
     pub fn steps_per_epoch(mut self, steps: u64) -> Self {
@@ -71,6 +81,7 @@ where
             data: self.data,
             validation: Some(validation),
             epochs: self.epochs,
+            initial_epoch: self.initial_epoch,
             steps_per_epoch: self.steps_per_epoch,
             callbacks: self.callbacks,
             verbose: self.verbose,
@@ -108,15 +119,23 @@ where
             data,
             validation,
             epochs,
+            initial_epoch,
             steps_per_epoch,
             mut callbacks,
             verbose,
         } = self;
         let compiled = model.compiled.clone().ok_or_else(not_compiled)?;
         let workers = model.num_replicas_in_sync() / model.replicas.len().max(1);
+        let step = model
+            .optimizer()
+            .map_or(0, lockstep_nn::Optimizer::iterations);
         let mut ctx = TrainingContext {
             model,
-            position: Position::default(),
+            position: Position {
+                step,
+                epoch: initial_epoch,
+                ..Position::default()
+            },
             stop: false,
             workers,
         };

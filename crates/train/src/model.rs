@@ -1,6 +1,10 @@
 //! `Model`: a `Sequential` network replicated under a strategy, Keras-style.
 
-use lockstep_checkpoint::{NamedTensor, Progress, read_tensors, write_tensors};
+use std::path::{Path, PathBuf};
+
+use lockstep_checkpoint::{
+    CheckpointError, CheckpointManager, NamedTensor, Progress, read_tensors, write_tensors,
+};
 use lockstep_data::{AutoShardPolicy, Batchable, Dataset, InputContext, distribute};
 use lockstep_nn::{NnError, Optimizer, Sequential, SparseCategoricalCrossentropy};
 use lockstep_tensor::Tensor;
@@ -9,6 +13,7 @@ use crate::batch::LabeledBatch;
 use crate::error::TrainError;
 use crate::history::Logs;
 use crate::replica::{Replica, ReplicaBatch, StepTotals, not_compiled, on_replicas};
+use crate::state::{Position, checkpoint_of, meta_of, restore_into};
 use crate::strategy::Strategy;
 
 /// The metrics `compile` knows, by their Keras names.
@@ -136,19 +141,113 @@ impl Model {
         loss: SparseCategoricalCrossentropy,
         metrics: &[&str],
     ) -> Result<(), TrainError> {
+        let mut copies: Vec<Box<dyn Optimizer>> = Vec::with_capacity(self.replicas.len());
+        while copies.len() + 1 < self.replicas.len() {
+            copies.push(Box::new(optimizer.clone()));
+        }
+        copies.push(Box::new(optimizer));
+        self.compile_with(copies, loss, metrics)
+    }
+
+    /// `compile` with one optimizer per replica, made already.
+    fn compile_with(
+        &mut self,
+        optimizers: Vec<Box<dyn Optimizer>>,
+        loss: SparseCategoricalCrossentropy,
+        metrics: &[&str],
+    ) -> Result<(), TrainError> {
         let metrics = metrics
             .iter()
             .map(|m| MetricKind::from_name(m))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut copies: Vec<O> = vec![optimizer];
-        while copies.len() < self.replicas.len() {
-            copies.push(copies[0].clone());
-        }
-        for (replica, copy) in self.replicas.iter_mut().zip(copies) {
-            replica.optimizer = Some(Box::new(copy));
+        for (replica, optimizer) in self.replicas.iter_mut().zip(optimizers) {
+            replica.optimizer = Some(optimizer);
         }
         self.compiled = Some(Compiled { loss, metrics });
         Ok(())
+    }
+
+    /// Saves the whole model (architecture, weights, optimizer settings and state, compile
+    /// settings) as one more checkpoint `ckpt-<step>` in `dir`, atomically, as Keras'
+    /// `model.save`; returns its directory. [`Model::load`] reads it back.
+    ///
+    /// # Errors
+    ///
+    /// When the model is not compiled or `dir` cannot be written.
+    pub fn save(&self, dir: impl Into<PathBuf>) -> Result<PathBuf, TrainError> {
+        let step = self.optimizer().map_or(0, Optimizer::iterations);
+        let workers = self.num_replicas_in_sync() / self.replicas.len().max(1);
+        let checkpoint = checkpoint_of(
+            self,
+            Position {
+                step,
+                ..Position::default()
+            },
+            workers,
+        )?;
+        Ok(CheckpointManager::new(dir, None)?.save(&checkpoint)?)
+    }
+
+    /// The newest intact model saved in `dir` ([`Model::save`], or a backup of
+    /// [`BackupAndRestore`](crate::BackupAndRestore)), rebuilt under `strategy` and compiled
+    /// as it was, with its weights and optimizer state, as `keras.models.load_model`. Every
+    /// worker loads the same files.
+    ///
+    /// ```
+    /// use lockstep_checkpoint::CheckpointError;
+    /// use lockstep_nn::{Adam, SparseCategoricalCrossentropy, models};
+    /// use lockstep_train::{Model, OneDeviceStrategy, TrainError};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// // The Keras guide's make_or_restore_model():
+    /// let model = match Model::load(OneDeviceStrategy::new(), dir.path()) {
+    ///     Ok(model) => model,
+    ///     Err(TrainError::Checkpoint(CheckpointError::NotFound { .. })) => {
+    ///         let mut model = Model::new(OneDeviceStrategy::new(), || models::mnist_mlp(1))?;
+    ///         model.compile(Adam::default(), SparseCategoricalCrossentropy { from_logits: true, ..Default::default() }, &["accuracy"])?;
+    ///         model
+    ///     }
+    ///     Err(e) => return Err(e.into()),
+    /// };
+    /// model.save(dir.path())?;
+    /// let loaded = Model::load(OneDeviceStrategy::new(), dir.path())?;
+    /// assert_eq!(loaded.network().parameters(), model.network().parameters());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`CheckpointError::NotFound`](lockstep_checkpoint::CheckpointError::NotFound) when
+    /// `dir` holds no intact model (or does not exist); others when the files cannot be read
+    /// or the strategy cannot host the model.
+    pub fn load(strategy: impl Strategy, dir: impl AsRef<Path>) -> Result<Self, TrainError> {
+        let dir = dir.as_ref();
+        let not_found = || {
+            TrainError::Checkpoint(CheckpointError::NotFound {
+                dir: dir.to_path_buf(),
+            })
+        };
+        if !dir.is_dir() {
+            return Err(not_found());
+        }
+        let checkpoint = CheckpointManager::new(dir, None)?
+            .latest()?
+            .ok_or_else(not_found)?;
+        let meta = meta_of(&checkpoint)?;
+        let mut model = Self::new(strategy, || Sequential::from_config(&meta.architecture, 0))?;
+        let optimizers = model
+            .replicas
+            .iter()
+            .map(|_| meta.optimizer_config.build())
+            .collect();
+        let metrics: Vec<&str> = meta.metrics.iter().map(String::as_str).collect();
+        let loss = SparseCategoricalCrossentropy {
+            from_logits: meta.from_logits,
+            ..SparseCategoricalCrossentropy::default()
+        };
+        model.compile_with(optimizers, loss, &metrics)?;
+        restore_into(&mut model, &checkpoint)?;
+        Ok(model)
     }
 
     /// Replicas across all processes.

@@ -3,6 +3,7 @@
 
 use lockstep_checkpoint::{Checkpoint, NamedTensor, Progress};
 use lockstep_collective::ReduceOp;
+use lockstep_nn::{OptimizerConfig, SequentialConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::error::TrainError;
@@ -53,16 +54,158 @@ impl Position {
 
 /// What the manifest's `meta` holds for a model.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Meta {
+pub(crate) struct Meta {
     optimizer: String,
     iterations: u64,
     /// Saved because a schedule may have changed it, as Keras saves it with the optimizer.
     learning_rate: f32,
     position: Position,
+    /// What rebuilds the model and compiles it: a checkpoint is also a whole-model save.
+    pub(crate) architecture: SequentialConfig,
+    pub(crate) optimizer_config: OptimizerConfig,
+    pub(crate) from_logits: bool,
+    pub(crate) metrics: Vec<String>,
 }
 
 const MODEL: &str = "model";
 const OPTIMIZER: &str = "optimizer";
+
+/// The whole state of `model` as a checkpoint: weights, optimizer state and settings, the
+/// architecture and compile settings (so the checkpoint also loads as a whole model), and
+/// `position`.
+pub(crate) fn checkpoint_of(
+    model: &Model,
+    position: Position,
+    workers: usize,
+) -> Result<Checkpoint, TrainError> {
+    let net = model.network();
+    let optimizer = model.optimizer().ok_or_else(not_compiled)?;
+    let compiled = model.compiled.as_ref().ok_or_else(not_compiled)?;
+    let specs = net.parameters().specs();
+    let values = net.parameters().values();
+    let mut checkpoint = Checkpoint::new(Progress {
+        step: position.step,
+        epoch: position.epoch,
+        examples_into_epoch: position.examples as u64,
+        worker_count: workers,
+        seed: 0,
+    });
+    let mut weights = Vec::with_capacity(specs.len());
+    for spec in specs {
+        weights.push(NamedTensor::new(
+            spec.name.clone(),
+            spec.shape.clone(),
+            values[spec.range()].to_vec(),
+        )?);
+    }
+    let mut slots = Vec::new();
+    for (slot, flat) in optimizer.slots() {
+        if flat.len() != values.len() {
+            continue; // not yet allocated: the optimizer has taken no step
+        }
+        for spec in specs {
+            slots.push(NamedTensor::new(
+                format!("{slot}/{}", spec.name),
+                spec.shape.clone(),
+                flat[spec.range()].to_vec(),
+            )?);
+        }
+    }
+    checkpoint.files.insert(MODEL.into(), weights);
+    checkpoint.files.insert(OPTIMIZER.into(), slots);
+    checkpoint.meta = serde_json::to_value(Meta {
+        optimizer: optimizer.name().into(),
+        iterations: optimizer.iterations(),
+        learning_rate: optimizer.learning_rate(),
+        position,
+        architecture: net.config(),
+        optimizer_config: optimizer.config(),
+        from_logits: compiled.loss.from_logits,
+        metrics: compiled
+            .metrics
+            .iter()
+            .map(|m| m.name().to_owned())
+            .collect(),
+    })
+    .map_err(|e| TrainError::invalid("checkpoint", e.to_string()))?;
+    Ok(checkpoint)
+}
+
+/// The trainer state a checkpoint holds.
+pub(crate) fn meta_of(checkpoint: &Checkpoint) -> Result<Meta, TrainError> {
+    serde_json::from_value(checkpoint.meta.clone()).map_err(|e| {
+        TrainError::invalid(
+            "checkpoint",
+            format!("its trainer state is unreadable: {e}"),
+        )
+    })
+}
+
+/// Restores `checkpoint` into every replica of `model` (weights, optimizer state, learning
+/// rate) and returns where training stood.
+pub(crate) fn restore_into(
+    model: &mut Model,
+    checkpoint: &Checkpoint,
+) -> Result<Position, TrainError> {
+    let specs = model.network().parameters().specs().to_vec();
+    let want: Vec<(&str, &[usize])> = specs
+        .iter()
+        .map(|s| (s.name.as_str(), s.shape.as_slice()))
+        .collect();
+    checkpoint.check_variables(MODEL, &want)?;
+    let meta = meta_of(checkpoint)?;
+    let name = model.optimizer().ok_or_else(not_compiled)?.name();
+    if meta.optimizer != name {
+        return Err(lockstep_checkpoint::CheckpointError::Mismatch {
+            what: "optimizer".into(),
+            expected: name.into(),
+            found: meta.optimizer,
+        }
+        .into());
+    }
+    let total = model.network().parameters().len();
+    let mut slots: Vec<(String, Vec<f32>)> = Vec::new();
+    for tensor in checkpoint.file(OPTIMIZER)? {
+        let (slot, variable) = tensor.name.split_once('/').unwrap_or((&tensor.name, ""));
+        let Some(spec) = specs
+            .iter()
+            .find(|s| s.name == variable && s.shape == tensor.shape)
+        else {
+            return Err(TrainError::invalid(
+                "checkpoint",
+                format!(
+                    "optimizer slot {} matches no variable of the model",
+                    tensor.name
+                ),
+            ));
+        };
+        if !slots.iter().any(|(s, _)| s == slot) {
+            slots.push((slot.to_owned(), vec![0.0; total]));
+        }
+        if let Some((_, flat)) = slots.iter_mut().find(|(s, _)| s == slot) {
+            flat[spec.range()].copy_from_slice(&tensor.values);
+        }
+    }
+    let view: Vec<(&str, &[f32])> = slots
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_slice()))
+        .collect();
+    let mut weights = vec![0.0; total];
+    for spec in &specs {
+        weights[spec.range()].copy_from_slice(&checkpoint.tensor(MODEL, &spec.name)?.values);
+    }
+    for replica in &mut model.replicas {
+        replica
+            .net
+            .parameters_mut()
+            .values_mut()
+            .copy_from_slice(&weights);
+        let optimizer = replica.optimizer.as_mut().ok_or_else(not_compiled)?;
+        optimizer.restore(meta.iterations, &view)?;
+        optimizer.set_learning_rate(meta.learning_rate);
+    }
+    Ok(meta.position)
+}
 
 /// What a callback sees of training: the model, where training stands, and the means to save,
 /// restore and agree with the other workers.
@@ -120,48 +263,7 @@ impl TrainingContext<'_> {
     ///
     /// When the model is not compiled.
     pub fn checkpoint(&self) -> Result<Checkpoint, TrainError> {
-        let net = self.model.network();
-        let optimizer = self.model.optimizer().ok_or_else(not_compiled)?;
-        let specs = net.parameters().specs();
-        let values = net.parameters().values();
-        let mut checkpoint = Checkpoint::new(Progress {
-            step: self.position.step,
-            epoch: self.position.epoch,
-            examples_into_epoch: self.position.examples as u64,
-            worker_count: self.workers,
-            seed: 0,
-        });
-        let mut weights = Vec::with_capacity(specs.len());
-        for spec in specs {
-            weights.push(NamedTensor::new(
-                spec.name.clone(),
-                spec.shape.clone(),
-                values[spec.range()].to_vec(),
-            )?);
-        }
-        let mut slots = Vec::new();
-        for (slot, flat) in optimizer.slots() {
-            if flat.len() != values.len() {
-                continue; // not yet allocated: the optimizer has taken no step
-            }
-            for spec in specs {
-                slots.push(NamedTensor::new(
-                    format!("{slot}/{}", spec.name),
-                    spec.shape.clone(),
-                    flat[spec.range()].to_vec(),
-                )?);
-            }
-        }
-        checkpoint.files.insert(MODEL.into(), weights);
-        checkpoint.files.insert(OPTIMIZER.into(), slots);
-        checkpoint.meta = serde_json::to_value(Meta {
-            optimizer: optimizer.name().into(),
-            iterations: optimizer.iterations(),
-            learning_rate: optimizer.learning_rate(),
-            position: self.position,
-        })
-        .map_err(|e| TrainError::invalid("checkpoint", e.to_string()))?;
-        Ok(checkpoint)
+        checkpoint_of(self.model, self.position, self.workers)
     }
 
     /// Restores a checkpoint into this process's replicas and moves training to where it
@@ -172,72 +274,7 @@ impl TrainingContext<'_> {
     ///
     /// For a checkpoint of another model or optimizer, naming the difference.
     pub fn restore(&mut self, checkpoint: &Checkpoint) -> Result<(), TrainError> {
-        let specs = self.model.network().parameters().specs().to_vec();
-        let want: Vec<(&str, &[usize])> = specs
-            .iter()
-            .map(|s| (s.name.as_str(), s.shape.as_slice()))
-            .collect();
-        checkpoint.check_variables(MODEL, &want)?;
-        let meta: Meta = serde_json::from_value(checkpoint.meta.clone()).map_err(|e| {
-            TrainError::invalid(
-                "checkpoint",
-                format!("its trainer state is unreadable: {e}"),
-            )
-        })?;
-        let name = self.model.optimizer().ok_or_else(not_compiled)?.name();
-        if meta.optimizer != name {
-            return Err(lockstep_checkpoint::CheckpointError::Mismatch {
-                what: "optimizer".into(),
-                expected: name.into(),
-                found: meta.optimizer,
-            }
-            .into());
-        }
-        let total = self.model.network().parameters().len();
-        let mut slots: Vec<(String, Vec<f32>)> = Vec::new();
-        for tensor in checkpoint.file(OPTIMIZER)? {
-            let (slot, variable) = tensor.name.split_once('/').unwrap_or((&tensor.name, ""));
-            let Some(spec) = specs
-                .iter()
-                .find(|s| s.name == variable && s.shape == tensor.shape)
-            else {
-                return Err(TrainError::invalid(
-                    "checkpoint",
-                    format!(
-                        "optimizer slot {} matches no variable of the model",
-                        tensor.name
-                    ),
-                ));
-            };
-            if !slots.iter().any(|(s, _)| s == slot) {
-                slots.push((slot.to_owned(), vec![0.0; total]));
-            }
-            if let Some((_, flat)) = slots.iter_mut().find(|(s, _)| s == slot) {
-                flat[spec.range()].copy_from_slice(&tensor.values);
-            }
-        }
-        let view: Vec<(&str, &[f32])> = slots
-            .iter()
-            .map(|(n, v)| (n.as_str(), v.as_slice()))
-            .collect();
-        let mut weights = vec![0.0; total];
-        for spec in &specs {
-            weights[spec.range()].copy_from_slice(&checkpoint.tensor(MODEL, &spec.name)?.values);
-        }
-        for replica in &mut self.model.replicas {
-            replica
-                .net
-                .parameters_mut()
-                .values_mut()
-                .copy_from_slice(&weights);
-            replica
-                .optimizer
-                .as_mut()
-                .ok_or_else(not_compiled)?
-                .restore(meta.iterations, &view)?;
-        }
-        self.set_learning_rate(meta.learning_rate);
-        self.position = meta.position;
+        self.position = restore_into(self.model, checkpoint)?;
         Ok(())
     }
 

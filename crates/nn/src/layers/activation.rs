@@ -1,5 +1,6 @@
 use lockstep_tensor::{Tensor, ops};
 
+use super::config::LayerConfig;
 use super::{ForwardContext, Layer};
 use crate::error::{InLayer, NnError};
 use crate::params::ParamBuilder;
@@ -31,6 +32,12 @@ impl Activation {
 pub struct ActivationLayer(pub Activation);
 
 impl Layer for ActivationLayer {
+    fn config(&self) -> LayerConfig {
+        LayerConfig::Activation {
+            activation: self.0.into(),
+        }
+    }
+
     fn kind(&self) -> &'static str {
         "Activation"
     }

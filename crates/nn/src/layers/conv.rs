@@ -1,3 +1,4 @@
+use super::config::LayerConfig;
 use lockstep_tensor::Tensor;
 use lockstep_tensor::ops::{self, MaxPool, Padding};
 
@@ -57,6 +58,13 @@ impl Conv2D {
         self.activation = activation;
         self
     }
+
+    /// Leaves out the bias.
+    #[must_use]
+    pub fn without_bias(mut self) -> Self {
+        self.use_bias = false;
+        self
+    }
 }
 
 /// Output size of one spatial axis, as [`ops::conv2d`] computes it.
@@ -76,6 +84,17 @@ pub(crate) fn spatial_out(
 }
 
 impl Layer for Conv2D {
+    fn config(&self) -> LayerConfig {
+        LayerConfig::Conv2D {
+            filters: self.filters,
+            kernel_size: self.kernel_size,
+            strides: self.strides,
+            padding: self.padding.into(),
+            activation: self.activation.into(),
+            use_bias: self.use_bias,
+        }
+    }
+
     fn kind(&self) -> &'static str {
         "Conv2D"
     }

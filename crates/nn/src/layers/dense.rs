@@ -1,5 +1,6 @@
 use lockstep_tensor::{Tensor, ops};
 
+use super::config::LayerConfig;
 use super::{Activation, ForwardContext, Layer};
 use crate::error::{InLayer, NnError};
 use crate::initializers::Initializer;
@@ -49,6 +50,14 @@ impl Dense {
 }
 
 impl Layer for Dense {
+    fn config(&self) -> LayerConfig {
+        LayerConfig::Dense {
+            units: self.units,
+            activation: self.activation.into(),
+            use_bias: self.use_bias,
+        }
+    }
+
     fn kind(&self) -> &'static str {
         "Dense"
     }

@@ -1,5 +1,6 @@
 use lockstep_tensor::{Tensor, ops};
 
+use super::config::LayerConfig;
 use super::{ForwardContext, Layer};
 use crate::error::{InLayer, NnError};
 use crate::params::ParamBuilder;
@@ -20,6 +21,13 @@ impl Dropout {
 }
 
 impl Layer for Dropout {
+    fn config(&self) -> LayerConfig {
+        LayerConfig::Dropout {
+            rate: self.rate,
+            seed: self.seed,
+        }
+    }
+
     fn kind(&self) -> &'static str {
         "Dropout"
     }

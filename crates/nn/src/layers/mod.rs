@@ -2,6 +2,7 @@
 //! shape) and maps a batch to a batch in `forward`.
 
 mod activation;
+mod config;
 mod conv;
 mod dense;
 mod dropout;
@@ -9,6 +10,7 @@ mod pooling;
 mod reshape;
 
 pub use activation::{Activation, ActivationLayer};
+pub use config::{ActivationName, LayerConfig, PaddingName};
 pub use conv::Conv2D;
 pub use dense::Dense;
 pub use dropout::Dropout;
@@ -40,6 +42,9 @@ pub trait Layer: Send + Sync {
 
     /// The default name stem: `dense`, `conv2d`, …
     fn stem(&self) -> &'static str;
+
+    /// The settings that rebuild this layer ([`LayerConfig::build`]), for whole-model saves.
+    fn config(&self) -> LayerConfig;
 
     /// Declares variables for an input of `input_shape` (batch axis excluded) and returns the
     /// output shape.

@@ -1,3 +1,4 @@
+use super::config::LayerConfig;
 use lockstep_tensor::Tensor;
 use lockstep_tensor::ops::{self, MaxPool, Padding};
 
@@ -51,6 +52,14 @@ impl MaxPooling2D {
 }
 
 impl Layer for MaxPooling2D {
+    fn config(&self) -> LayerConfig {
+        LayerConfig::MaxPooling2D {
+            pool_size: self.pool_size,
+            strides: self.strides,
+            padding: self.padding.into(),
+        }
+    }
+
     fn kind(&self) -> &'static str {
         "MaxPooling2D"
     }

@@ -1,5 +1,6 @@
 use lockstep_tensor::{Tensor, ops};
 
+use super::config::LayerConfig;
 use super::{ForwardContext, Layer};
 use crate::error::{InLayer, NnError, count_values};
 use crate::params::ParamBuilder;
@@ -9,6 +10,10 @@ use crate::params::ParamBuilder;
 pub struct Flatten;
 
 impl Layer for Flatten {
+    fn config(&self) -> LayerConfig {
+        LayerConfig::Flatten
+    }
+
     fn kind(&self) -> &'static str {
         "Flatten"
     }
@@ -53,6 +58,12 @@ impl Reshape {
 }
 
 impl Layer for Reshape {
+    fn config(&self) -> LayerConfig {
+        LayerConfig::Reshape {
+            target_shape: self.target.clone(),
+        }
+    }
+
     fn kind(&self) -> &'static str {
         "Reshape"
     }

@@ -7,8 +7,8 @@ use crate::callbacks::{Callback, Mode, SaveFreq, TrainingContext};
 use crate::error::TrainError;
 use crate::history::Logs;
 
-/// Saves the weights to a path made from a pattern, as `tf.keras.callbacks.ModelCheckpoint`
-/// with `save_weights_only=True`: `{epoch}` (from 1), `{batch}` (the step of the epoch, from
+/// Saves the weights (or with [`ModelCheckpoint::save_weights_only`]`(false)` the whole
+/// model) to a path made from a pattern, as `tf.keras.callbacks.ModelCheckpoint`: `{epoch}` (from 1), `{batch}` (the step of the epoch, from
 /// 1), and any logged value by name (`{val_loss}`), each with an optional format as Keras
 /// writes them (`{epoch:02d}`, `{val_loss:.2f}`). The file is a safetensors file named by
 /// variable; [`Model::load_weights`](crate::Model::load_weights) reads it back.
@@ -23,6 +23,7 @@ pub struct ModelCheckpoint {
     monitor: String,
     mode: Mode,
     save_best_only: bool,
+    weights_only: bool,
     best: Option<f64>,
 }
 
@@ -35,6 +36,7 @@ impl ModelCheckpoint {
             monitor: "val_loss".into(),
             mode: Mode::Auto,
             save_best_only: false,
+            weights_only: true,
             best: None,
         }
     }
@@ -52,6 +54,15 @@ impl ModelCheckpoint {
         self.save_best_only = true;
         self.monitor = monitor.into();
         self.mode = mode;
+        self
+    }
+
+    /// With `false`, saves the whole model ([`Model::save`](crate::Model::save): one more
+    /// checkpoint directory inside the formatted path, which
+    /// [`Model::load`](crate::Model::load) reads) instead of a weights file.
+    #[must_use]
+    pub fn save_weights_only(mut self, weights_only: bool) -> Self {
+        self.weights_only = weights_only;
         self
     }
 
@@ -73,10 +84,12 @@ impl ModelCheckpoint {
             self.best = Some(value);
         }
         let path = PathBuf::from(format_path(&self.pattern, epoch + 1, batch, logs)?);
-        let written = if ctx.is_chief() {
+        let written = if !ctx.is_chief() {
+            Ok(())
+        } else if self.weights_only {
             ctx.model().save_weights(&path)
         } else {
-            Ok(())
+            ctx.model().save(&path).map(|_| ())
         };
         if let Err(e) = &written {
             tracing::error!("ModelCheckpoint: {e}");
