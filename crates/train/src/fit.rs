@@ -174,6 +174,7 @@ where
                 }
                 ctx.position.add(totals);
                 history.steps += 1;
+                history.examples += totals.examples as u64;
                 let logs = Logs::from_totals(&ctx.position.totals(), &compiled.metrics, "");
                 progress.step(ctx.position.steps_into_epoch, &logs);
                 let batch = ctx.position.steps_into_epoch - 1;

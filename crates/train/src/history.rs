@@ -54,6 +54,8 @@ pub struct History {
     pub history: BTreeMap<String, Vec<f64>>,
     /// Optimizer steps this `fit` took (fewer than the model's total after a resume).
     pub steps: u64,
+    /// Examples those steps trained on, over all workers.
+    pub examples: u64,
 }
 
 impl History {

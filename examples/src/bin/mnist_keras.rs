@@ -8,12 +8,13 @@
 //! [worker:0] Epoch 1/3 - 63 steps - 1.1s - accuracy: 0.8012 - loss: 0.7555
 //! [worker:0] Epoch 2/3 - 63 steps - 0.9s - accuracy: 0.9498 - loss: 0.1796
 //! [worker:0] Epoch 3/3 - 63 steps - 0.9s - accuracy: 0.9656 - loss: 0.1161
-//! [worker:0] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_per_s=7997
-//! [worker:1] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_per_s=8024
+//! [worker:0] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_per_s=7437 first_step_s=0.20 peak_rss_mib=131
+//! [worker:1] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_per_s=7433 first_step_s=0.20 peak_rss_mib=114
 //! ```
 //!
-//! (Stdout; only the chief prints the epoch lines. Times and `examples_per_s` depend on the
-//! machine; everything else is the same from run to run. The last step of each epoch is the
+//! (Stdout; only the chief prints the epoch lines. Times, `examples_per_s`, `first_step_s`
+//! (process start to the end of the first step) and `peak_rss_mib` depend on the machine;
+//! everything else is the same from run to run. The last step of each epoch is the
 //! short remainder of the data, 8000 = 62 × 128 + 64, as Keras trains it.) Kill a worker mid-run and start the cluster
 //! again: training resumes from the backup and ends with the same weights.
 
@@ -26,9 +27,10 @@ use lockstep_cluster::{ClusterResolver, TfConfigResolver};
 use lockstep_collective::CommunicationOptions;
 use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, scale};
-use lockstep_nn::{Adam, SparseCategoricalCrossentropy, models};
+use lockstep_nn::{Adam, Sgd, SparseCategoricalCrossentropy, models};
 use lockstep_train::{
-    BackupAndRestore, Model, ModelCheckpoint, MultiWorkerMirroredStrategy, SaveFreq, TensorBoard,
+    BackupAndRestore, Callback, Logs, Model, ModelCheckpoint, MultiWorkerMirroredStrategy,
+    SaveFreq, TensorBoard, TrainError, TrainingContext,
 };
 
 /// Activations of several MB are allocated every step; mimalloc keeps them mapped.
@@ -56,9 +58,18 @@ struct Args {
     /// a run that completes).
     #[arg(long, default_value_os_t = std::env::temp_dir().join("lockstep-mnist-keras-backup"))]
     backup_dir: PathBuf,
+    /// Train without `BackupAndRestore` (as the reference scripts measure throughput).
+    #[arg(long)]
+    no_backup: bool,
     /// Back up every this many steps rather than at every epoch's end.
     #[arg(long)]
     backup_every_steps: Option<u64>,
+    /// `adam` (the default) or `sgd` (the tutorial's; the anchors' throughput runs use it).
+    #[arg(long, default_value = "adam")]
+    optimizer: String,
+    /// Step size (default: Adam's 0.001, SGD's 0.001 as in the tutorial).
+    #[arg(long, default_value_t = 0.001)]
+    learning_rate: f32,
     /// Write event files for tensorboard here (`train/`, `validation/`), as Keras' callback does.
     #[arg(long)]
     tensorboard_dir: Option<PathBuf>,
@@ -68,7 +79,35 @@ struct Args {
     checkpoint_path: Option<String>,
 }
 
+/// Records when the first training step ended, counted from `started`.
+struct FirstStep {
+    started: Instant,
+    at: Option<f64>,
+}
+
+impl Callback for &mut FirstStep {
+    fn on_train_batch_end(
+        &mut self,
+        _batch: u64,
+        _logs: &Logs,
+        _ctx: &mut TrainingContext<'_>,
+    ) -> Result<(), TrainError> {
+        self.at
+            .get_or_insert_with(|| self.started.elapsed().as_secs_f64());
+        Ok(())
+    }
+}
+
+/// This process's peak resident memory in MiB (`VmHWM`), when the system tells.
+fn peak_rss_mib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
+}
+
 fn main() -> anyhow::Result<()> {
+    let process_started = Instant::now();
     lockstep_examples::init_logging();
     let args = Args::parse();
     let cluster = TfConfigResolver::from_env()?
@@ -103,7 +142,11 @@ fn main() -> anyhow::Result<()> {
         from_logits: true,
         ..Default::default()
     };
-    model.compile(Adam::default(), loss, &["accuracy"])?;
+    match args.optimizer.as_str() {
+        "adam" => model.compile(Adam::new(args.learning_rate), loss, &["accuracy"])?,
+        "sgd" => model.compile(Sgd::new(args.learning_rate), loss, &["accuracy"])?,
+        other => anyhow::bail!("unknown optimizer {other:?}: use adam or sgd"),
+    }
     if model.is_chief() {
         eprintln!("{}", model.summary());
     }
@@ -120,12 +163,22 @@ fn main() -> anyhow::Result<()> {
     let test = model.distribute_dataset(test, 500 * workers)?;
 
     let started = Instant::now();
-    let mut fit = model.fit(&train).epochs(args.epochs).callback(
-        BackupAndRestore::new(&args.backup_dir).save_freq(
-            args.backup_every_steps
-                .map_or(SaveFreq::Epoch, SaveFreq::Steps),
-        ),
-    );
+    let mut first_step = FirstStep {
+        started: process_started,
+        at: None,
+    };
+    let mut fit = model
+        .fit(&train)
+        .epochs(args.epochs)
+        .callback(&mut first_step);
+    if !args.no_backup {
+        fit = fit.callback(
+            BackupAndRestore::new(&args.backup_dir).save_freq(
+                args.backup_every_steps
+                    .map_or(SaveFreq::Epoch, SaveFreq::Steps),
+            ),
+        );
+    }
     if let Some(dir) = &args.tensorboard_dir {
         fit = fit.callback(TensorBoard::new(dir));
     }
@@ -148,9 +201,11 @@ fn main() -> anyhow::Result<()> {
         });
     let logs = model.evaluate(&test)?;
     println!(
-        "test_accuracy={:.4} weights_checksum={checksum:016x} steps={steps} examples_per_s={:.0}",
+        "test_accuracy={:.4} weights_checksum={checksum:016x} steps={steps} examples_per_s={:.0} first_step_s={:.2} peak_rss_mib={}",
         logs.get("accuracy").unwrap_or(0.0),
-        (history.steps as f64 * (args.batch_per_worker * workers) as f64) / elapsed
+        history.examples as f64 / elapsed,
+        first_step.at.unwrap_or(f64::NAN),
+        peak_rss_mib().map_or_else(|| "unknown".to_owned(), |m| m.to_string()),
     );
     Ok(())
 }
