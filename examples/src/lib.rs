@@ -1,6 +1,6 @@
-//! What the example binaries share: how they log.
+//! What the example binaries share: how they log, and how many kernel threads they start.
 //!
-//! Each binary is a thin `main` over the library crates; this is the one piece of set-up they
+//! Each binary is a thin `main` over the library crates; these are the pieces of set-up they
 //! have in common.
 
 use std::io::IsTerminal as _;
@@ -26,4 +26,28 @@ pub fn init_logging() {
         .with_target(false)
         .with_ansi(colour_logs())
         .init();
+}
+
+/// Starts the kernel threads (rayon's global pool) and returns how many: `requested` when
+/// non-zero, else this host's cores shared out among `sharers` (the cluster's tasks on this
+/// host, or one process's replicas), at least one. Oversubscribed kernel threads would make
+/// every step wait for the slowest of them.
+///
+/// # Errors
+///
+/// When the pool cannot start (it was started already).
+pub fn start_kernel_threads(
+    requested: usize,
+    sharers: usize,
+) -> Result<usize, rayon::ThreadPoolBuildError> {
+    let threads = if requested > 0 {
+        requested
+    } else {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        (cores / sharers.max(1)).max(1)
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()?;
+    Ok(threads)
 }

@@ -115,48 +115,6 @@ fn taken() -> TrainError {
     )
 }
 
-/// One replica on this process's CPU, as `tf.distribute.OneDeviceStrategy`.
-pub struct OneDeviceStrategy {
-    replicas: Option<Vec<ReplicaLink>>,
-}
-
-impl OneDeviceStrategy {
-    /// The strategy.
-    pub fn new() -> Self {
-        Self {
-            replicas: Some(in_process(1, CommunicationOptions::default())),
-        }
-    }
-}
-
-impl Default for OneDeviceStrategy {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Strategy for OneDeviceStrategy {
-    fn num_replicas_in_sync(&self) -> usize {
-        1
-    }
-    fn input_context(&self) -> InputContext {
-        InputContext {
-            num_input_pipelines: 1,
-            input_pipeline_id: 0,
-            num_replicas_in_sync: 1,
-        }
-    }
-    fn is_chief(&self) -> bool {
-        true
-    }
-    fn task(&self) -> String {
-        "local".into()
-    }
-    fn take_replicas(&mut self) -> Result<Vec<ReplicaLink>, TrainError> {
-        self.replicas.take().ok_or_else(taken)
-    }
-}
-
 /// `k` replicas in this process, one thread each, whose gradients are all-reduced in place
 /// in shared memory, as `tf.distribute.MirroredStrategy` over `k` devices.
 pub struct MirroredStrategy {
@@ -203,6 +161,44 @@ impl Strategy for MirroredStrategy {
     }
     fn take_replicas(&mut self) -> Result<Vec<ReplicaLink>, TrainError> {
         self.replicas.take().ok_or_else(taken)
+    }
+}
+
+/// One replica on this process's CPU, as `tf.distribute.OneDeviceStrategy`: a
+/// [`MirroredStrategy`] of one.
+pub struct OneDeviceStrategy(MirroredStrategy);
+
+impl OneDeviceStrategy {
+    /// The strategy.
+    pub fn new() -> Self {
+        Self(MirroredStrategy {
+            count: 1,
+            replicas: Some(in_process(1, CommunicationOptions::default())),
+        })
+    }
+}
+
+impl Default for OneDeviceStrategy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Strategy for OneDeviceStrategy {
+    fn num_replicas_in_sync(&self) -> usize {
+        self.0.num_replicas_in_sync()
+    }
+    fn input_context(&self) -> InputContext {
+        self.0.input_context()
+    }
+    fn is_chief(&self) -> bool {
+        self.0.is_chief()
+    }
+    fn task(&self) -> String {
+        self.0.task()
+    }
+    fn take_replicas(&mut self) -> Result<Vec<ReplicaLink>, TrainError> {
+        self.0.take_replicas()
     }
 }
 

@@ -79,18 +79,9 @@ fn a_short_last_batch_is_weighted_exactly_whichever_replicas_it_reaches() {
         "{}",
         max_difference(&one, &two)
     );
-    let workers = cluster(2, |cluster, transport| {
-        let strategy = MultiWorkerMirroredStrategy::from_transport(
-            &cluster,
-            transport,
-            CommunicationOptions::default(),
-            1,
-        )
-        .unwrap();
-        train(strategy, 96, 2, Vec::new()).unwrap()
-    });
-    assert_eq!(workers[0], workers[1]);
-    assert!(max_difference(&one, &workers[0].0) < 1e-4);
+    let results = workers(2, 1, |strategy| train(strategy, 96, 2, Vec::new()).unwrap());
+    assert_eq!(results[0], results[1]);
+    assert!(max_difference(&one, &results[0].0) < 1e-4);
     let (a, b) = (
         one_history.get("accuracy").unwrap(),
         two_history.get("accuracy").unwrap(),
@@ -108,9 +99,13 @@ fn repeated_runs_give_bit_identical_weights() {
     assert_eq!(a, b);
 }
 
-/// A cluster of `n` workers on 127.0.0.1, with its transports formed on threads; runs `body`
-/// as each worker and returns their results in rank order.
-fn cluster<R: Send + 'static>(n: usize, body: fn(Cluster, TcpTransport) -> R) -> Vec<R> {
+/// A cluster of `n` workers on 127.0.0.1 with `replicas` replicas each, formed on threads;
+/// runs `body` with each worker's strategy and returns the results in rank order.
+fn workers<R: Send + 'static>(
+    n: usize,
+    replicas: usize,
+    body: fn(MultiWorkerMirroredStrategy) -> R,
+) -> Vec<R> {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let identity = (u64::from(std::process::id()) << 32) | NEXT.fetch_add(1, Ordering::Relaxed);
     let listeners: Vec<TcpListener> = (0..n)
@@ -135,8 +130,16 @@ fn cluster<R: Send + 'static>(n: usize, body: fn(Cluster, TcpTransport) -> R) ->
                     rendezvous_timeout: Duration::from_secs(30),
                     ..TcpOptions::default()
                 };
-                let transport = TcpTransport::connect_on(listener, rank, &addresses, &options).unwrap();
-                body(cluster, transport)
+                let transport =
+                    TcpTransport::connect_on(listener, rank, &addresses, &options).unwrap();
+                let strategy = MultiWorkerMirroredStrategy::from_transport(
+                    &cluster,
+                    transport,
+                    CommunicationOptions::default(),
+                    replicas,
+                )
+                .unwrap();
+                body(strategy)
             })
         })
         .collect();
@@ -145,40 +148,24 @@ fn cluster<R: Send + 'static>(n: usize, body: fn(Cluster, TcpTransport) -> R) ->
 
 #[test]
 fn two_workers_over_tcp_train_as_one_device_with_the_same_global_batch() {
-    let workers = cluster(2, |cluster, transport| {
-        let strategy = MultiWorkerMirroredStrategy::from_transport(
-            &cluster,
-            transport,
-            CommunicationOptions::default(),
-            1,
-        )
-        .unwrap();
-        train(strategy, 64, 2, Vec::new()).unwrap()
-    });
+    let results = workers(2, 1, |strategy| train(strategy, 64, 2, Vec::new()).unwrap());
     let (one, _) = train(OneDeviceStrategy::new(), 64, 2, Vec::new()).unwrap();
     assert_eq!(
-        workers[0].0, workers[1].0,
+        results[0].0, results[1].0,
         "the workers' weights are bit-identical"
     );
-    assert_eq!(workers[0].1, workers[1].1, "both log the same figures");
-    assert!(max_difference(&one, &workers[0].0) < 1e-4);
+    assert_eq!(results[0].1, results[1].1, "both log the same figures");
+    assert!(max_difference(&one, &results[0].0) < 1e-4);
 }
 
 #[test]
 fn two_workers_with_two_replicas_each_train_as_four_mirrored_replicas() {
-    let workers = cluster(2, |cluster, transport| {
-        let strategy = MultiWorkerMirroredStrategy::from_transport(
-            &cluster,
-            transport,
-            CommunicationOptions::default(),
-            2,
-        )
-        .unwrap();
+    let results = workers(2, 2, |strategy| {
         train(strategy, 64, 1, Vec::new()).unwrap().0
     });
     let (four, _) = train(MirroredStrategy::new(4).unwrap(), 64, 1, Vec::new()).unwrap();
-    assert_eq!(workers[0], workers[1]);
-    assert!(max_difference(&four, &workers[0]) < 1e-4);
+    assert_eq!(results[0], results[1]);
+    assert!(max_difference(&four, &results[0]) < 1e-4);
 }
 
 /// Fails training with an error after `at` steps, as a crash would stop it.

@@ -106,10 +106,7 @@ fn run_training(args: &Args, dir: &Path, epoch: u64) -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
     let args = Args::parse();
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    rayon::ThreadPoolBuilder::new()
-        .num_threads((cores / args.replicas.max(1)).max(1))
-        .build_global()
+    lockstep_examples::start_kernel_threads(0, args.replicas)
         .context("starting the kernel threads")?;
     let temporary = tempfile::tempdir()?;
     let dir = args

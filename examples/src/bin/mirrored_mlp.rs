@@ -53,11 +53,8 @@ fn flat(x: &ndarray::Array3<u8>) -> Array1<f32> {
 fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
     let args = Args::parse();
-    // Replica threads share the cores; kernels inside each replica stay on its own thread.
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    rayon::ThreadPoolBuilder::new()
-        .num_threads((cores / args.replicas.max(1)).max(1))
-        .build_global()
+    // The replicas' threads share this host's cores.
+    lockstep_examples::start_kernel_threads(0, args.replicas)
         .context("starting the kernel threads")?;
     let mut model = Model::new(MirroredStrategy::new(args.replicas)?, || {
         models::mnist_mlp(args.seed)

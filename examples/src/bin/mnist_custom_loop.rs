@@ -77,17 +77,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     };
     let workers = cluster.world_size();
-    let threads = if args.threads > 0 {
-        args.threads
-    } else {
-        // Workers that share this host share its cores; oversubscribed kernel threads would
-        // make every step wait for the slowest of them.
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        (cores / cluster.group_tasks_on_this_host()).max(1)
-    };
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build_global()
+    lockstep_examples::start_kernel_threads(args.threads, cluster.group_tasks_on_this_host())
         .context("starting the kernel threads")?;
     let mut comm: Communicator<TcpTransport> = Communicator::from_cluster(
         &cluster,

@@ -121,15 +121,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let workers = cluster.world_size().max(1);
-    let threads = if args.threads > 0 {
-        args.threads
-    } else {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        (cores / cluster.group_tasks_on_this_host()).max(1)
-    };
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build_global()
+    lockstep_examples::start_kernel_threads(args.threads, cluster.group_tasks_on_this_host())
         .context("starting the kernel threads")?;
     let strategy = MultiWorkerMirroredStrategy::new(
         &cluster,
