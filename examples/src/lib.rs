@@ -51,3 +51,22 @@ pub fn start_kernel_threads(
         .build_global()?;
     Ok(threads)
 }
+
+/// The options of the examples that train the tutorial CNN across a cluster (flattened into
+/// each one's own arguments).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClusterTrainingArgs {
+    /// Passes over the training data.
+    #[arg(long, default_value_t = 3)]
+    pub epochs: u64,
+    /// Examples per worker per step (the global batch is this times the number of workers).
+    #[arg(long, default_value_t = 64)]
+    pub batch_per_worker: usize,
+    /// Seed of the initial weights and of the shuffle (the same on every worker).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Threads for the kernels; 0 = this host's cores shared out among the workers the
+    /// cluster spec places on it (all of them for a worker alone on its host).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}

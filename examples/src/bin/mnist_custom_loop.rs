@@ -25,6 +25,7 @@ use lockstep_cluster::{ClusterResolver, TfConfigResolver};
 use lockstep_collective::{CommunicationOptions, Communicator, ReduceOp, TcpTransport};
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_data::{AutoShardPolicy, Dataset, InputContext, distribute};
+use lockstep_examples::ClusterTrainingArgs;
 use lockstep_nn::{
     Adam, ForwardContext, Mean, Metric, Optimizer, Reduction, Sequential,
     SparseCategoricalAccuracy, SparseCategoricalCrossentropy, models,
@@ -39,19 +40,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
-    /// Passes over the training data.
-    #[arg(long, default_value_t = 3)]
-    epochs: u64,
-    /// Examples per worker per step (the global batch is this times the number of workers).
-    #[arg(long, default_value_t = 64)]
-    batch_per_worker: usize,
-    /// Seed of the initial weights and of the shuffle (the same on every worker).
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Threads for the kernels; 0 = this host's cores shared out among the workers the
-    /// cluster spec places on it (all of them for a worker alone on its host).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
+    #[command(flatten)]
+    training: ClusterTrainingArgs,
 }
 
 fn labels(y: &ndarray::Array1<u8>) -> Vec<usize> {
@@ -77,8 +67,11 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     };
     let workers = cluster.world_size();
-    lockstep_examples::start_kernel_threads(args.threads, cluster.group_tasks_on_this_host())
-        .context("starting the kernel threads")?;
+    lockstep_examples::start_kernel_threads(
+        args.training.threads,
+        cluster.group_tasks_on_this_host(),
+    )
+    .context("starting the kernel threads")?;
     let mut comm: Communicator<TcpTransport> = Communicator::from_cluster(
         &cluster,
         CommunicationOptions::default(),
@@ -86,7 +79,7 @@ fn main() -> anyhow::Result<()> {
     )?;
     let mnist = Mnist::embedded()?;
 
-    let mut model = models::mnist_cnn(args.seed)?;
+    let mut model = models::mnist_cnn(args.training.seed)?;
     // Same seed, same weights; the broadcast makes it so even if a worker's seed differed.
     comm.broadcast(model.parameters_mut().values_mut(), 0)?;
     if rank == 0 {
@@ -106,7 +99,7 @@ fn main() -> anyhow::Result<()> {
     println!(
         "test_accuracy={:.4} weights_checksum={checksum:016x} steps={steps} examples_per_s={:.0}",
         evaluate(&model, &mnist)?,
-        (steps as f64 * (args.batch_per_worker * workers) as f64) / elapsed
+        (steps as f64 * (args.training.batch_per_worker * workers) as f64) / elapsed
     );
     Ok(())
 }
@@ -126,10 +119,10 @@ fn train(
         .dataset()?
         .map(|(x, y)| (scale(&x).into_shared(), y))
         .cache()
-        .shuffle(10_000, args.seed, true);
+        .shuffle(10_000, args.training.seed, true);
     let steps = distribute(
         train,
-        args.batch_per_worker * workers,
+        args.training.batch_per_worker * workers,
         &ctx,
         AutoShardPolicy::Data,
     )?
@@ -141,7 +134,7 @@ fn train(
     let mut adam = Adam::default();
     let mut grads = vec![0.0_f32; model.parameters().len()];
     let mut step = 0_u64;
-    for epoch in 0..args.epochs {
+    for epoch in 0..args.training.epochs {
         let (mut loss_metric, mut accuracy) =
             (Mean::default(), SparseCategoricalAccuracy::default());
         let mut epoch_steps = 0;

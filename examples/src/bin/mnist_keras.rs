@@ -27,6 +27,7 @@ use lockstep_cluster::{ClusterResolver, TfConfigResolver};
 use lockstep_collective::CommunicationOptions;
 use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, scale};
+use lockstep_examples::ClusterTrainingArgs;
 use lockstep_nn::{Adam, Sgd, SparseCategoricalCrossentropy, models};
 use lockstep_train::{
     BackupAndRestore, Callback, Logs, Model, ModelCheckpoint, MultiWorkerMirroredStrategy,
@@ -41,19 +42,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
-    /// Passes over the training data.
-    #[arg(long, default_value_t = 3)]
-    epochs: u64,
-    /// Examples per worker per step (the global batch is this times the number of workers).
-    #[arg(long, default_value_t = 64)]
-    batch_per_worker: usize,
-    /// Seed of the initial weights and of the shuffle (the same on every worker).
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Threads for the kernels; 0 = this host's cores shared out among the workers the
-    /// cluster spec places on it.
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
+    #[command(flatten)]
+    training: ClusterTrainingArgs,
     /// Where the chief keeps the backup that a restarted cluster resumes from (deleted after
     /// a run that completes).
     #[arg(long, default_value_os_t = std::env::temp_dir().join("lockstep-mnist-keras-backup"))]
@@ -121,15 +111,18 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let workers = cluster.world_size().max(1);
-    lockstep_examples::start_kernel_threads(args.threads, cluster.group_tasks_on_this_host())
-        .context("starting the kernel threads")?;
+    lockstep_examples::start_kernel_threads(
+        args.training.threads,
+        cluster.group_tasks_on_this_host(),
+    )
+    .context("starting the kernel threads")?;
     let strategy = MultiWorkerMirroredStrategy::new(
         &cluster,
         CommunicationOptions::default(),
         1,
         Duration::from_mins(1),
     )?;
-    let mut model = Model::new(strategy, || models::mnist_cnn(args.seed))?;
+    let mut model = Model::new(strategy, || models::mnist_cnn(args.training.seed))?;
     let loss = SparseCategoricalCrossentropy {
         from_logits: true,
         ..Default::default()
@@ -149,8 +142,8 @@ fn main() -> anyhow::Result<()> {
         .dataset()?
         .map(|(x, y)| (scale(&x).into_shared(), y))
         .cache()
-        .shuffle(10_000, args.seed, true);
-    let train = model.distribute_dataset(train, args.batch_per_worker * workers)?;
+        .shuffle(10_000, args.training.seed, true);
+    let train = model.distribute_dataset(train, args.training.batch_per_worker * workers)?;
     let test = mnist.test.dataset()?.map(|(x, y)| (scale(&x), y));
     let test = model.distribute_dataset(test, 500 * workers)?;
 
@@ -161,7 +154,7 @@ fn main() -> anyhow::Result<()> {
     };
     let mut fit = model
         .fit(&train)
-        .epochs(args.epochs)
+        .epochs(args.training.epochs)
         .callback(&mut first_step);
     if !args.no_backup {
         fit = fit.callback(
