@@ -45,9 +45,10 @@ struct Args {
     #[command(flatten)]
     training: ClusterTrainingArgs,
     /// Where the chief keeps the backup that a restarted cluster resumes from (deleted after
-    /// a run that completes).
-    #[arg(long, default_value_os_t = std::env::temp_dir().join("lockstep-mnist-keras-backup"))]
-    backup_dir: PathBuf,
+    /// a run that completes). By default a directory under the system's temporary directory
+    /// named after the run's settings, so a run resumes only a backup of the same settings.
+    #[arg(long)]
+    backup_dir: Option<PathBuf>,
     /// Train without `BackupAndRestore` (as the reference scripts measure throughput).
     #[arg(long)]
     no_backup: bool,
@@ -157,8 +158,15 @@ fn main() -> anyhow::Result<()> {
         .epochs(args.training.epochs)
         .callback(&mut first_step);
     if !args.no_backup {
+        let backup_dir = args.backup_dir.clone().unwrap_or_else(|| {
+            let t = &args.training;
+            std::env::temp_dir().join(format!(
+                "lockstep-mnist-keras-backup-{}-lr{}-{}x{}-seed{}",
+                args.optimizer, args.learning_rate, t.batch_per_worker, workers, t.seed
+            ))
+        });
         fit = fit.callback(
-            BackupAndRestore::new(&args.backup_dir).save_freq(
+            BackupAndRestore::new(backup_dir).save_freq(
                 args.backup_every_steps
                     .map_or(SaveFreq::Epoch, SaveFreq::Steps),
             ),
