@@ -57,14 +57,6 @@ impl ReplicaLink {
         }
     }
 
-    /// Whether this replica is its process's first, which talks to the other processes.
-    pub fn is_process_leader(&self) -> bool {
-        match &self.0 {
-            Link::InProcess(c) => c.rank() % (c.world_size() / c.processes()) == 0,
-            Link::Cluster(c) => c.rank() % (c.world_size() / c.processes()) == 0,
-        }
-    }
-
     pub(crate) fn all_reduce<E: Element>(
         &mut self,
         data: &mut [E],
