@@ -39,8 +39,13 @@
 //! (`lockstep_tensor::ops::conv2d_bias_relu_max_pool`; see [`Layer::forward_then_max_pool`]),
 //! with the two layers' values.
 //!
+//! Each layer, [`Sequential`] and each optimizer describe themselves as a configuration
+//! ([`LayerConfig`], [`SequentialConfig`], [`OptimizerConfig`]) that rebuilds them, as Keras'
+//! `get_config`, so a saved model can be loaded without its code.
+//!
 //! Dependencies: `lockstep-tensor` for tensors and autograd; `rand_pcg` for seeded
-//! initialisers; `rayon` for parallel optimizer updates; `thiserror` for errors.
+//! initialisers; `rayon` for parallel optimizer updates; `serde` for the configurations;
+//! `thiserror` for errors.
 
 mod error;
 mod initializers;
