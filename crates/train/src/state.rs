@@ -295,6 +295,34 @@ impl TrainingContext<'_> {
         Ok(vote[0] == 1.0)
     }
 
+    /// The phase in which the chief writes something and every worker learns whether it
+    /// could: `write` runs on the chief only, then all workers [`agree`](Self::agree). A
+    /// failure is an error on every worker: the chief's own error there, a message naming
+    /// `what` (from the `callback`) on the others.
+    ///
+    /// # Errors
+    ///
+    /// When the chief could not write, or the workers cannot agree.
+    pub fn chief_writes(
+        &mut self,
+        callback: &'static str,
+        what: &str,
+        write: impl FnOnce(&Self) -> Result<(), TrainError>,
+    ) -> Result<(), TrainError> {
+        let written = if self.is_chief() { write(self) } else { Ok(()) };
+        if let Err(e) = &written {
+            tracing::error!("{callback}: writing {what}: {e}");
+        }
+        if self.agree(written.is_ok())? {
+            return Ok(());
+        }
+        written?;
+        Err(TrainError::invalid(
+            callback,
+            format!("the chief could not write {what}"),
+        ))
+    }
+
     /// Gives every replica of every worker the state of the chief's first replica: weights,
     /// optimizer state and position (a backup restored on the chief reaches all).
     pub(crate) fn sync_from_chief(&mut self) -> Result<(), TrainError> {

@@ -60,29 +60,15 @@ impl BackupAndRestore {
         self
     }
 
-    fn save(&mut self, ctx: &mut TrainingContext<'_>) -> Result<(), TrainError> {
-        let written = match &self.manager {
-            Some(manager) => ctx.checkpoint().and_then(|c| Ok(manager.save(&c)?)),
-            None => Ok(self.dir.clone()),
-        };
-        let ok = match &written {
-            Ok(_) => true,
-            Err(e) => {
-                tracing::error!("backing up to {}: {e}", self.dir.display());
-                false
+    fn save(&self, ctx: &mut TrainingContext<'_>) -> Result<(), TrainError> {
+        let what = format!("its backup to {}", self.dir.display());
+        ctx.chief_writes("BackupAndRestore", &what, |ctx| {
+            // The manager exists on the chief, the only worker this runs on.
+            if let Some(manager) = &self.manager {
+                manager.save(&ctx.checkpoint()?)?;
             }
-        };
-        if ctx.agree(ok)? {
-            return Ok(());
-        }
-        written?;
-        Err(TrainError::invalid(
-            "BackupAndRestore",
-            format!(
-                "the chief could not write its backup to {}",
-                self.dir.display()
-            ),
-        ))
+            Ok(())
+        })
     }
 }
 

@@ -84,24 +84,14 @@ impl ModelCheckpoint {
             self.best = Some(value);
         }
         let path = PathBuf::from(format_path(&self.pattern, epoch + 1, batch, logs)?);
-        let written = if !ctx.is_chief() {
-            Ok(())
-        } else if self.weights_only {
-            ctx.model().save_weights(&path)
-        } else {
-            ctx.model().save(&path).map(|_| ())
-        };
-        if let Err(e) = &written {
-            tracing::error!("ModelCheckpoint: {e}");
-        }
-        if ctx.agree(written.is_ok())? {
-            return Ok(());
-        }
-        written?;
-        Err(TrainError::invalid(
-            "ModelCheckpoint",
-            format!("the chief could not write {}", path.display()),
-        ))
+        let weights_only = self.weights_only;
+        ctx.chief_writes("ModelCheckpoint", &path.display().to_string(), |ctx| {
+            if weights_only {
+                ctx.model().save_weights(&path)
+            } else {
+                ctx.model().save(&path).map(|_| ())
+            }
+        })
     }
 }
 
