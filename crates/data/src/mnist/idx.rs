@@ -14,6 +14,8 @@ const GZIP: [u8; 2] = [0x1f, 0x8b];
 const UNSIGNED_BYTE: u8 = 0x08;
 /// No real IDX file is this large once decompressed; a gzip bomb is stopped here.
 const MAX_DECOMPRESSED: u64 = 1 << 32;
+/// Deflate expands a byte to at most about 1,032 bytes.
+const MAX_DEFLATE_RATIO: usize = 1032;
 
 /// A decoded IDX array of unsigned bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,19 +47,26 @@ pub struct IdxArray {
 /// say.
 pub fn read_idx(bytes: &[u8], name: &Path) -> Result<IdxArray, DataError> {
     if bytes.starts_with(&GZIP) {
-        let mut raw = Vec::new();
+        // Reserving the size the gzip trailer states saves the doubling copies of a growing
+        // buffer (peak memory); the trailer is untrusted, so the reservation is capped by what
+        // deflate can expand this many bytes to.
+        let stated = bytes
+            .last_chunk::<4>()
+            .map_or(0, |isize| u32::from_le_bytes(*isize) as usize);
+        let mut raw = Vec::with_capacity(stated.min(bytes.len().saturating_mul(MAX_DEFLATE_RATIO)));
         GzDecoder::new(bytes)
             .take(MAX_DECOMPRESSED)
             .read_to_end(&mut raw)
             .map_err(|e| {
                 DataError::bad_file(name, format!("corrupt or truncated gzip data: {e}"))
             })?;
-        return parse(&raw, name);
+        return parse(raw, name);
     }
-    parse(bytes, name)
+    parse(bytes.to_vec(), name)
 }
 
-fn parse(bytes: &[u8], name: &Path) -> Result<IdxArray, DataError> {
+/// Takes the decoded file by value so that the data stays in its buffer (no second copy).
+fn parse(mut bytes: Vec<u8>, name: &Path) -> Result<IdxArray, DataError> {
     let bad = |what: String| DataError::bad_file(name, what);
     if bytes.len() < 4 {
         return Err(bad(format!(
@@ -110,10 +119,8 @@ fn parse(bytes: &[u8], name: &Path) -> Result<IdxArray, DataError> {
             actual - expected
         )));
     }
-    Ok(IdxArray {
-        dims,
-        data: bytes[header..].to_vec(),
-    })
+    bytes.drain(..header);
+    Ok(IdxArray { dims, data: bytes })
 }
 
 #[cfg(test)]
@@ -172,5 +179,13 @@ mod tests {
         let middle = flipped.len() / 2;
         flipped[middle] ^= 0xff;
         assert!(read_idx(&flipped, Path::new("f")).is_err());
+    }
+
+    #[test]
+    fn a_gzip_trailer_that_lies_about_the_size_is_an_error_not_an_allocation() {
+        let mut gz = gzip(&idx(&[100], &[7; 100]));
+        let trailer = gz.len() - 4;
+        gz[trailer..].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(error(&gz).contains("corrupt or truncated gzip"));
     }
 }
