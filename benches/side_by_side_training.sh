@@ -4,7 +4,8 @@
 # `BackupAndRestore`; the references save nothing) beside the references of ../shared/anchors/training
 # (TensorFlow 2.21 MultiWorkerMirroredStrategy with tf_keras, pinned threads; PyTorch DDP over
 # gloo, 1 thread), interleaved, every run's figure printed; then `fit` against
-# `mnist_custom_loop` on the same work (Adam, no backup).
+# `mnist_custom_loop` on the same work (Adam, no backup), and the test accuracy of `fit` with
+# Adam beside TensorFlow's on the same configuration (the repetition is the seed of both).
 #
 # Usage: benches/side_by_side_training.sh   (from the repository root)
 # Needs: PY=/path/to/python with tensorflow-cpu 2.21, tf_keras 2.21 and torch (see
@@ -59,4 +60,7 @@ for rep in $(seq 0 $((REPS - 1))); do
     --epochs 3 --lr 0.001 --threads 1 --interop 1 --seed "$rep"
   lockstep "lockstep_custom_loop_adam.r$rep" mnist_custom_loop --threads 1 --seed "$rep"
   lockstep "lockstep_fit_adam.r$rep" mnist_keras --threads 1 --seed "$rep" --no-backup
+  anchor "tf_mwms_adam.r$rep" tf "$ANCHORS/tf_train.py" --data "$DATA" --model cnn --batch 64 \
+    --epochs 3 --strategy mwms --keras legacy --optimizer adam --lr 0.001 --intra 1 --inter 1 \
+    --data-threads 1 --seed "$rep"
 done

@@ -32,7 +32,9 @@
 
 mod batch;
 mod callbacks;
+mod checkpoint_watcher;
 mod error;
+mod estimator;
 mod fit;
 mod history;
 mod model;
@@ -48,6 +50,10 @@ pub use callbacks::{
     ModelCheckpoint, SaveFreq, TrainingContext,
 };
 pub use error::TrainError;
+pub use estimator::{
+    Estimator, EstimatorSpec, EvalMetricOp, EvalSpec, ModeKeys, ModelFn, Params, RunConfig,
+    TrainSpec, Variables, train_and_evaluate,
+};
 pub use fit::Fit;
 pub use history::{History, Logs};
 pub use model::{MetricKind, Model};

@@ -14,7 +14,7 @@ use crate::error::TrainError;
 use crate::history::Logs;
 use crate::replica::{Replica, ReplicaBatch, StepTotals, not_compiled, on_replicas};
 use crate::state::{Position, checkpoint_of, meta_of, restore_into};
-use crate::strategy::Strategy;
+use crate::strategy::{ReplicaLink, Strategy};
 
 /// The metrics `compile` knows, by their Keras names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,27 +89,48 @@ impl Model {
         build: impl Fn() -> Result<Sequential, NnError>,
     ) -> Result<Self, TrainError> {
         let links = strategy.take_replicas()?;
+        let nets = links
+            .iter()
+            .map(|_| build())
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::assemble(&strategy, links, nets)
+    }
+
+    /// A model of networks built already, one per replica link of `strategy`: checks that
+    /// they agree in architecture, then gives every replica the chief's first replica's
+    /// variables.
+    pub(crate) fn assemble(
+        strategy: &dyn Strategy,
+        links: Vec<ReplicaLink>,
+        nets: Vec<Sequential>,
+    ) -> Result<Self, TrainError> {
         if links.is_empty() {
             return Err(TrainError::invalid(
                 "strategy",
                 "it gave the model no replicas",
             ));
         }
-        let mut replicas = Vec::with_capacity(links.len());
-        for link in links {
-            let net = build()?;
-            if let Some(first) = replicas
-                .first()
-                .map(|r: &Replica| r.net.parameters().specs())
-                && first != net.parameters().specs()
-            {
-                return Err(TrainError::invalid(
-                    "Model::new",
-                    "the build function made different architectures for two replicas",
-                ));
-            }
-            replicas.push(Replica::new(link, net));
+        if nets.len() != links.len() {
+            return Err(TrainError::invalid(
+                "Model",
+                format!("{} networks for {} replicas", nets.len(), links.len()),
+            ));
         }
+        if let Some(first) = nets.first()
+            && nets
+                .iter()
+                .any(|net| net.parameters().specs() != first.parameters().specs())
+        {
+            return Err(TrainError::invalid(
+                "Model::new",
+                "the build function made different architectures for two replicas",
+            ));
+        }
+        let replicas = links
+            .into_iter()
+            .zip(nets)
+            .map(|(link, net)| Replica::new(link, net))
+            .collect();
         let mut model = Self {
             replicas,
             compiled: None,

@@ -39,7 +39,7 @@ pub(crate) struct Replica {
     pub(crate) net: Sequential,
     pub(crate) optimizer: Option<Box<dyn Optimizer>>,
     /// Gradients, then the step's totals.
-    buffer: Vec<f32>,
+    pub(crate) buffer: Vec<f32>,
 }
 
 impl Replica {

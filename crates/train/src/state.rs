@@ -80,7 +80,8 @@ pub(crate) fn checkpoint_of(
 ) -> Result<Checkpoint, TrainError> {
     let net = model.network();
     let optimizer = model.optimizer().ok_or_else(not_compiled)?;
-    let compiled = model.compiled.as_ref().ok_or_else(not_compiled)?;
+    // An Estimator's model has an optimizer but no Keras compile settings.
+    let compiled = model.compiled.as_ref();
     let specs = net.parameters().specs();
     let values = net.parameters().values();
     let mut checkpoint = Checkpoint::new(Progress {
@@ -120,12 +121,10 @@ pub(crate) fn checkpoint_of(
         position,
         architecture: net.config(),
         optimizer_config: optimizer.config(),
-        from_logits: compiled.loss.from_logits,
+        from_logits: compiled.is_some_and(|c| c.loss.from_logits),
         metrics: compiled
-            .metrics
-            .iter()
-            .map(|m| m.name().to_owned())
-            .collect(),
+            .map(|c| c.metrics.iter().map(|m| m.name().to_owned()).collect())
+            .unwrap_or_default(),
     })
     .map_err(|e| TrainError::invalid("checkpoint", e.to_string()))?;
     Ok(checkpoint)
@@ -141,6 +140,40 @@ pub(crate) fn meta_of(checkpoint: &Checkpoint) -> Result<Meta, TrainError> {
     })
 }
 
+/// Restores only the weights of `checkpoint` into every replica of `model` (for evaluation,
+/// which needs no optimizer) and returns where training stood when it was saved.
+pub(crate) fn restore_weights(
+    model: &mut Model,
+    checkpoint: &Checkpoint,
+) -> Result<Position, TrainError> {
+    let weights = checked_weights(model, checkpoint)?;
+    let meta = meta_of(checkpoint)?;
+    for replica in &mut model.replicas {
+        replica
+            .net
+            .parameters_mut()
+            .values_mut()
+            .copy_from_slice(&weights);
+    }
+    Ok(meta.position)
+}
+
+/// The weights of `checkpoint` laid out as `model`'s parameters, after checking that it holds
+/// exactly the model's variables.
+fn checked_weights(model: &Model, checkpoint: &Checkpoint) -> Result<Vec<f32>, TrainError> {
+    let specs = model.network().parameters().specs();
+    let want: Vec<(&str, &[usize])> = specs
+        .iter()
+        .map(|s| (s.name.as_str(), s.shape.as_slice()))
+        .collect();
+    checkpoint.check_variables(MODEL, &want)?;
+    let mut weights = vec![0.0; model.network().parameters().len()];
+    for spec in specs {
+        weights[spec.range()].copy_from_slice(&checkpoint.tensor(MODEL, &spec.name)?.values);
+    }
+    Ok(weights)
+}
+
 /// Restores `checkpoint` into every replica of `model` (weights, optimizer state, learning
 /// rate) and returns where training stood.
 pub(crate) fn restore_into(
@@ -148,11 +181,7 @@ pub(crate) fn restore_into(
     checkpoint: &Checkpoint,
 ) -> Result<Position, TrainError> {
     let specs = model.network().parameters().specs().to_vec();
-    let want: Vec<(&str, &[usize])> = specs
-        .iter()
-        .map(|s| (s.name.as_str(), s.shape.as_slice()))
-        .collect();
-    checkpoint.check_variables(MODEL, &want)?;
+    let weights = checked_weights(model, checkpoint)?;
     let meta = meta_of(checkpoint)?;
     let name = model.optimizer().ok_or_else(not_compiled)?.name();
     if meta.optimizer != name {
@@ -190,10 +219,6 @@ pub(crate) fn restore_into(
         .iter()
         .map(|(n, v)| (n.as_str(), v.as_slice()))
         .collect();
-    let mut weights = vec![0.0; total];
-    for spec in &specs {
-        weights[spec.range()].copy_from_slice(&checkpoint.tensor(MODEL, &spec.name)?.values);
-    }
     for replica in &mut model.replicas {
         replica
             .net

@@ -40,6 +40,28 @@ pub trait Strategy: Send {
     fn take_replicas(&mut self) -> Result<Vec<ReplicaLink>, TrainError>;
 }
 
+impl<S: Strategy + ?Sized> Strategy for Box<S> {
+    fn num_replicas_in_sync(&self) -> usize {
+        (**self).num_replicas_in_sync()
+    }
+
+    fn input_context(&self) -> InputContext {
+        (**self).input_context()
+    }
+
+    fn is_chief(&self) -> bool {
+        (**self).is_chief()
+    }
+
+    fn task(&self) -> String {
+        (**self).task()
+    }
+
+    fn take_replicas(&mut self) -> Result<Vec<ReplicaLink>, TrainError> {
+        (**self).take_replicas()
+    }
+}
+
 /// One replica's handle on all replicas of all processes.
 pub struct ReplicaLink(Link);
 

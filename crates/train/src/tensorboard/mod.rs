@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use crate::callbacks::{Callback, TrainingContext};
 use crate::error::TrainError;
 use crate::history::Logs;
-use events::EventWriter;
+pub(crate) use events::EventWriter;
 
 /// Logs to `TensorBoard` as `tf.keras.callbacks.TensorBoard` does: event files under
 /// `log_dir/train` and `log_dir/validation`, scalars `epoch_<name>` at each epoch's end (step =

@@ -1,0 +1,114 @@
+//! The variables a `model_fn` creates: its network, built on the first call and kept.
+
+use lockstep_nn::{Forward, ForwardContext, NnError, Sequential};
+use lockstep_tensor::Tensor;
+
+use crate::error::TrainError;
+
+/// The `model_fn`'s handle on its variables, as the variable scope of a TensorFlow graph:
+/// [`apply`](Self::apply) builds the network on the first call of a run and applies the same
+/// network on every later call. In training the application is recorded, so the loss's
+/// gradients reach the variables.
+pub struct Variables<'a> {
+    network: Network<'a>,
+    context: ForwardContext,
+    record: bool,
+    random_seed: u64,
+    global_step: u64,
+    forward: Option<Forward>,
+}
+
+enum Network<'a> {
+    Built(&'a Sequential),
+    ToBuild(Option<Sequential>),
+}
+
+impl<'a> Variables<'a> {
+    /// For the first call: `apply` builds the network.
+    pub(crate) fn to_build(context: ForwardContext, random_seed: u64) -> Self {
+        Self {
+            network: Network::ToBuild(None),
+            context,
+            record: false,
+            random_seed,
+            global_step: context.step,
+            forward: None,
+        }
+    }
+
+    /// For a call on `network`, recorded for gradients when `record`.
+    pub(crate) fn of(
+        network: &'a Sequential,
+        context: ForwardContext,
+        record: bool,
+        random_seed: u64,
+    ) -> Self {
+        Self {
+            network: Network::Built(network),
+            context,
+            record,
+            random_seed,
+            global_step: context.step,
+            forward: None,
+        }
+    }
+
+    /// The network's output for `x`; the first call of a run builds the network with
+    /// `build` (later calls ignore it). The network is applied once per `model_fn` call.
+    ///
+    /// # Errors
+    ///
+    /// When `build` fails, `x` does not fit the network, or the network was applied already
+    /// in this call.
+    pub fn apply(
+        &mut self,
+        build: impl FnOnce() -> Result<Sequential, NnError>,
+        x: &Tensor,
+    ) -> Result<Tensor, TrainError> {
+        if let Network::ToBuild(network @ None) = &mut self.network {
+            *network = Some(build()?);
+        }
+        let network = match &self.network {
+            Network::Built(network) => *network,
+            Network::ToBuild(network) => network.as_ref().ok_or_else(|| {
+                TrainError::invalid("Variables::apply", "the network was not built")
+            })?,
+        };
+        if !self.record {
+            return Ok(network.predict(x)?);
+        }
+        if self.forward.is_some() {
+            return Err(TrainError::invalid(
+                "Variables::apply",
+                "a model_fn applies its network once per call",
+            ));
+        }
+        let forward = network.forward(x, self.context)?;
+        let output = forward.output.clone();
+        self.forward = Some(forward);
+        Ok(output)
+    }
+
+    /// `RunConfig::random_seed` (0 when unset): the seed to build the network with.
+    pub fn random_seed(&self) -> u64 {
+        self.random_seed
+    }
+
+    /// The global step of this call: steps trained before it.
+    pub fn global_step(&self) -> u64 {
+        self.global_step
+    }
+
+    /// The network `apply` built, after a first call.
+    pub(crate) fn into_built(self) -> Option<Sequential> {
+        match self.network {
+            Network::ToBuild(network) => network,
+            Network::Built(_) => None,
+        }
+    }
+
+    /// The recorded application, after a training call.
+    pub(crate) fn take_forward(&mut self) -> Option<Forward> {
+        self.forward.take()
+    }
+}
