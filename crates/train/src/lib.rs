@@ -1,7 +1,8 @@
 //! Keras-style training under `tf.distribute` strategies: a [`Model`] replicated by a
 //! [`Strategy`] ([`OneDeviceStrategy`], [`MirroredStrategy`],
 //! [`MultiWorkerMirroredStrategy`]), `compile`, `fit` with [`Callback`]s, `evaluate`,
-//! `predict`, and [`BackupAndRestore`] that resumes a crashed run at the step it stopped.
+//! `predict`, and [`BackupAndRestore`] that resumes a crashed run at the step it stopped;
+//! and the [`Estimator`] of `tf.estimator` with [`train_and_evaluate`] and its evaluator task.
 //!
 //! ```
 //! use lockstep_data::{Dataset, mnist::{Mnist, scale}};
