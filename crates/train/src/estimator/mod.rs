@@ -381,17 +381,17 @@ impl Estimator {
         let data = input_fn(ModeKeys::Predict, &InputContext::local(1)?)?;
         let mut batches = data.iter()?;
         let mut outputs = Vec::new();
-        let mut built = self.model.is_some();
+        let mut restored = false;
         while let Some(step) = next_batches(&mut batches, 1)? {
             let Some((x, _)) = step.into_iter().next().flatten() else {
                 continue;
             };
-            if !built {
+            if !restored {
                 self.build(Some(&[Some((x.clone(), Vec::new()))]), ModeKeys::Predict)?;
-                built = true;
+                restore_weights(self.model.as_mut().ok_or_else(not_built)?, &checkpoint)?;
+                restored = true;
             }
-            let model = self.model.as_mut().ok_or_else(not_built)?;
-            restore_weights(model, &checkpoint)?;
+            let model = self.model.as_ref().ok_or_else(not_built)?;
             let replica = model.replicas.first().ok_or_else(not_built)?;
             let mut variables = Variables::of(
                 &replica.net,
