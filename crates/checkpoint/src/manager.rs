@@ -52,7 +52,7 @@ pub struct CheckpointManager {
 
 impl CheckpointManager {
     /// Manages checkpoints in `dir` (created if missing), keeping the `max_to_keep` newest
-    /// (`None`: all). Leftovers of saves that a crash interrupted are removed.
+    /// (`None`: all). Leftovers of saves that a crash interrupted are removed by the next `save`.
     ///
     /// # Errors
     ///
@@ -68,13 +68,7 @@ impl CheckpointManager {
             ));
         }
         fs::create_dir_all(&dir).map_err(CheckpointError::io("creating", &dir))?;
-        let manager = Self { dir, max_to_keep };
-        for entry in manager.entries()? {
-            if entry.starts_with(TEMPORARY) {
-                Op::RemoveAll(manager.dir.join(entry)).run()?;
-            }
-        }
-        Ok(manager)
+        Ok(Self { dir, max_to_keep })
     }
 
     /// The directory.
@@ -91,6 +85,13 @@ impl CheckpointManager {
     /// not fill their shape); [`CheckpointError::Io`] when the disk refuses. The previous
     /// checkpoint stays intact either way.
     pub fn save(&self, checkpoint: &Checkpoint) -> Result<PathBuf, CheckpointError> {
+        // Only a writer clears what crashed saves left: a reader (an evaluator watching the
+        // directory) must not remove the writer's save in progress.
+        for entry in self.entries()? {
+            if entry.starts_with(TEMPORARY) {
+                Op::RemoveAll(self.dir.join(entry)).run()?;
+            }
+        }
         let (path, ops) = self.plan(checkpoint)?;
         for op in &ops {
             op.run()?;
