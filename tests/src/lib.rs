@@ -123,18 +123,21 @@ pub fn documented_output(example: &str) -> std::io::Result<Vec<(String, String)>
 
 /// Checks that every line an example's documentation shows (see [`documented_output`]) has
 /// the same fields, in the same order, as some line its task printed in `stdout`: the
-/// documentation cannot drift from the program.
+/// documentation cannot drift from the program. Lines of a task that printed nothing (one
+/// this run's cluster lacks, such as an evaluator) are not checked, but at least one line is.
 ///
 /// # Errors
 ///
 /// A description of the first documented line with no printed counterpart.
 pub fn check_documented_output(stdout: &[u8], example: &str) -> Result<(), String> {
     let documented = documented_output(example).map_err(|e| e.to_string())?;
-    if documented.is_empty() {
-        return Err(format!("{example}'s documentation shows no output"));
-    }
+    let mut checked = 0;
     for (task, line) in documented {
         let printed = task_lines(stdout, &task);
+        if printed.is_empty() {
+            continue;
+        }
+        checked += 1;
         if !printed.iter().any(|p| keys(p) == keys(&line)) {
             return Err(format!(
                 "{example}'s documentation shows `[{task}] {line}` (fields {:?}), but {task} printed:\n{}",
@@ -142,6 +145,12 @@ pub fn check_documented_output(stdout: &[u8], example: &str) -> Result<(), Strin
                 printed.join("\n")
             ));
         }
+    }
+    if checked == 0 {
+        return Err(format!(
+            "no task of {example}'s documented output printed anything:\n{}",
+            String::from_utf8_lossy(stdout)
+        ));
     }
     Ok(())
 }

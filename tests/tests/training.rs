@@ -105,6 +105,53 @@ fn the_keras_example_trains_in_lockstep_and_removes_its_backup() {
     assert!(!backup.exists(), "a completed run deletes its backup");
 }
 
+#[test]
+fn an_evaluator_beside_keras_fit_evaluates_the_chiefs_checkpoints_up_to_the_last_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = dir.path().join("checkpoints");
+    let backup = dir.path().join("backup");
+    let out = xtask(&[
+        "run-cluster",
+        "--profile",
+        "dev",
+        "--timeout-secs=600",
+        "--evaluator",
+        "--",
+        "--epochs",
+        "2",
+        "--threads",
+        "1",
+        "--backup-dir",
+        backup.to_str().unwrap(),
+        "--checkpoint-dir",
+        checkpoints.to_str().unwrap(),
+    ])
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    check_documented_output(&out.stdout, "mnist_keras").unwrap();
+    let worker = task_lines(&out.stdout, "worker:0");
+    let worker = worker.last().unwrap();
+    let evaluator = task_lines(&out.stdout, "evaluator:0");
+    let evaluator = evaluator.last().unwrap();
+    assert_eq!(
+        field(evaluator, "last_checkpoint"),
+        Some("ckpt-2"),
+        "{evaluator}"
+    );
+    assert_eq!(field(evaluator, "iterations"), field(worker, "steps"));
+    // The last evaluation is of the final weights: the workers' own test accuracy.
+    assert_eq!(
+        field(evaluator, "test_accuracy"),
+        field(worker, "test_accuracy"),
+        "{evaluator} / {worker}"
+    );
+    let evaluated: usize = field(evaluator, "evaluated").unwrap().parse().unwrap();
+    assert!((1..=2).contains(&evaluated), "{evaluator}");
+    // A directory given is the user's: kept, with each epoch's weights.
+    assert!(checkpoints.join("ckpt-1").is_file() && checkpoints.join("ckpt-2").is_file());
+}
+
 /// Runs `mnist_keras` alone (no `TF_CONFIG`: one local worker), backing up every 10 steps to
 /// `backup`; when `kill_after_step` is given, SIGKILLs it once a backup of at least that step
 /// exists. Returns the final line, or `None` when killed.

@@ -1,13 +1,16 @@
 //! A single safetensors file of named tensors, written atomically: Keras' `save_weights`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::durable::Op;
 use crate::error::CheckpointError;
-use crate::tensors::{NamedTensor, decode, encode};
+use crate::tensors::{NamedTensor, decode_with_metadata, encode};
 
-/// Writes `tensors` to `path` as safetensors: into a temporary file beside it, flushed to
-/// disk, then renamed over `path`, so a reader sees the old file or the new one, never part.
+/// Writes `tensors` to `path` as safetensors: into a hidden temporary file beside it
+/// (`.<name>.tmp-<pid>`, so a program watching the directory for new files can skip it),
+/// flushed to disk, then renamed over `path`, so a reader sees the old file or the new one,
+/// never part.
 ///
 /// ```
 /// use lockstep_checkpoint::{NamedTensor, read_tensors, write_tensors};
@@ -24,11 +27,39 @@ use crate::tensors::{NamedTensor, decode, encode};
 /// [`CheckpointError::Io`] naming the path when it cannot be written (a missing or read-only
 /// directory); [`CheckpointError::Invalid`] for tensors whose values do not fill their shape.
 pub fn write_tensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), CheckpointError> {
-    let bytes = encode(tensors)?;
+    write_tensors_with_metadata(path, tensors, &BTreeMap::new())
+}
+
+/// [`write_tensors`] with string `metadata` in the file's header (safetensors'
+/// `__metadata__`), such as the training step the tensors are of.
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// use lockstep_checkpoint::{NamedTensor, read_tensors_with_metadata, write_tensors_with_metadata};
+///
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("ckpt-1");
+/// let metadata = BTreeMap::from([("iterations".to_owned(), "63".to_owned())]);
+/// write_tensors_with_metadata(&path, &[NamedTensor::new("w", vec![1], vec![0.5])?], &metadata)?;
+/// let (tensors, read) = read_tensors_with_metadata(&path)?;
+/// assert_eq!((tensors[0].values.as_slice(), read), ([0.5].as_slice(), metadata));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`write_tensors`].
+pub fn write_tensors_with_metadata(
+    path: &Path,
+    tensors: &[NamedTensor],
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), CheckpointError> {
+    let bytes = encode(tensors, metadata)?;
     let name = path
         .file_name()
         .ok_or_else(|| CheckpointError::Invalid(format!("{} names no file", path.display())))?;
-    let mut temporary = name.to_os_string();
+    let mut temporary = std::ffi::OsString::from(".");
+    temporary.push(name);
     temporary.push(format!(".tmp-{}", std::process::id()));
     let temporary = path.with_file_name(temporary);
     let dir = match path.parent() {
@@ -61,6 +92,17 @@ pub fn write_tensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), Checkpo
 ///
 /// [`CheckpointError::Damaged`] for a missing, truncated or foreign file.
 pub fn read_tensors(path: &Path) -> Result<Vec<NamedTensor>, CheckpointError> {
+    read_tensors_with_metadata(path).map(|(tensors, _)| tensors)
+}
+
+/// [`read_tensors`], and the metadata of the file's header (empty when it has none).
+///
+/// # Errors
+///
+/// As [`read_tensors`].
+pub fn read_tensors_with_metadata(
+    path: &Path,
+) -> Result<(Vec<NamedTensor>, BTreeMap<String, String>), CheckpointError> {
     let bytes = std::fs::read(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             CheckpointError::damaged(path, "the file is missing")
@@ -68,7 +110,7 @@ pub fn read_tensors(path: &Path) -> Result<Vec<NamedTensor>, CheckpointError> {
             CheckpointError::io("reading", path)(e)
         }
     })?;
-    decode(&bytes, path)
+    decode_with_metadata(&bytes, path)
 }
 
 #[cfg(test)]

@@ -42,7 +42,9 @@ mod tensors;
 use std::collections::BTreeMap;
 
 pub use error::CheckpointError;
-pub use file::{read_tensors, write_tensors};
+pub use file::{
+    read_tensors, read_tensors_with_metadata, write_tensors, write_tensors_with_metadata,
+};
 pub use manager::CheckpointManager;
 pub use manifest::Progress;
 pub use tensors::NamedTensor;

@@ -123,7 +123,7 @@ impl CheckpointManager {
                     "file key {key:?}: use 1 to 64 of a-z, 0-9, '_' and '-'"
                 )));
             }
-            let bytes = encode(tensors)?;
+            let bytes = encode(tensors, &BTreeMap::new())?;
             files.push(FileEntry {
                 key: key.clone(),
                 tensors: tensors.iter().map(|t| t.name.clone()).collect(),

@@ -1,5 +1,6 @@
 //! Named `f32` tensors and their safetensors encoding.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
@@ -79,8 +80,12 @@ impl NamedTensor {
     }
 }
 
-/// Encodes `tensors` as a safetensors file (little-endian `F32`).
-pub(crate) fn encode(tensors: &[NamedTensor]) -> Result<Vec<u8>, CheckpointError> {
+/// Encodes `tensors` as a safetensors file (little-endian `F32`) with `metadata` in its
+/// header's `__metadata__` (none when empty).
+pub(crate) fn encode(
+    tensors: &[NamedTensor],
+    metadata: &BTreeMap<String, String>,
+) -> Result<Vec<u8>, CheckpointError> {
     let mut bytes = Vec::with_capacity(tensors.len());
     for tensor in tensors {
         tensor.check()?;
@@ -98,14 +103,37 @@ pub(crate) fn encode(tensors: &[NamedTensor]) -> Result<Vec<u8>, CheckpointError
             .map_err(|e| CheckpointError::Invalid(format!("tensor {}: {e}", tensor.name)))?;
         views.push((tensor.name.as_str(), view));
     }
-    safetensors::tensor::serialize(views, None)
+    let metadata = (!metadata.is_empty()).then(|| {
+        metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<HashMap<_, _>>()
+    });
+    safetensors::tensor::serialize(views, metadata)
         .map_err(|e| CheckpointError::Invalid(format!("encoding safetensors: {e}")))
 }
 
 /// Decodes a safetensors file of `F32` tensors.
 pub(crate) fn decode(bytes: &[u8], path: &Path) -> Result<Vec<NamedTensor>, CheckpointError> {
-    let file = SafeTensors::deserialize(bytes)
-        .map_err(|e| CheckpointError::damaged(path, format!("not a safetensors file: {e}")))?;
+    decode_with_metadata(bytes, path).map(|(tensors, _)| tensors)
+}
+
+/// Decodes a safetensors file of `F32` tensors and its header's `__metadata__`.
+pub(crate) fn decode_with_metadata(
+    bytes: &[u8],
+    path: &Path,
+) -> Result<(Vec<NamedTensor>, BTreeMap<String, String>), CheckpointError> {
+    let not_safetensors = |e: safetensors::SafeTensorError| {
+        CheckpointError::damaged(path, format!("not a safetensors file: {e}"))
+    };
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(not_safetensors)?;
+    let metadata = header
+        .metadata()
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let file = SafeTensors::deserialize(bytes).map_err(not_safetensors)?;
     let mut tensors = Vec::new();
     for (name, view) in file.iter() {
         if view.dtype() != Dtype::F32 {
@@ -129,7 +157,7 @@ pub(crate) fn decode(bytes: &[u8], path: &Path) -> Result<Vec<NamedTensor>, Chec
             .map_err(|e| CheckpointError::damaged(path, e.to_string()))?;
         tensors.push(tensor);
     }
-    Ok(tensors)
+    Ok((tensors, metadata))
 }
 
 #[cfg(test)]
@@ -152,10 +180,12 @@ mod tests {
     }
 
     #[test]
-    fn tensors_survive_encoding_bit_for_bit() {
+    fn tensors_and_metadata_survive_encoding_bit_for_bit() {
         let tensors = sample();
-        let bytes = encode(&tensors).unwrap();
-        let mut back = decode(&bytes, Path::new("t")).unwrap();
+        let metadata = BTreeMap::from([("iterations".to_owned(), "189".to_owned())]);
+        let bytes = encode(&tensors, &metadata).unwrap();
+        let (mut back, back_metadata) = decode_with_metadata(&bytes, Path::new("t")).unwrap();
+        assert_eq!(back_metadata, metadata);
         back.sort_by(|a, b| a.name.cmp(&b.name));
         let mut want = tensors;
         want.sort_by(|a, b| a.name.cmp(&b.name));
@@ -176,7 +206,7 @@ mod tests {
             cut in 0_usize..400,
             flips in prop::collection::vec((0_usize..400, any::<u8>()), 0..4),
         ) {
-            let mut bytes = encode(&sample()).unwrap();
+            let mut bytes = encode(&sample(), &BTreeMap::new()).unwrap();
             for (at, value) in flips {
                 let at = at % bytes.len();
                 bytes[at] = value;

@@ -2,7 +2,8 @@
 //! [`Strategy`] ([`OneDeviceStrategy`], [`MirroredStrategy`],
 //! [`MultiWorkerMirroredStrategy`]), `compile`, `fit` with [`Callback`]s, `evaluate`,
 //! `predict`, and [`BackupAndRestore`] that resumes a crashed run at the step it stopped;
-//! and the [`Estimator`] of `tf.estimator` with [`train_and_evaluate`] and its evaluator task.
+//! and the [`Estimator`] of `tf.estimator` with [`train_and_evaluate`] and its evaluator task;
+//! and the [`SidecarEvaluator`] that evaluates a Keras model's checkpoints beside `fit`.
 //!
 //! ```
 //! use lockstep_data::{Dataset, mnist::{Mnist, scale}};
@@ -41,6 +42,7 @@ mod history;
 mod model;
 mod progress;
 mod replica;
+mod sidecar_evaluator;
 mod state;
 mod strategy;
 mod tensorboard;
@@ -58,6 +60,7 @@ pub use estimator::{
 pub use fit::Fit;
 pub use history::{History, Logs};
 pub use model::{MetricKind, Model};
+pub use sidecar_evaluator::{Evaluation, SidecarEvaluator};
 pub use strategy::{
     MirroredStrategy, MultiWorkerMirroredStrategy, OneDeviceStrategy, ReplicaLink, Strategy,
 };

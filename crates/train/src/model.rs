@@ -1,9 +1,11 @@
 //! `Model`: a `Sequential` network replicated under a strategy, Keras-style.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use lockstep_checkpoint::{
-    CheckpointError, CheckpointManager, NamedTensor, Progress, read_tensors, write_tensors,
+    CheckpointError, CheckpointManager, NamedTensor, Progress, read_tensors,
+    write_tensors_with_metadata,
 };
 use lockstep_data::{AutoShardPolicy, Batchable, Dataset, InputContext, distribute};
 use lockstep_nn::{NnError, Optimizer, Sequential, SparseCategoricalCrossentropy};
@@ -15,6 +17,9 @@ use crate::history::Logs;
 use crate::replica::{Replica, ReplicaBatch, StepTotals, not_compiled, on_replicas};
 use crate::state::{Position, checkpoint_of, meta_of, restore_into};
 use crate::strategy::{ReplicaLink, Strategy};
+
+/// The metadata key of a weights file that holds the optimizer's step count.
+pub(crate) const ITERATIONS: &str = "iterations";
 
 /// The metrics `compile` knows, by their Keras names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -385,7 +390,9 @@ impl Model {
     }
 
     /// Writes the weights to `path` as a safetensors file named by variable (`dense/kernel`),
-    /// atomically, as Keras' `save_weights`.
+    /// atomically, as Keras' `save_weights`. Its metadata `iterations` is the optimizer's
+    /// step count (0 before `compile`), which a [`SidecarEvaluator`](crate::SidecarEvaluator)
+    /// logs its figures at.
     ///
     /// # Errors
     ///
@@ -403,7 +410,15 @@ impl Model {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(write_tensors(path.as_ref(), &tensors)?)
+        // The step the weights are of, as TensorFlow's weights checkpoints carry the
+        // optimizer's `iterations`: an evaluator logs its figures at that step.
+        let iterations = self.optimizer().map_or(0, Optimizer::iterations);
+        let metadata = BTreeMap::from([(ITERATIONS.to_owned(), iterations.to_string())]);
+        Ok(write_tensors_with_metadata(
+            path.as_ref(),
+            &tensors,
+            &metadata,
+        )?)
     }
 
     /// Loads weights that [`Model::save_weights`] wrote into every replica of this process
@@ -414,7 +429,11 @@ impl Model {
     /// When the file is missing or damaged, or holds another model's variables (the error
     /// names the first difference).
     pub fn load_weights(&mut self, path: impl AsRef<std::path::Path>) -> Result<(), TrainError> {
-        let tensors = read_tensors(path.as_ref())?;
+        self.set_weights(read_tensors(path.as_ref())?)
+    }
+
+    /// Sets every replica's variables of this process to `tensors` (named by variable).
+    pub(crate) fn set_weights(&mut self, tensors: Vec<NamedTensor>) -> Result<(), TrainError> {
         let specs = self.network().parameters().specs().to_vec();
         let mut checkpoint = lockstep_checkpoint::Checkpoint::new(Progress::default());
         checkpoint.files.insert("weights".into(), tensors);

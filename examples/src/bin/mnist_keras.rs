@@ -1,7 +1,8 @@
 //! The multi-worker Keras tutorial in Rust: the tutorial's CNN built under
 //! `MultiWorkerMirroredStrategy` (from `TF_CONFIG`; one local worker without it), trained with
 //! `fit` and `BackupAndRestore` (plus `TensorBoard` and `ModelCheckpoint` when asked), then
-//! evaluated on the test split.
+//! evaluated on the test split. A task of type `evaluator` runs the Keras guide's
+//! `SidecarEvaluator` instead: it evaluates each epoch's weights as the chief saves them.
 //!
 //! ```text
 //! $ cargo xtask run-cluster              # 2 workers, this example, 3 epochs
@@ -17,13 +18,21 @@
 //! everything else is the same from run to run. The last step of each epoch is the
 //! short remainder of the data, 8000 = 62 × 128 + 64, as Keras trains it.) Kill a worker mid-run and start the cluster
 //! again: training resumes from the backup and ends with the same weights.
+//!
+//! ```text
+//! $ cargo xtask run-cluster --evaluator  # 2 workers and an evaluator
+//! [evaluator:0] evaluated=3 last_checkpoint=ckpt-3 iterations=189 test_accuracy=0.9616 test_loss=0.1477
+//! ```
+//!
+//! (The evaluator evaluates the newest checkpoint each time it looks, so `evaluated` may be
+//! fewer than the epochs; the last is always the last epoch's.)
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
-use lockstep_cluster::{ClusterResolver, TfConfigResolver};
+use lockstep_cluster::{Cluster, ClusterResolver, EVALUATOR, TfConfigResolver};
 use lockstep_collective::CommunicationOptions;
 use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, scale};
@@ -31,7 +40,7 @@ use lockstep_examples::ClusterTrainingArgs;
 use lockstep_nn::{Adam, Sgd, SparseCategoricalCrossentropy, models};
 use lockstep_train::{
     BackupAndRestore, Callback, Logs, Model, ModelCheckpoint, MultiWorkerMirroredStrategy,
-    SaveFreq, TensorBoard, TrainError, TrainingContext,
+    OneDeviceStrategy, SaveFreq, SidecarEvaluator, TensorBoard, TrainError, TrainingContext,
 };
 
 /// Activations of several MB are allocated every step; mimalloc keeps them mapped.
@@ -68,6 +77,95 @@ struct Args {
     /// `weights.{epoch:02d}.safetensors`).
     #[arg(long)]
     checkpoint_path: Option<String>,
+    /// The chief saves the weights at every epoch's end as `DIR/ckpt-{epoch}`, and a task of
+    /// type `evaluator` evaluates each. With an evaluator in `TF_CONFIG` and no directory
+    /// given, one under the system's temporary directory named after the cluster's
+    /// addresses, removed by the evaluator when it is done.
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// The evaluator fails when the chief writes no new checkpoint for this long.
+    #[arg(long, default_value_t = 600)]
+    evaluator_timeout_secs: u64,
+}
+
+/// FNV-1a over `words`: a checksum that is the same in every process and on every run.
+fn fnv1a(words: impl Iterator<Item = u64>) -> u64 {
+    words.fold(0xcbf2_9ce4_8422_2325, |h, w| {
+        (h ^ w).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Where the chief saves `ckpt-{epoch}` for the evaluator, and whether it is the default.
+fn checkpoint_dir(args: &Args, cluster: &Cluster) -> Option<(PathBuf, bool)> {
+    if let Some(dir) = &args.checkpoint_dir {
+        return Some((dir.clone(), false));
+    }
+    if !cluster.spec().has_job(EVALUATOR) {
+        return None;
+    }
+    // The same for every task of a cluster and new for each start of one (its ports
+    // differ): an evaluator shown an earlier run's checkpoints would report them.
+    let hash = fnv1a(format!("{:?}", cluster.spec()).bytes().map(u64::from));
+    Some((
+        std::env::temp_dir().join(format!("lockstep-mnist-keras-checkpoints-{hash:016x}")),
+        true,
+    ))
+}
+
+/// The tutorial's model, compiled as `args` asks.
+fn compiled_model(strategy: impl lockstep_train::Strategy, args: &Args) -> anyhow::Result<Model> {
+    let mut model = Model::new(strategy, || models::mnist_cnn(args.training.seed))?;
+    let loss = SparseCategoricalCrossentropy {
+        from_logits: true,
+        ..Default::default()
+    };
+    match args.optimizer.as_str() {
+        "adam" => model.compile(Adam::new(args.learning_rate), loss, &["accuracy"])?,
+        "sgd" => model.compile(Sgd::new(args.learning_rate), loss, &["accuracy"])?,
+        other => anyhow::bail!("unknown optimizer {other:?}: use adam or sgd"),
+    }
+    Ok(model)
+}
+
+/// The evaluator task: the Keras guide's `SidecarEvaluator` over the test digits, until the
+/// last epoch's checkpoint.
+fn run_evaluator(args: &Args, cluster: &Cluster) -> anyhow::Result<()> {
+    let Some((dir, scratch)) = checkpoint_dir(args, cluster) else {
+        anyhow::bail!("an evaluator needs the chief's checkpoints: pass --checkpoint-dir");
+    };
+    let mut model = compiled_model(OneDeviceStrategy::new(), args)?;
+    let test = Mnist::embedded()?
+        .test
+        .dataset()?
+        .map(|(x, y)| (scale(&x), y));
+    let test = model.distribute_dataset(test, args.training.batch_per_worker)?;
+    let mut sidecar = SidecarEvaluator::new(&mut model, &test, &dir)
+        .max_evaluations(args.training.epochs)
+        .timeout(Duration::from_secs(args.evaluator_timeout_secs));
+    if let Some(log_dir) = &args.tensorboard_dir {
+        sidecar = sidecar.log_dir(log_dir);
+    }
+    let evaluations = sidecar
+        .start()
+        .with_context(|| format!("evaluating the checkpoints in {}", dir.display()))?;
+    let last = evaluations
+        .last()
+        .context("the evaluator ended without evaluating")?;
+    println!(
+        "evaluated={} last_checkpoint={} iterations={} test_accuracy={:.4} test_loss={:.4}",
+        evaluations.len(),
+        last.checkpoint
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        last.iterations,
+        last.logs.get("accuracy").unwrap_or(f64::NAN),
+        last.logs.get("loss").unwrap_or(f64::NAN),
+    );
+    if scratch {
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("removing the checkpoints in {}", dir.display()))?;
+    }
+    Ok(())
 }
 
 /// Records when the first training step ended, counted from `started`.
@@ -104,6 +202,14 @@ fn main() -> anyhow::Result<()> {
     let cluster = TfConfigResolver::from_env()?
         .resolve()
         .context("reading TF_CONFIG")?;
+    lockstep_examples::start_kernel_threads(
+        args.training.threads,
+        cluster.group_tasks_on_this_host(),
+    )
+    .context("starting the kernel threads")?;
+    if cluster.task().job == EVALUATOR {
+        return run_evaluator(&args, &cluster);
+    }
     if cluster.rank().is_none() {
         println!(
             "task {} has no training role in this example",
@@ -112,27 +218,13 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let workers = cluster.world_size().max(1);
-    lockstep_examples::start_kernel_threads(
-        args.training.threads,
-        cluster.group_tasks_on_this_host(),
-    )
-    .context("starting the kernel threads")?;
     let strategy = MultiWorkerMirroredStrategy::new(
         &cluster,
         CommunicationOptions::default(),
         1,
         Duration::from_mins(1),
     )?;
-    let mut model = Model::new(strategy, || models::mnist_cnn(args.training.seed))?;
-    let loss = SparseCategoricalCrossentropy {
-        from_logits: true,
-        ..Default::default()
-    };
-    match args.optimizer.as_str() {
-        "adam" => model.compile(Adam::new(args.learning_rate), loss, &["accuracy"])?,
-        "sgd" => model.compile(Sgd::new(args.learning_rate), loss, &["accuracy"])?,
-        other => anyhow::bail!("unknown optimizer {other:?}: use adam or sgd"),
-    }
+    let mut model = compiled_model(strategy, &args)?;
     if model.is_chief() {
         eprintln!("{}", model.summary());
     }
@@ -180,20 +272,24 @@ fn main() -> anyhow::Result<()> {
     if let Some(pattern) = &args.checkpoint_path {
         fit = fit.callback(ModelCheckpoint::new(pattern.as_str()));
     }
+    if let Some((dir, _)) = checkpoint_dir(&args, &cluster) {
+        let pattern = dir.join("ckpt-{epoch}");
+        fit = fit.callback(ModelCheckpoint::new(pattern.to_string_lossy()));
+    }
     let history = fit.run()?;
     let elapsed = started.elapsed().as_secs_f64();
     let steps = model
         .optimizer()
         .map_or(0, lockstep_nn::Optimizer::iterations);
 
-    let checksum = model
-        .network()
-        .parameters()
-        .values()
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, v| {
-            (h ^ u64::from(v.to_bits())).wrapping_mul(0x0100_0000_01b3)
-        });
+    let checksum = fnv1a(
+        model
+            .network()
+            .parameters()
+            .values()
+            .iter()
+            .map(|v| u64::from(v.to_bits())),
+    );
     let logs = model.evaluate(&test)?;
     println!(
         "test_accuracy={:.4} weights_checksum={checksum:016x} steps={steps} examples_per_s={:.0} first_step_s={:.2} peak_rss_mib={}",

@@ -86,6 +86,15 @@ impl ModelCheckpoint {
         let path = PathBuf::from(format_path(&self.pattern, epoch + 1, batch, logs)?);
         let weights_only = self.weights_only;
         ctx.chief_writes("ModelCheckpoint", &path.display().to_string(), |ctx| {
+            // As Keras, the pattern's directory is made when missing.
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    TrainError::invalid(
+                        "ModelCheckpoint",
+                        format!("creating {}: {e}", dir.display()),
+                    )
+                })?;
+            }
             if weights_only {
                 ctx.model().save_weights(&path)
             } else {

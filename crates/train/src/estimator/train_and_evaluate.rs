@@ -8,7 +8,7 @@ use lockstep_data::{Dataset, InputContext};
 
 use super::{Estimator, ModeKeys};
 use crate::batch::LabeledBatch;
-use crate::checkpoint_watcher::CheckpointWatcher;
+use crate::checkpoint_watcher::{CheckpointWatcher, ManagedCheckpoints};
 use crate::error::TrainError;
 use crate::history::Logs;
 use crate::tensorboard::EventWriter;
@@ -128,11 +128,14 @@ where
     // Looking for a new checkpoint costs a directory listing: often enough that a short
     // throttle is honoured, rarely enough to cost nothing.
     let poll = Duration::from_millis(200);
-    let mut watcher = CheckpointWatcher::new(estimator.model_dir(), poll);
+    let mut watcher = CheckpointWatcher::new(
+        ManagedCheckpoints(estimator.model_dir().to_path_buf()),
+        poll,
+    );
     let mut writer = eval_writer(estimator, eval_spec)?;
     let throttle = Duration::from_secs(eval_spec.throttle_secs);
     loop {
-        let Some(checkpoint) = watcher.wait_for_new(None)? else {
+        let Some((_, _, checkpoint)) = watcher.wait_for_new(None)? else {
             continue;
         };
         let started = Instant::now();
