@@ -23,6 +23,9 @@
 //! the checkpoints naming the newest. Any safetensors reader opens the files (Python:
 //! `safetensors.numpy.load_file`).
 //!
+//! Single files of tensors, as Keras' `save_weights` writes them: [`write_tensors`] (with
+//! header metadata: [`write_tensors_with_metadata`]) and [`read_tensors`].
+//!
 //! The format does not depend on the number of workers: [`Progress`] counts examples over
 //! all of them, so a checkpoint restores on a cluster of another size.
 //!
