@@ -10,7 +10,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{EXAMPLES, digits, mlp};
+use common::{EXAMPLES, digits, event_steps, mlp};
 use lockstep_checkpoint::CheckpointManager;
 use lockstep_cluster::{Cluster, TfConfig};
 use lockstep_data::{Dataset, InputContext};
@@ -221,7 +221,7 @@ fn without_an_evaluator_the_chief_evaluates_the_final_checkpoint() {
     .unwrap();
     assert_eq!(logs.get("global_step"), Some(12.0));
     assert_eq!(logs, estimator.evaluate(input_fn, Some(100)).unwrap());
-    assert_eq!(eval_steps(&dir.path().join("eval")), [12]);
+    assert_eq!(event_steps(&dir.path().join("eval")), [12]);
 }
 
 #[test]
@@ -268,7 +268,7 @@ fn the_evaluator_evaluates_each_new_checkpoint_once_until_max_steps() {
     assert_eq!(logs.get("global_step"), Some(40.0));
     let mut fresh = Estimator::new(model_fn, RunConfig::new(dir.path()));
     assert_eq!(logs, fresh.evaluate(input_fn, Some(100)).unwrap());
-    let steps = eval_steps(&dir.path().join("eval_digits"));
+    let steps = event_steps(&dir.path().join("eval_digits"));
     assert_eq!(steps.last(), Some(&40));
     assert!(
         steps.windows(2).all(|w| w[0] < w[1]),
@@ -278,35 +278,4 @@ fn the_evaluator_evaluates_each_new_checkpoint_once_until_max_steps() {
         steps.iter().all(|s| [10, 20, 30, 40].contains(s)),
         "{steps:?}"
     );
-}
-
-/// The global steps of the evaluation events in the event file of `dir` (`TFRecord` framing;
-/// each event's `step`, field 2, follows its `wall_time`, field 1).
-fn eval_steps(dir: &Path) -> Vec<u64> {
-    let files: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert_eq!(files.len(), 1, "{files:?}");
-    let bytes = std::fs::read(&files[0]).unwrap();
-    let mut steps = Vec::new();
-    let mut at = 0;
-    while at + 12 <= bytes.len() {
-        let len = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
-        let data = &bytes[at + 12..at + 12 + len];
-        at += 12 + len + 4;
-        // wall_time: tag 0x09 + 8 bytes; step: tag 0x10 + varint (absent when 0).
-        if data.get(9) != Some(&0x10) {
-            continue;
-        }
-        let mut step = 0_u64;
-        for (shift, byte) in data[10..].iter().enumerate() {
-            step |= u64::from(byte & 0x7f) << (7 * shift);
-            if byte & 0x80 == 0 {
-                break;
-            }
-        }
-        steps.push(step);
-    }
-    steps
 }

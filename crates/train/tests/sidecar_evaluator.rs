@@ -10,7 +10,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{digits, loss, mlp};
+use common::{digits, event_steps, loss, mlp};
 use lockstep_checkpoint::write_tensors;
 use lockstep_nn::Adam;
 use lockstep_train::{
@@ -91,7 +91,10 @@ fn the_sidecar_evaluates_each_checkpoint_once_while_fit_writes_them_and_ends_at_
     let data = fresh.distribute_dataset(digits(), 64).unwrap();
     assert_eq!(fresh.evaluate(&data).unwrap(), last.logs);
 
-    // One event file, with a scalar per metric per evaluation under Keras' tags.
+    // One event file, with a scalar per metric per evaluation under Keras' tags, each at the
+    // training step of the checkpoint evaluated.
+    let iterations: Vec<u64> = evaluations.iter().map(|e| e.iterations).collect();
+    assert_eq!(event_steps(&logs.join("validation")), iterations);
     let files = event_files(&logs.join("validation"));
     assert_eq!(files.len(), 1);
     let text = String::from_utf8_lossy(&files[0]);

@@ -9,6 +9,8 @@
     reason = "each test file uses its own part of these helpers"
 )]
 
+use std::path::Path;
+
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_data::{Dataset, from_vec};
 use lockstep_nn::{Sequential, SparseCategoricalCrossentropy, models};
@@ -44,4 +46,35 @@ pub(crate) fn digits() -> impl Dataset<Item = (Array1<f32>, u8)> {
 
 pub(crate) fn mlp() -> Result<Sequential, lockstep_nn::NnError> {
     models::mnist_mlp(3)
+}
+
+/// The steps of the summary events in the one event file of `dir` (`TFRecord` framing;
+/// each event's `step`, field 2, follows its `wall_time`, field 1).
+pub(crate) fn event_steps(dir: &Path) -> Vec<u64> {
+    let files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let bytes = std::fs::read(&files[0]).unwrap();
+    let mut steps = Vec::new();
+    let mut at = 0;
+    while at + 12 <= bytes.len() {
+        let len = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
+        let data = &bytes[at + 12..at + 12 + len];
+        at += 12 + len + 4;
+        // wall_time: tag 0x09 + 8 bytes; step: tag 0x10 + varint (absent when 0).
+        if data.get(9) != Some(&0x10) {
+            continue;
+        }
+        let mut step = 0_u64;
+        for (shift, byte) in data[10..].iter().enumerate() {
+            step |= u64::from(byte & 0x7f) << (7 * shift);
+            if byte & 0x80 == 0 {
+                break;
+            }
+        }
+        steps.push(step);
+    }
+    steps
 }
