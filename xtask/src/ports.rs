@@ -28,6 +28,20 @@ impl TaskListeners {
         Ok(Self { listeners })
     }
 
+    /// Binds `ports` on 127.0.0.1 again, to restart a cluster on the addresses its tasks
+    /// were given.
+    pub(crate) fn rebind(ports: &[u16]) -> io::Result<Self> {
+        let listeners = ports
+            .iter()
+            .map(|&port| {
+                TcpListener::bind((Ipv4Addr::LOCALHOST, port)).map_err(|e| {
+                    io::Error::new(e.kind(), format!("port {port} (taken meanwhile?): {e}"))
+                })
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(Self { listeners })
+    }
+
     /// The bound port numbers, in task order.
     pub(crate) fn ports(&self) -> io::Result<Vec<u16>> {
         self.listeners
@@ -75,6 +89,17 @@ mod tests {
         ports.sort_unstable();
         ports.dedup();
         assert_eq!(ports.len(), 8);
+    }
+
+    #[test]
+    fn ports_given_up_can_be_bound_again_for_a_restart() {
+        let bound = TaskListeners::bind(3).unwrap();
+        let ports = bound.ports().unwrap();
+        drop(bound);
+        let again = TaskListeners::rebind(&ports).unwrap();
+        assert_eq!(again.ports().unwrap(), ports);
+        let err = TaskListeners::rebind(&ports[..1]).unwrap_err();
+        assert!(err.to_string().contains(&ports[0].to_string()), "{err}");
     }
 
     #[test]

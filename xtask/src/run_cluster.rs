@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
+use lockstep_cluster::{TaskId, TfConfig};
+use lockstep_train::KILL_AT_STEP;
+
 use crate::build_example::build_example;
 use crate::cluster_plan::{Shape, plan};
 use crate::ports::TaskListeners;
@@ -45,6 +48,14 @@ pub(crate) struct RunClusterArgs {
     /// Let the other tasks run on when one fails (to see how they react); the run still fails.
     #[arg(long)]
     keep_going: bool,
+    /// When a task fails, stop every task and start them all again (on the same addresses),
+    /// up to this many times in all; training resumes from its `BackupAndRestore` state.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    restart_on_failure: u32,
+    /// SIGKILL a task once its training step STEP has ended, on its first start only
+    /// (`worker:1@30`; repeatable): a crash on demand, for demonstrations and tests.
+    #[arg(long, value_name = "TASK@STEP", value_parser = parse_kill)]
+    kill: Vec<Kill>,
     /// Arguments passed to every task, after `--`.
     #[arg(last = true)]
     example_args: Vec<String>,
@@ -63,9 +74,30 @@ impl RunClusterArgs {
             timeout_secs: Some(600),
             grace_secs: 5,
             keep_going: false,
+            restart_on_failure: 0,
+            kill: Vec::new(),
             example_args,
         }
     }
+}
+
+/// A crash to inject: `task` SIGKILLs itself after its training step `step`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Kill {
+    task: TaskId,
+    step: u64,
+}
+
+fn parse_kill(text: &str) -> Result<Kill, String> {
+    let (task, step) = text
+        .rsplit_once('@')
+        .ok_or_else(|| format!("{text:?} is not TASK@STEP, such as worker:1@30"))?;
+    Ok(Kill {
+        task: task.parse().map_err(|e| format!("{e}"))?,
+        step: step
+            .parse()
+            .map_err(|_| format!("{step:?} in {text:?} is not a step number"))?,
+    })
 }
 
 /// Set by Ctrl-C, SIGTERM or SIGHUP. The handler can be installed once per process, and
@@ -82,6 +114,30 @@ fn interrupted_flag() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(Arc::clone(FLAG.get_or_init(|| flag)))
 }
 
+/// One command per task: `executable` with the example's arguments and the task's
+/// `TF_CONFIG`, and on the `first` start the `--kill` crashes to inject.
+fn task_commands(
+    executable: &std::path::Path,
+    planned: &[(TaskId, TfConfig)],
+    args: &RunClusterArgs,
+    first: bool,
+) -> Vec<(TaskId, Command)> {
+    planned
+        .iter()
+        .map(|(task, config)| {
+            let mut command = Command::new(executable);
+            command
+                .args(&args.example_args)
+                .env("TF_CONFIG", config.to_json())
+                .env_remove(KILL_AT_STEP);
+            if let Some(kill) = args.kill.iter().find(|k| k.task == *task).filter(|_| first) {
+                command.env(KILL_AT_STEP, kill.step.to_string());
+            }
+            (task.clone(), command)
+        })
+        .collect()
+}
+
 /// Builds the example, starts the cluster and waits for it.
 pub(crate) fn run(args: &RunClusterArgs) -> anyhow::Result<()> {
     let shape = Shape {
@@ -92,34 +148,48 @@ pub(crate) fn run(args: &RunClusterArgs) -> anyhow::Result<()> {
     };
     let listeners =
         TaskListeners::bind(shape.tasks().len()).context("binding ports on 127.0.0.1")?;
-    let planned = plan(
-        shape,
-        &listeners.ports().context("reading the bound ports")?,
-    )?;
+    let ports = listeners.ports().context("reading the bound ports")?;
+    let planned = plan(shape, &ports)?;
+    if let Some(kill) = args
+        .kill
+        .iter()
+        .find(|k| !planned.iter().any(|(task, _)| *task == k.task))
+    {
+        bail!("--kill names {}, a task this cluster lacks", kill.task);
+    }
     let executable = build_example(&args.example, &args.profile)?;
 
     let interrupted = interrupted_flag()?;
-
-    let mut commands = planned
-        .into_iter()
-        .map(|(task, config)| {
-            let mut command = Command::new(&executable);
-            command
-                .args(&args.example_args)
-                .env("TF_CONFIG", config.to_json());
-            (task, command)
-        })
-        .collect::<Vec<_>>();
-    listeners.hand_over(commands.iter_mut().map(|(_, command)| command))?;
-    let count = commands.len();
-    tracing::info!(example = %args.example, tasks = count, "starting local cluster");
+    let count = planned.len();
     let deadline = args
         .timeout_secs
         .map(|s| Instant::now() + Duration::from_secs(s));
-    let supervisor = Supervisor::start(commands, Duration::from_secs(args.grace_secs))?;
-    match supervisor.wait(&interrupted, deadline, args.keep_going) {
+    let mut listeners = Some(listeners);
+    let mut restarts = 0;
+    let outcome = loop {
+        let listeners = match listeners.take() {
+            Some(listeners) => listeners,
+            None => TaskListeners::rebind(&ports)
+                .context("binding the cluster's ports again to restart it")?,
+        };
+        let mut commands = task_commands(&executable, &planned, args, restarts == 0);
+        listeners.hand_over(commands.iter_mut().map(|(_, command)| command))?;
+        tracing::info!(example = %args.example, tasks = count, restarts, "starting local cluster");
+        let supervisor = Supervisor::start(commands, Duration::from_secs(args.grace_secs))?;
+        match supervisor.wait(&interrupted, deadline, args.keep_going) {
+            Outcome::Failed { task, status } if restarts < args.restart_on_failure => {
+                restarts += 1;
+                tracing::warn!(
+                    "task {task} failed ({status}); restarting every task ({restarts} of {})",
+                    args.restart_on_failure
+                );
+            }
+            outcome => break outcome,
+        }
+    };
+    match outcome {
         Outcome::Succeeded => {
-            tracing::info!(tasks = count, "every task finished successfully");
+            tracing::info!(tasks = count, restarts, "every task finished successfully");
             Ok(())
         }
         Outcome::Failed { task, status } => {
@@ -130,5 +200,24 @@ pub(crate) fn run(args: &RunClusterArgs) -> anyhow::Result<()> {
             "the cluster ran past --timeout-secs {}; stopped all {count} tasks",
             args.timeout_secs.unwrap_or_default()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kill_names_a_task_and_a_step() {
+        assert_eq!(
+            parse_kill("worker:1@30").unwrap(),
+            Kill {
+                task: TaskId::worker(1),
+                step: 30
+            }
+        );
+        for bad in ["worker:1", "worker@3", "worker:1@", "worker:1@-2", "@5"] {
+            assert!(parse_kill(bad).is_err(), "{bad}");
+        }
     }
 }

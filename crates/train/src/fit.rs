@@ -6,6 +6,7 @@ use crate::batch::LabeledBatch;
 use crate::callbacks::Callback;
 use crate::error::TrainError;
 use crate::history::{History, Logs};
+use crate::kill_switch::KillSwitch;
 use crate::model::{Model, next_step};
 use crate::progress::EpochProgress;
 use crate::replica::{not_compiled, on_replicas};
@@ -125,6 +126,7 @@ where
             verbose,
         } = self;
         let compiled = model.compiled.clone().ok_or_else(not_compiled)?;
+        let kill_switch = KillSwitch::from_env()?;
         let workers = model.num_replicas_in_sync() / model.replicas.len().max(1);
         let step = model
             .optimizer()
@@ -181,6 +183,7 @@ where
                 for callback in &mut callbacks {
                     callback.on_train_batch_end(batch, &logs, &mut ctx)?;
                 }
+                kill_switch.after_step(ctx.position.step);
                 if ctx.stop {
                     break;
                 }

@@ -28,7 +28,7 @@
 //!
 //! Dependencies: the Lockstep crates below it (cluster, collective, data, nn, tensor,
 //! checkpoint); `ndarray` for the batches the data pipeline yields; `indicatif` for the
-//! progress bar; `serde`/`serde_json` for
+//! progress bar; `nix` to raise SIGKILL for the `LOCKSTEP_KILL_AT_STEP` fault injection; `serde`/`serde_json` for
 //! the trainer state in checkpoints; `prost` and `crc32c` for `TensorBoard`'s event files (no
 //! maintained crate writes them); `thiserror` for errors; `tracing` for logs.
 
@@ -39,6 +39,7 @@ mod error;
 mod estimator;
 mod fit;
 mod history;
+mod kill_switch;
 mod model;
 mod progress;
 mod replica;
@@ -59,6 +60,7 @@ pub use estimator::{
 };
 pub use fit::Fit;
 pub use history::{History, Logs};
+pub use kill_switch::KILL_AT_STEP;
 pub use model::{MetricKind, Model};
 pub use sidecar_evaluator::{Evaluation, SidecarEvaluator};
 pub use strategy::{

@@ -24,6 +24,7 @@ pub use variables::Variables;
 use crate::batch::LabeledBatch;
 use crate::error::TrainError;
 use crate::history::Logs;
+use crate::kill_switch::KillSwitch;
 use crate::model::Model;
 use crate::replica::ReplicaBatch;
 use crate::state::{Position, TrainingContext, restore_into, restore_weights};
@@ -238,6 +239,7 @@ impl Estimator {
             return Ok(self.global_step);
         }
         let mut pending = first;
+        let kill_switch = KillSwitch::from_env()?;
         let mut loop_state = TrainLoop::new(&self.config, self.global_step, self.is_chief());
         let mut saved_at = self.global_step;
         while self.global_step < target {
@@ -275,6 +277,7 @@ impl Estimator {
                 saved_at = self.global_step;
                 loop_state.saved();
             }
+            kill_switch.after_step(self.global_step);
         }
         if saved_at != self.global_step {
             self.save()?;
