@@ -7,20 +7,11 @@
 
 mod common;
 
-use common::{digits, loss, mlp};
-use lockstep_nn::Adam;
+use common::{compiled, digits, mlp};
 use lockstep_train::{
-    CsvLogger, EarlyStopping, LearningRateScheduler, MirroredStrategy, Mode, Model,
-    ModelCheckpoint, OneDeviceStrategy, SaveFreq, TensorBoard, TrainError,
+    CsvLogger, EarlyStopping, LearningRateScheduler, Mode, Model, ModelCheckpoint,
+    OneDeviceStrategy, SaveFreq, TensorBoard, TrainError,
 };
-
-fn compiled(replicas: usize) -> Model {
-    let mut model = Model::new(MirroredStrategy::new(replicas).unwrap(), mlp).unwrap();
-    model
-        .compile(Adam::default(), loss(), &["accuracy"])
-        .unwrap();
-    model
-}
 
 #[test]
 fn model_checkpoint_writes_the_weights_each_epoch_under_the_pattern() {

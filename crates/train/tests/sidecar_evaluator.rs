@@ -10,20 +10,10 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{digits, event_steps, loss, mlp};
+use common::{compiled, digits, event_steps, loss, mlp};
 use lockstep_checkpoint::write_tensors;
 use lockstep_nn::Adam;
-use lockstep_train::{
-    MirroredStrategy, Model, ModelCheckpoint, OneDeviceStrategy, SidecarEvaluator,
-};
-
-fn compiled(replicas: usize) -> Model {
-    let mut model = Model::new(MirroredStrategy::new(replicas).unwrap(), mlp).unwrap();
-    model
-        .compile(Adam::default(), loss(), &["accuracy"])
-        .unwrap();
-    model
-}
+use lockstep_train::{Model, ModelCheckpoint, OneDeviceStrategy, SidecarEvaluator};
 
 /// An evaluator's model: one replica, other initial weights than the trained one's.
 fn evaluator_model() -> Model {

@@ -13,7 +13,8 @@ use std::path::Path;
 
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_data::{Dataset, from_vec};
-use lockstep_nn::{Sequential, SparseCategoricalCrossentropy, models};
+use lockstep_nn::{Adam, Sequential, SparseCategoricalCrossentropy, models};
+use lockstep_train::{MirroredStrategy, Model};
 use ndarray::Array1;
 
 pub(crate) const EXAMPLES: usize = 640;
@@ -46,6 +47,15 @@ pub(crate) fn digits() -> impl Dataset<Item = (Array1<f32>, u8)> {
 
 pub(crate) fn mlp() -> Result<Sequential, lockstep_nn::NnError> {
     models::mnist_mlp(3)
+}
+
+/// The MLP under `replicas` mirrored replicas, compiled with Adam for loss and accuracy.
+pub(crate) fn compiled(replicas: usize) -> Model {
+    let mut model = Model::new(MirroredStrategy::new(replicas).unwrap(), mlp).unwrap();
+    model
+        .compile(Adam::default(), loss(), &["accuracy"])
+        .unwrap();
+    model
 }
 
 /// The steps of the summary events in the one event file of `dir` (`TFRecord` framing;
