@@ -92,6 +92,7 @@ fn tcp(n: usize) -> Vec<Box<dyn Transport>> {
         rendezvous_timeout: Duration::from_secs(20),
         // Threads of one process over TCP on loopback: what the row measures.
         same_host: SameHost::Tcp,
+        ..TcpOptions::default()
     };
     let handles: Vec<_> = listeners
         .into_iter()

@@ -4,6 +4,12 @@
 //! have in common.
 
 use std::io::IsTerminal as _;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use lockstep_cluster::{AutoResolver, Cluster, ClusterResolver as _};
+use lockstep_collective::TcpOptions;
 
 /// Whether log lines on stderr may carry ANSI colour codes: never under `NO_COLOR`, always under
 /// `CLICOLOR_FORCE` (set by `cargo xtask run-cluster` when its own stderr is a terminal, since
@@ -69,4 +75,52 @@ pub struct ClusterTrainingArgs {
     /// cluster spec places on it (all of them for a worker alone on its host).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+}
+
+/// How a task finds its cluster and where it listens (flattened into each example's
+/// arguments).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClusterArgs {
+    /// Listen on this interface only (an IP address). By default a task listens on all
+    /// interfaces at the port of its cluster-spec address, as TensorFlow's servers do: the
+    /// spec's host is how peers reach the task (on Kubernetes a service name) and need not be
+    /// an address of this machine.
+    #[arg(long, value_name = "IP", env = "LOCKSTEP_BIND_ADDRESS")]
+    pub bind_address: Option<IpAddr>,
+    /// How long to wait at start-up for every peer of the group before failing, naming the
+    /// tasks that never came.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub rendezvous_timeout_secs: u64,
+}
+
+impl ClusterArgs {
+    /// The cluster from the first of `TF_CONFIG`, SLURM and Kubernetes whose variables are
+    /// set (a single local worker when none is), logging which.
+    ///
+    /// # Errors
+    ///
+    /// When the chosen source's variables are malformed; the error names the variable.
+    pub fn resolve(&self) -> anyhow::Result<Cluster> {
+        let resolver = AutoResolver::from_env().context("reading the cluster's environment")?;
+        let source = resolver.source();
+        let cluster = resolver
+            .resolve()
+            .with_context(|| format!("resolving the cluster from {source}"))?;
+        tracing::info!(%source, task = %cluster.task(), workers = cluster.world_size(), "cluster resolved");
+        Ok(cluster)
+    }
+
+    /// The transport's options: the interface to listen on and the rendezvous timeout.
+    pub fn transport(&self) -> TcpOptions {
+        TcpOptions {
+            bind: self.bind_address,
+            rendezvous_timeout: self.rendezvous_timeout(),
+            ..TcpOptions::default()
+        }
+    }
+
+    /// [`ClusterArgs::rendezvous_timeout_secs`] as a duration.
+    pub fn rendezvous_timeout(&self) -> Duration {
+        Duration::from_secs(self.rendezvous_timeout_secs)
+    }
 }

@@ -1,4 +1,4 @@
-//! Who is in the cluster, and who am I? `TF_CONFIG`, SLURM and explicit cluster specs for
+//! Who is in the cluster, and who am I? `TF_CONFIG`, SLURM, Kubernetes and explicit cluster specs for
 //! synchronous data-parallel training.
 //!
 //! This crate reads the cluster description every TensorFlow user knows, the `TF_CONFIG`
@@ -28,15 +28,19 @@
 //! - [`TaskId`] — `job:index`;
 //! - [`Cluster`] — a config whose task fits, with TensorFlow's roles and ranks;
 //! - [`ClusterResolver`] — where it comes from — [`TfConfigResolver`], [`SlurmResolver`]
-//!   (with [`expand_hostlist`]), [`ExplicitResolver`].
+//!   (with [`expand_hostlist`]), [`KubernetesResolver`] (indexed Jobs and JobSets),
+//!   [`ExplicitResolver`], and [`AutoResolver`], which picks the first of `TF_CONFIG`, SLURM and
+//!   Kubernetes whose variables are set.
 //!
 //! Dependencies: `serde_json` parses and writes the JSON (a hand-written parser would be one more
 //! thing to fuzz); `thiserror` derives the error type.
 
 mod address;
+mod auto;
 mod cluster;
 mod error;
 mod hostlist;
+mod kubernetes;
 mod resolver;
 mod slurm;
 mod spec;
@@ -44,9 +48,11 @@ mod task;
 mod tf_config;
 
 pub use address::{Address, AddressError, Host};
+pub use auto::{AutoResolver, ClusterSource};
 pub use cluster::Cluster;
 pub use error::ClusterError;
 pub use hostlist::{HostlistError, MAX_HOSTS, expand_hostlist};
+pub use kubernetes::KubernetesResolver;
 pub use resolver::{ClusterResolver, ExplicitResolver, TfConfigResolver};
 pub use slurm::SlurmResolver;
 pub use spec::ClusterSpec;

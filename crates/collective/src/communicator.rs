@@ -275,13 +275,34 @@ impl<T: ClusterTransport> Communicator<T> {
         let transport = if addresses.is_empty() {
             T::single()
         } else {
-            match inherited::take_listener(&addresses[rank])? {
-                Some(listener) => T::connect_on(listener, rank, &addresses, &tcp)?,
-                None => T::connect(rank, &addresses, &tcp)?,
-            }
+            let connected = match inherited::take_listener(&addresses[rank])? {
+                Some(listener) => T::connect_on(listener, rank, &addresses, &tcp),
+                None => T::connect(rank, &addresses, &tcp),
+            };
+            connected.map_err(|e| match e {
+                // The transport knows ranks; the user knows tasks.
+                CollectiveError::Setup(why) => {
+                    CollectiveError::Setup(format!("{why} (ranks: {})", group_table(cluster)))
+                }
+                other => other,
+            })?
         };
         Ok(Self::new(transport, options))
     }
+}
+
+/// `0 = worker:0 at host:port, 1 = …`: which task each rank of `cluster`'s group is.
+fn group_table(cluster: &Cluster) -> String {
+    cluster
+        .collective_group()
+        .iter()
+        .enumerate()
+        .map(|(rank, task)| {
+            let at = cluster.peer_address(rank).unwrap_or("?");
+            format!("{rank} = {task} at {at}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// FNV-1a over the group's addresses: equal for every member of one cluster, different for

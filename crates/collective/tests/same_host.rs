@@ -18,6 +18,7 @@ fn options(same_host: SameHost) -> TcpOptions {
         cluster: fresh_cluster(),
         rendezvous_timeout: Duration::from_secs(20),
         same_host,
+        ..TcpOptions::default()
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use lockstep_cluster::Cluster;
 use lockstep_collective::{
     CollectiveError, CommunicationOptions, Communicator, Element, HierarchicalCommunicator,
-    Implementation, LocalTransport, ReduceOp, TcpTransport,
+    Implementation, LocalTransport, ReduceOp, TcpOptions, TcpTransport,
 };
 use lockstep_data::InputContext;
 
@@ -241,9 +241,29 @@ impl MultiWorkerMirroredStrategy {
         local_replicas: usize,
         rendezvous: Duration,
     ) -> Result<Self, TrainError> {
+        let transport = TcpOptions {
+            rendezvous_timeout: rendezvous,
+            ..TcpOptions::default()
+        };
+        Self::with_transport_options(cluster, options, local_replicas, &transport)
+    }
+
+    /// As [`MultiWorkerMirroredStrategy::new`], with the transport's options: the interface
+    /// to listen on ([`TcpOptions::bind`]), how to reach peers on this host, and the
+    /// rendezvous timeout.
+    ///
+    /// # Errors
+    ///
+    /// As [`MultiWorkerMirroredStrategy::new`].
+    pub fn with_transport_options(
+        cluster: &Cluster,
+        options: CommunicationOptions,
+        local_replicas: usize,
+        transport: &TcpOptions,
+    ) -> Result<Self, TrainError> {
         check(cluster, options, local_replicas)?;
         let comm: Communicator<TcpTransport> =
-            Communicator::from_cluster(cluster, options, rendezvous)?;
+            Communicator::from_cluster_with(cluster, options, transport)?;
         Self::from_transport(cluster, comm.into_transport(), options, local_replicas)
     }
 

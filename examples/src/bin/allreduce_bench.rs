@@ -19,21 +19,22 @@
 //! rank's median. Bus bandwidth is as nccl-tests defines it: `size / time × 2(n − 1) / n`.
 //! Afterwards every rank checks the sum of `rank + 1` over all ranks.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::Context as _;
 use clap::Parser;
 use lockstep_cluster::Cluster;
-use lockstep_cluster::{ClusterResolver, TfConfigResolver};
 use lockstep_collective::{
     ClusterTransport, CommunicationOptions, Communicator, GrpcTransport, Implementation, ReduceOp,
     SameHost, TcpOptions, TcpTransport,
 };
+use lockstep_examples::ClusterArgs;
 
 /// Measure all-reduce across the tasks of the cluster in `TF_CONFIG`.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Buffer sizes in bytes (f32 elements), smallest first.
     #[arg(long, value_delimiter = ',', default_values_t = [4, 4096, 65_536, 1 << 20, 16 << 20, 64 << 20])]
     sizes: Vec<usize>,
@@ -87,9 +88,7 @@ fn implementation(name: &str) -> anyhow::Result<Implementation> {
 fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
     let args = Args::parse();
-    let cluster = TfConfigResolver::from_env()?
-        .resolve()
-        .context("reading TF_CONFIG")?;
+    let cluster = args.cluster.resolve()?;
     if !cluster.in_collective_group() {
         println!(
             "task {} is outside the collective group; nothing to measure",
@@ -112,12 +111,11 @@ fn measure<T: ClusterTransport>(
     settings: fn(&T) -> String,
 ) -> anyhow::Result<()> {
     let transport = TcpOptions {
-        rendezvous_timeout: Duration::from_mins(1),
         same_host: match args.same_host {
             SameHostWire::Unix => SameHost::UnixSocket,
             SameHostWire::Tcp => SameHost::Tcp,
         },
-        ..TcpOptions::default()
+        ..args.cluster.transport()
     };
     let mut comm: Communicator<T> =
         Communicator::from_cluster_with(cluster, CommunicationOptions::default(), &transport)?;

@@ -13,14 +13,16 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::Parser;
-use lockstep_cluster::{ClusterResolver, TaskId, TfConfigResolver};
+use lockstep_cluster::TaskId;
+use lockstep_examples::ClusterArgs;
 
 /// Print this task's role, rank and world size, as `TF_CONFIG` describes them.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Exit with status 3 when this process is the given task (e.g. worker:1).
     #[arg(long, value_name = "TASK")]
     fail_as: Option<TaskId>,
@@ -35,9 +37,7 @@ struct Args {
 fn main() -> anyhow::Result<ExitCode> {
     lockstep_examples::init_logging();
     let args = Args::parse();
-    let cluster = TfConfigResolver::from_env()
-        .and_then(|resolver| resolver.resolve())
-        .context("reading the cluster from TF_CONFIG")?;
+    let cluster = args.cluster.resolve()?;
     let rank = cluster
         .rank()
         .map_or_else(|| "none".to_owned(), |r| r.to_string());

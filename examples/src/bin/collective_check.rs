@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
-use lockstep_cluster::{ClusterResolver, TfConfigResolver};
 use lockstep_collective::{
     CollectiveError, CommunicationOptions, Communicator, Implementation, ReduceOp, TcpTransport,
 };
+use lockstep_examples::ClusterArgs;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Misbehaviour {
@@ -36,6 +36,8 @@ enum Misbehaviour {
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// How the chosen rank misbehaves.
     #[arg(long, value_enum, default_value_t = Misbehaviour::None)]
     misbehave: Misbehaviour,
@@ -67,9 +69,7 @@ fn kind(error: &CollectiveError) -> &'static str {
 fn main() -> anyhow::Result<ExitCode> {
     lockstep_examples::init_logging();
     let args = Args::parse();
-    let cluster = TfConfigResolver::from_env()?
-        .resolve()
-        .context("reading TF_CONFIG")?;
+    let cluster = args.cluster.resolve()?;
     let me = cluster
         .rank()
         .context("this task is outside the collective group")?;
@@ -83,7 +83,7 @@ fn main() -> anyhow::Result<ExitCode> {
         ..CommunicationOptions::default()
     };
     let mut comm: Communicator<TcpTransport> =
-        Communicator::from_cluster(&cluster, options, Duration::from_secs(30))?;
+        Communicator::from_cluster_with(&cluster, options, &args.cluster.transport())?;
     let middle = args.iterations / 2;
     for iteration in 0..args.iterations {
         if chosen && iteration == middle {

@@ -17,15 +17,14 @@
 //! (Stdout; the model summary and the launcher's log go to stderr. `examples_per_s` depends on
 //! the machine; everything else is the same from run to run.)
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context as _;
 use clap::Parser;
-use lockstep_cluster::{ClusterResolver, TfConfigResolver};
 use lockstep_collective::{CommunicationOptions, Communicator, ReduceOp, TcpTransport};
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_data::{AutoShardPolicy, Dataset, InputContext, distribute};
-use lockstep_examples::ClusterTrainingArgs;
+use lockstep_examples::{ClusterArgs, ClusterTrainingArgs};
 use lockstep_nn::{
     Adam, ForwardContext, Mean, Metric, Optimizer, Reduction, Sequential,
     SparseCategoricalAccuracy, SparseCategoricalCrossentropy, models,
@@ -42,6 +41,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Args {
     #[command(flatten)]
     training: ClusterTrainingArgs,
+    #[command(flatten)]
+    cluster: ClusterArgs,
 }
 
 fn labels(y: &ndarray::Array1<u8>) -> Vec<usize> {
@@ -56,9 +57,7 @@ fn images(x: ndarray::Array4<f32>) -> anyhow::Result<Tensor> {
 fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
     let args = Args::parse();
-    let cluster = TfConfigResolver::from_env()?
-        .resolve()
-        .context("reading TF_CONFIG")?;
+    let cluster = args.cluster.resolve()?;
     let Some(rank) = cluster.rank() else {
         println!(
             "task {} has no training role in this example",
@@ -72,10 +71,10 @@ fn main() -> anyhow::Result<()> {
         cluster.group_tasks_on_this_host(),
     )
     .context("starting the kernel threads")?;
-    let mut comm: Communicator<TcpTransport> = Communicator::from_cluster(
+    let mut comm: Communicator<TcpTransport> = Communicator::from_cluster_with(
         &cluster,
         CommunicationOptions::default(),
-        Duration::from_mins(1),
+        &args.cluster.transport(),
     )?;
     let mnist = Mnist::embedded()?;
 

@@ -14,14 +14,13 @@
 //! `--max-steps`, as in TensorFlow.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use lockstep_cluster::{ClusterResolver, TfConfigResolver};
 use lockstep_collective::CommunicationOptions;
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_data::{Dataset, InputContext};
+use lockstep_examples::ClusterArgs;
 use lockstep_nn::layers::{Activation, Conv2D, Dense, Flatten, Layer, MaxPooling2D};
 use lockstep_nn::{NnError, Reduction, Sequential, Sgd, SparseCategoricalCrossentropy};
 use lockstep_tensor::Tensor;
@@ -42,6 +41,8 @@ const LEARNING_RATE: f32 = 1e-4;
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Where the chief writes checkpoints and event files (default: a directory under the
     /// system's temporary directory named after the settings).
     #[arg(long)]
@@ -108,9 +109,7 @@ fn model_fn(
 fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
     let args = Args::parse();
-    let cluster = TfConfigResolver::from_env()?
-        .resolve()
-        .context("reading TF_CONFIG")?;
+    let cluster = args.cluster.resolve()?;
     lockstep_examples::start_kernel_threads(args.threads, cluster.group_tasks_on_this_host())
         .context("starting the kernel threads")?;
     let workers = cluster.world_size().max(1);
@@ -128,11 +127,11 @@ fn main() -> anyhow::Result<()> {
     config.save_checkpoints_steps = Some(args.save_checkpoints_steps);
     config.random_seed = Some(args.seed);
     if cluster.rank().is_some() {
-        config = config.train_distribute(MultiWorkerMirroredStrategy::new(
+        config = config.train_distribute(MultiWorkerMirroredStrategy::with_transport_options(
             &cluster,
             CommunicationOptions::default(),
             1,
-            Duration::from_mins(1),
+            &args.cluster.transport(),
         )?);
     }
     let seed = args.seed;

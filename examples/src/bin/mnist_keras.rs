@@ -32,11 +32,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
-use lockstep_cluster::{Cluster, ClusterResolver, EVALUATOR, TfConfigResolver};
+use lockstep_cluster::{Cluster, EVALUATOR};
 use lockstep_collective::CommunicationOptions;
 use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, scale};
-use lockstep_examples::ClusterTrainingArgs;
+use lockstep_examples::{ClusterArgs, ClusterTrainingArgs};
 use lockstep_nn::{Adam, Sgd, SparseCategoricalCrossentropy, models};
 use lockstep_train::{
     BackupAndRestore, Callback, Logs, Model, ModelCheckpoint, MultiWorkerMirroredStrategy,
@@ -53,6 +53,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Args {
     #[command(flatten)]
     training: ClusterTrainingArgs,
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Where the chief keeps the backup that a restarted cluster resumes from (deleted after
     /// a run that completes). By default a directory under the system's temporary directory
     /// named after the run's settings, so a run resumes only a backup of the same settings.
@@ -199,9 +201,7 @@ fn main() -> anyhow::Result<()> {
     let process_started = Instant::now();
     lockstep_examples::init_logging();
     let args = Args::parse();
-    let cluster = TfConfigResolver::from_env()?
-        .resolve()
-        .context("reading TF_CONFIG")?;
+    let cluster = args.cluster.resolve()?;
     lockstep_examples::start_kernel_threads(
         args.training.threads,
         cluster.group_tasks_on_this_host(),
@@ -218,11 +218,11 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let workers = cluster.world_size().max(1);
-    let strategy = MultiWorkerMirroredStrategy::new(
+    let strategy = MultiWorkerMirroredStrategy::with_transport_options(
         &cluster,
         CommunicationOptions::default(),
         1,
-        Duration::from_mins(1),
+        &args.cluster.transport(),
     )?;
     let mut model = compiled_model(strategy, &args)?;
     if model.is_chief() {

@@ -182,7 +182,12 @@ impl GrpcTransport {
         addresses: &[String],
         options: &TcpOptions,
     ) -> Result<Self, CollectiveError> {
-        Self::connect_on(bind_own(rank, addresses)?, rank, addresses, options)
+        Self::connect_on(
+            bind_own(rank, addresses, options.bind)?,
+            rank,
+            addresses,
+            options,
+        )
     }
 
     /// As [`GrpcTransport::connect`], serving on `listener`, bound already.

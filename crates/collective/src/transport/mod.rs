@@ -223,7 +223,12 @@ pub trait ClusterTransport: Transport + Sized {
         addresses: &[String],
         options: &TcpOptions,
     ) -> Result<Self, CollectiveError> {
-        Self::connect_on(tcp::bind_own(rank, addresses)?, rank, addresses, options)
+        Self::connect_on(
+            tcp::bind_own(rank, addresses, options.bind)?,
+            rank,
+            addresses,
+            options,
+        )
     }
 
     /// As [`ClusterTransport::connect`], listening on `listener`, bound to `addresses[rank]`

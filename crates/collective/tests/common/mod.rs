@@ -116,6 +116,7 @@ fn connect_all<T: ClusterTransport + 'static>(
         cluster: fresh_cluster(),
         rendezvous_timeout: Duration::from_secs(20),
         same_host,
+        ..TcpOptions::default()
     };
     let handles: Vec<_> = listeners
         .into_iter()

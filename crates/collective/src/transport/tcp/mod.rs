@@ -9,14 +9,14 @@ mod stream;
 
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::num::NonZeroUsize;
 use std::os::fd::AsFd;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use lockstep_cluster::Address;
+use lockstep_cluster::{Address, Host};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use self::link::{Arrived, Link, MAX_PAYLOAD, Placing, Progress};
@@ -41,6 +41,11 @@ pub struct TcpOptions {
     pub rendezvous_timeout: Duration,
     /// How to reach peers whose address names this task's host.
     pub same_host: SameHost,
+    /// The interface to listen on, with the port of this rank's address. `None` (the
+    /// default) listens on all interfaces, as TensorFlow's servers do: the host named in a
+    /// cluster spec is how *peers* reach this task (on Kubernetes a service name), and need
+    /// not name an interface of this machine.
+    pub bind: Option<IpAddr>,
 }
 
 impl Default for TcpOptions {
@@ -49,13 +54,16 @@ impl Default for TcpOptions {
             cluster: 0,
             rendezvous_timeout: Duration::from_mins(1),
             same_host: SameHost::default(),
+            bind: None,
         }
     }
 }
 
 /// One rank of a group connected over TCP.
 ///
-/// Rank `i` listens on `addresses[i]`, dials every higher rank and accepts every lower one.
+/// Rank `i` listens on the port of `addresses[i]` (on all interfaces unless
+/// [`TcpOptions::bind`] names one), dials every higher rank by its address (names are looked
+/// up again on every try, so a DNS record that appears late is found) and accepts every lower one.
 /// Dialling retries with backoff until the rendezvous deadline, so processes may start in any
 /// order. A connection that does not present this group's cluster identity, a valid rank and
 /// the right world size is closed and ignored. A peer whose address names this rank's own host
@@ -120,14 +128,34 @@ pub(crate) fn own_address(rank: usize, addresses: &[String]) -> Result<&str, Col
     })
 }
 
-/// Binds `addresses[rank]` for a rank's listener.
-pub(crate) fn bind_own(rank: usize, addresses: &[String]) -> Result<TcpListener, CollectiveError> {
+/// Binds the port of `addresses[rank]` on `bind`, or on all interfaces (of the address's
+/// family) when `bind` is `None`, for a rank's listener.
+pub(crate) fn bind_own(
+    rank: usize,
+    addresses: &[String],
+    bind: Option<IpAddr>,
+) -> Result<TcpListener, CollectiveError> {
     let address = own_address(rank, addresses)?;
-    TcpListener::bind(address).map_err(|e| setup(format!("binding {address}: {e}")))
+    let parsed: Address = address
+        .parse()
+        .map_err(|e| setup(format!("this rank's address {address:?}: {e}")))?;
+    let ip = bind.unwrap_or(match parsed.host() {
+        Host::Ipv6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+    });
+    let local = SocketAddr::new(ip, parsed.port());
+    let listener = TcpListener::bind(local).map_err(|e| {
+        setup(format!(
+            "listening on {local} for this rank's address {address}: {e}"
+        ))
+    })?;
+    tracing::debug!(%local, address, "listening");
+    Ok(listener)
 }
 
 impl TcpTransport {
-    /// Forms the group: binds `addresses[rank]`, connects to every other rank, and checks
+    /// Forms the group: listens on the port of `addresses[rank]` (on the interface of
+    /// [`TcpOptions::bind`]), connects to every other rank, and checks
     /// every peer's identity.
     ///
     /// # Errors
@@ -139,7 +167,12 @@ impl TcpTransport {
         addresses: &[String],
         options: &TcpOptions,
     ) -> Result<Self, CollectiveError> {
-        Self::connect_on(bind_own(rank, addresses)?, rank, addresses, options)
+        Self::connect_on(
+            bind_own(rank, addresses, options.bind)?,
+            rank,
+            addresses,
+            options,
+        )
     }
 
     /// As [`TcpTransport::connect`], accepting on `listener`, bound already (by a launcher
@@ -291,6 +324,23 @@ impl TcpTransport {
     }
 }
 
+/// Connects to the first of the addresses `address` resolves to that accepts: a name such
+/// as `localhost` may resolve to `::1` before `127.0.0.1`, and a peer listening on all IPv4
+/// interfaces accepts only the second.
+fn connect_any(address: &str, deadline: Instant) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "the name resolves to no address");
+    for target in address.to_socket_addrs()? {
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        match TcpStream::connect_timeout(&target, wait) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 /// Whether two addresses name the same host, by the rule of
 /// `lockstep_cluster::Cluster::group_tasks_on_this_host`: hosts compare as parsed (`[::1]` and
 /// `[0::1]` are one host, names ignore case), but `localhost` and `127.0.0.1` are two.
@@ -393,14 +443,7 @@ fn dial(
             let mut stream = if let Some(stream) = unix {
                 stream
             } else {
-                let target = address
-                    .to_socket_addrs()?
-                    .next()
-                    .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"))?;
-                let wait = deadline
-                    .saturating_duration_since(Instant::now())
-                    .max(Duration::from_millis(1));
-                Stream::Tcp(TcpStream::connect_timeout(&target, wait)?)
+                Stream::Tcp(connect_any(address, deadline)?)
             };
             stream.set_read_timeout(Some(Duration::from_secs(5)))?;
             let flags = if unix_reachable { Hello::SAME_HOST } else { 0 };
