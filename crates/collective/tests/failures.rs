@@ -275,3 +275,33 @@ fn the_flight_recorder_keeps_recent_collectives_and_the_failure() {
         );
     }
 }
+
+#[test]
+fn ranks_with_different_cluster_specs_both_fail_saying_the_specs_differ() {
+    let (mut listeners, addresses) = listeners(2);
+    let options = |cluster| TcpOptions {
+        cluster,
+        rendezvous_timeout: Duration::from_secs(2),
+        ..TcpOptions::default()
+    };
+    let (a0, o0, l0) = (
+        addresses.clone(),
+        options(fresh_cluster()),
+        listeners.remove(0),
+    );
+    let rank0 = thread::spawn(move || TcpTransport::connect_on(l0, 0, &a0, &o0));
+    let rank1 = TcpTransport::connect_on(
+        listeners.remove(0),
+        1,
+        &addresses,
+        &options(fresh_cluster()),
+    );
+    let errors =
+        [rank0.join().unwrap().err().unwrap(), rank1.err().unwrap()].map(|e| e.to_string());
+    assert!(errors[0].contains("cluster specs differ"), "{}", errors[0]);
+    assert!(
+        errors[1].contains("did not connect") && errors[1].contains("cluster spec differs"),
+        "{}",
+        errors[1]
+    );
+}

@@ -20,13 +20,22 @@ use crate::model::Sequential;
 ///
 /// None in practice: the shapes are fixed and fit; the `Result` is [`Sequential::new`]'s.
 pub fn mnist_cnn(seed: u64) -> Result<Sequential, NnError> {
+    mnist_cnn_with_dense_units(seed, 128)
+}
+
+/// [`mnist_cnn`] with `units` in its hidden dense layer instead of the tutorial's 128.
+///
+/// # Errors
+///
+/// When `units` is 0.
+pub fn mnist_cnn_with_dense_units(seed: u64, units: usize) -> Result<Sequential, NnError> {
     let layers: Vec<Box<dyn Layer>> = vec![
         Box::new(Conv2D::new(32, (3, 3)).activation(Activation::Relu)),
         Box::new(MaxPooling2D::new((2, 2))),
         Box::new(Conv2D::new(64, (3, 3)).activation(Activation::Relu)),
         Box::new(MaxPooling2D::new((2, 2))),
         Box::new(Flatten),
-        Box::new(Dense::new(128).activation(Activation::Relu)),
+        Box::new(Dense::new(units).activation(Activation::Relu)),
         Box::new(Dense::new(10)),
     ];
     Sequential::new(&[28, 28, 1], layers, seed)

@@ -7,8 +7,9 @@ use lockstep_checkpoint::{
     CheckpointError, CheckpointManager, NamedTensor, Progress, read_tensors,
     write_tensors_with_metadata,
 };
+use lockstep_collective::ReduceOp;
 use lockstep_data::{AutoShardPolicy, Batchable, Dataset, InputContext, distribute};
-use lockstep_nn::{NnError, Optimizer, Sequential, SparseCategoricalCrossentropy};
+use lockstep_nn::{NnError, Optimizer, ParamSpec, Sequential, SparseCategoricalCrossentropy};
 use lockstep_tensor::Tensor;
 
 use crate::batch::LabeledBatch;
@@ -143,6 +144,7 @@ impl Model {
             task: strategy.task(),
             context: strategy.input_context(),
         };
+        model.agree_on_architecture()?;
         let inputs = vec![(); model.replicas.len()];
         on_replicas(&mut model.replicas, inputs, |replica, ()| {
             Ok(replica
@@ -150,6 +152,34 @@ impl Model {
                 .broadcast(replica.net.parameters_mut().values_mut())?)
         })?;
         Ok(model)
+    }
+
+    /// Fails on every worker at once when some worker built another model (other variables,
+    /// or other shapes with the same number of values, which the broadcast alone would not
+    /// notice): the maximum and minimum of all replicas' fingerprints of their variables must
+    /// be equal.
+    fn agree_on_architecture(&mut self) -> Result<(), TrainError> {
+        let specs = self.network().parameters().specs().to_vec();
+        let mine = architecture_fingerprint(&specs);
+        let replicas = self.replicas.len();
+        let extremes = on_replicas(&mut self.replicas, vec![(); replicas], |r, ()| {
+            let mut extremes = [mine, -mine];
+            r.link.all_reduce(&mut extremes, ReduceOp::Max)?;
+            Ok(extremes)
+        })?;
+        let (max, min) = (extremes[0], -extremes[1]);
+        if max == min {
+            return Ok(());
+        }
+        let values: usize = specs.iter().map(ParamSpec::len).sum();
+        Err(TrainError::invalid(
+            "Model::new",
+            format!(
+                "the workers built different models: this worker's has {} variables of {values} values in all (fingerprint {mine}), another worker's fingerprint is {}; every worker must build the same model",
+                specs.len(),
+                if mine == max { min } else { max },
+            ),
+        ))
     }
 
     /// Sets the optimizer (each replica gets a copy), the loss, and the metrics by Keras name.
@@ -491,4 +521,21 @@ where
     }
     parts.resize_with(replicas, || None);
     Ok(Some(parts))
+}
+
+/// FNV-1a over the variables' names and shapes, cut to 48 bits so that it is exact in an
+/// `f64` (the all-reduce element it travels in).
+fn architecture_fingerprint(specs: &[ParamSpec]) -> f64 {
+    let words = specs.iter().flat_map(|spec| {
+        spec.name
+            .bytes()
+            .map(u64::from)
+            .chain([u64::MAX])
+            .chain(spec.shape.iter().map(|&d| d as u64))
+            .chain([u64::MAX - 1])
+    });
+    let hash = words.fold(0xcbf2_9ce4_8422_2325_u64, |h, w| {
+        (h ^ w).wrapping_mul(0x0100_0000_01b3)
+    });
+    (hash >> 16) as f64
 }

@@ -312,3 +312,29 @@ fn evaluation_counts_every_example_once_on_every_layout() {
         "whole examples counted"
     );
 }
+
+#[test]
+fn workers_whose_models_differ_only_in_shapes_fail_together_when_the_model_is_made() {
+    // 4 × 6 + 6 and 5 × 5 + 5: the same number of values under the same names, so a
+    // broadcast of the weights alone would not notice.
+    let errors = workers(2, 1, |strategy| {
+        let first = strategy.input_context().input_pipeline_id == 0;
+        let (inputs, units) = if first { (4, 6) } else { (5, 5) };
+        Model::new(strategy, move || {
+            lockstep_nn::Sequential::new(
+                &[inputs],
+                vec![Box::new(lockstep_nn::Dense::new(units))],
+                0,
+            )
+        })
+        .err()
+        .map(|e| e.to_string())
+    });
+    for error in errors {
+        let error = error.unwrap();
+        assert!(
+            error.contains("the workers built different models"),
+            "{error}"
+        );
+    }
+}

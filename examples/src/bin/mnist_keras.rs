@@ -85,6 +85,10 @@ struct Args {
     /// addresses, removed by the evaluator when it is done.
     #[arg(long, value_name = "DIR")]
     checkpoint_dir: Option<PathBuf>,
+    /// Units of the CNN's hidden dense layer (the tutorial's 128). Every worker must use the
+    /// same: workers that build different models stop with an error saying so.
+    #[arg(long, default_value_t = 128)]
+    dense_units: usize,
     /// The evaluator fails when the chief writes no new checkpoint for this long.
     #[arg(long, default_value_t = 600)]
     evaluator_timeout_secs: u64,
@@ -116,7 +120,9 @@ fn checkpoint_dir(args: &Args, cluster: &Cluster) -> Option<(PathBuf, bool)> {
 
 /// The tutorial's model, compiled as `args` asks.
 fn compiled_model(strategy: impl lockstep_train::Strategy, args: &Args) -> anyhow::Result<Model> {
-    let mut model = Model::new(strategy, || models::mnist_cnn(args.training.seed))?;
+    let mut model = Model::new(strategy, || {
+        models::mnist_cnn_with_dense_units(args.training.seed, args.dense_units)
+    })?;
     let loss = SparseCategoricalCrossentropy {
         from_logits: true,
         ..Default::default()

@@ -200,60 +200,48 @@ impl TcpTransport {
             world,
             flags: 0,
         };
-        for (peer, address) in addresses.iter().enumerate().skip(rank + 1) {
-            let unix_first =
-                options.same_host == SameHost::UnixSocket && same_host(address, &addresses[rank]);
-            streams[peer] = Some(dial(address, peer, me, unix_first, deadline)?);
+        // Dial every higher rank at once while accepting the lower ones, so a rank that never
+        // comes is named by every rank that waits for it, not hidden behind the first peer in
+        // line that is itself still waiting for it.
+        let (accepted, dialled) = thread::scope(|scope| {
+            let dials: Vec<_> = addresses
+                .iter()
+                .enumerate()
+                .skip(rank + 1)
+                .map(|(peer, address)| {
+                    let unix_first = options.same_host == SameHost::UnixSocket
+                        && same_host(address, &addresses[rank]);
+                    let handle = scope.spawn(move || dial(address, peer, me, unix_first, deadline));
+                    (peer, handle)
+                })
+                .collect();
+            let accepted = accept_lower(&listeners, &mut streams, me, addresses, options, deadline);
+            let dialled: Vec<(usize, Result<Stream, CollectiveError>)> = dials
+                .into_iter()
+                .map(|(peer, handle)| {
+                    let stream = handle
+                        .join()
+                        .unwrap_or_else(|_| Err(setup(format!("dialling rank {peer} panicked"))));
+                    (peer, stream)
+                })
+                .collect();
+            (accepted, dialled)
+        });
+        let mut failures: Vec<String> = accepted.err().into_iter().map(|e| e.to_string()).collect();
+        for (peer, stream) in dialled {
+            match stream {
+                Ok(stream) => streams[peer] = Some(stream),
+                Err(e) => failures.push(e.to_string()),
+            }
         }
-        loop {
-            let missing: Vec<usize> = (0..rank).filter(|&p| streams[p].is_none()).collect();
-            if missing.is_empty() {
-                break;
-            }
-            if Instant::now() >= deadline {
-                return Err(setup(format!(
-                    "rank(s) {missing:?} did not connect within {:?}",
-                    options.rendezvous_timeout
-                )));
-            }
-            match listeners.accept() {
-                Ok(Some((mut stream, from))) => {
-                    stream.set_nonblocking(false).map_err(setup)?;
-                    stream
-                        .set_read_timeout(Some(Duration::from_secs(5)))
-                        .map_err(setup)?;
-                    match Hello::read(&mut stream) {
-                        Ok(theirs)
-                            if theirs.cluster == options.cluster
-                                && theirs.world == world
-                                && theirs.rank < rank
-                                && streams[theirs.rank].is_none() =>
-                        {
-                            // A peer on this host that reached the TCP port first (a
-                            // launcher's socket accepts before this rank offers its Unix
-                            // socket) is sent round to the Unix socket.
-                            let redirect = matches!(stream, Stream::Tcp(_))
-                                && listeners.unix.is_some()
-                                && theirs.flags & Hello::SAME_HOST != 0;
-                            let flags = if redirect { Hello::USE_UNIX } else { 0 };
-                            stream
-                                .write_all(&Hello { flags, ..me }.encode())
-                                .map_err(setup)?;
-                            if !redirect {
-                                streams[theirs.rank] = Some(stream);
-                            }
-                        }
-                        Ok(theirs) => {
-                            tracing::warn!(%from, cluster = theirs.cluster, peer = theirs.rank, peer_world = theirs.world, "refused a connection from outside this group");
-                        }
-                        Err(e) => {
-                            tracing::warn!(%from, %e, "refused a connection that did not say hello");
-                        }
-                    }
-                }
-                Ok(None) => thread::sleep(Duration::from_millis(5)),
-                Err(e) => return Err(setup(format!("accepting on {}: {e}", addresses[rank]))),
-            }
+        if !failures.is_empty() {
+            return Err(setup(
+                failures
+                    .iter()
+                    .map(|f| f.strip_prefix("setting up the transport: ").unwrap_or(f))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ));
         }
 
         let mut links = Vec::with_capacity(world);
@@ -322,6 +310,82 @@ impl TcpTransport {
             oversubscribed: false,
         }
     }
+}
+
+/// Accepts every lower rank of the group on `listeners` into `streams`, refusing (and
+/// logging) connections from outside the group, until the deadline.
+fn accept_lower(
+    listeners: &Listeners,
+    streams: &mut [Option<Stream>],
+    me: Hello,
+    addresses: &[String],
+    options: &TcpOptions,
+    deadline: Instant,
+) -> Result<(), CollectiveError> {
+    let (rank, world) = (me.rank, me.world);
+    // The last connection refused for another identity: the likeliest reason a missing
+    // rank never arrives is that its cluster spec differs from this one's.
+    let mut refused: Option<String> = None;
+    loop {
+        let missing: Vec<usize> = (0..rank).filter(|&p| streams[p].is_none()).collect();
+        if missing.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let refused = refused.as_ref().map_or_else(String::new, |r| {
+                format!("; refused {r}, whose cluster spec differs from this task's")
+            });
+            return Err(setup(format!(
+                "rank(s) {missing:?} did not connect within {:?}{refused}",
+                options.rendezvous_timeout
+            )));
+        }
+        match listeners.accept() {
+            Ok(Some((mut stream, from))) => {
+                stream.set_nonblocking(false).map_err(setup)?;
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(5)))
+                    .map_err(setup)?;
+                match Hello::read(&mut stream) {
+                    Ok(theirs)
+                        if theirs.cluster == options.cluster
+                            && theirs.world == world
+                            && theirs.rank < rank
+                            && streams[theirs.rank].is_none() =>
+                    {
+                        // A peer on this host that reached the TCP port first (a
+                        // launcher's socket accepts before this rank offers its Unix
+                        // socket) is sent round to the Unix socket.
+                        let redirect = matches!(stream, Stream::Tcp(_))
+                            && listeners.unix.is_some()
+                            && theirs.flags & Hello::SAME_HOST != 0;
+                        let flags = if redirect { Hello::USE_UNIX } else { 0 };
+                        stream
+                            .write_all(&Hello { flags, ..me }.encode())
+                            .map_err(setup)?;
+                        if !redirect {
+                            streams[theirs.rank] = Some(stream);
+                        }
+                    }
+                    Ok(theirs) => {
+                        tracing::warn!(%from, cluster = format_args!("{:x}", theirs.cluster), peer = theirs.rank, peer_world = theirs.world, "refused a connection from outside this group");
+                        // Answering tells the dialler why it is refused.
+                        let _ = stream.write_all(&me.encode());
+                        refused = Some(format!(
+                            "a connection from {from} as rank {} of {} (cluster {:x}, this group's {:x})",
+                            theirs.rank, theirs.world, theirs.cluster, options.cluster
+                        ));
+                    }
+                    Err(e) => {
+                        tracing::warn!(%from, %e, "refused a connection that did not say hello");
+                    }
+                }
+            }
+            Ok(None) => thread::sleep(Duration::from_millis(5)),
+            Err(e) => return Err(setup(format!("accepting on {}: {e}", addresses[rank]))),
+        }
+    }
+    Ok(())
 }
 
 /// Connects to the first of the addresses `address` resolves to that accepts: a name such
@@ -453,8 +517,13 @@ fn dial(
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!(
-                        "{address} is rank {} of {} in cluster {:x}",
-                        theirs.rank, theirs.world, theirs.cluster
+                        "{address} answers as rank {} of {} in cluster {:x}, where this task expects rank {} of {} in cluster {:x}: the two tasks' cluster specs differ",
+                        theirs.rank,
+                        theirs.world,
+                        theirs.cluster,
+                        expected.rank,
+                        expected.world,
+                        expected.cluster
                     ),
                 ));
             }
