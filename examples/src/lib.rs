@@ -68,6 +68,11 @@ pub struct ClusterTrainingArgs {
     /// Examples per worker per step (the global batch is this times the number of workers).
     #[arg(long, default_value_t = 64)]
     pub batch_per_worker: usize,
+    /// Examples per step over all workers, instead of `--batch-per-worker` times the number of
+    /// workers: the same global batch on any number of workers, so a backup resumes on a
+    /// cluster of another size (it must divide evenly among the workers).
+    #[arg(long, value_name = "N")]
+    pub global_batch: Option<usize>,
     /// Seed of the initial weights and of the shuffle (the same on every worker).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -75,6 +80,13 @@ pub struct ClusterTrainingArgs {
     /// cluster spec places on it (all of them for a worker alone on its host).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+}
+
+impl ClusterTrainingArgs {
+    /// Examples per step over `workers` workers.
+    pub fn global_batch(&self, workers: usize) -> usize {
+        self.global_batch.unwrap_or(self.batch_per_worker * workers)
+    }
 }
 
 /// How a task finds its cluster and where it listens (flattened into each example's

@@ -167,6 +167,11 @@ where
             while steps_per_epoch.is_none_or(|cap| ctx.position.steps_into_epoch < cap) {
                 let inputs = next_step(&mut batches, replicas)?
                     .unwrap_or_else(|| (0..replicas).map(|_| None).collect());
+                let here: usize = inputs
+                    .iter()
+                    .flatten()
+                    .map(|(_, labels)| labels.len())
+                    .sum();
                 let (loss, step) = (compiled.loss, ctx.position.step);
                 let totals = on_replicas(&mut ctx.model.replicas, inputs, |r, batch| {
                     r.train_step(batch, loss, step)
@@ -177,6 +182,7 @@ where
                 ctx.position.add(totals);
                 history.steps += 1;
                 history.examples += totals.examples as u64;
+                history.local_examples += here as u64;
                 let logs = Logs::from_totals(&ctx.position.totals(), &compiled.metrics, "");
                 progress.step(ctx.position.steps_into_epoch, &logs);
                 let batch = ctx.position.steps_into_epoch - 1;

@@ -56,6 +56,9 @@ pub struct History {
     pub steps: u64,
     /// Examples those steps trained on, over all workers.
     pub examples: u64,
+    /// Examples those steps trained on in this process's replicas: this worker's share of
+    /// `examples`.
+    pub local_examples: u64,
 }
 
 impl History {

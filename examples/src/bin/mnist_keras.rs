@@ -9,14 +9,16 @@
 //! [worker:0] Epoch 1/3 - 63 steps - 1.1s - accuracy: 0.8012 - loss: 0.7555
 //! [worker:0] Epoch 2/3 - 63 steps - 0.9s - accuracy: 0.9498 - loss: 0.1796
 //! [worker:0] Epoch 3/3 - 63 steps - 0.9s - accuracy: 0.9656 - loss: 0.1161
-//! [worker:0] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_per_s=9543 first_step_s=0.09 peak_rss_mib=91
-//! [worker:1] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_per_s=9585 first_step_s=0.09 peak_rss_mib=85
+//! [worker:0] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_here=12084 examples_per_s=9543 first_step_s=0.09 peak_rss_mib=91
+//! [worker:1] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_here=11904 examples_per_s=9585 first_step_s=0.09 peak_rss_mib=85
 //! ```
 //!
-//! (Stdout; only the chief prints the epoch lines. Times, `examples_per_s`, `first_step_s`
+//! (Stdout; only the chief prints the epoch lines. `examples_here` counts the examples this
+//! worker trained on. Times, `examples_per_s`, `first_step_s`
 //! (process start to the end of the first step) and `peak_rss_mib` depend on the machine;
 //! everything else is the same from run to run. The last step of each epoch is the
-//! short remainder of the data, 8000 = 62 × 128 + 64, as Keras trains it.) Kill a worker mid-run and start the cluster
+//! short remainder of the data, 7996 = 62 × 128 + 60, as Keras trains it, and falls to
+//! worker 0.) Kill a worker mid-run and start the cluster
 //! again: training resumes from the backup and ends with the same weights.
 //!
 //! ```text
@@ -176,6 +178,30 @@ fn run_evaluator(args: &Args, cluster: &Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The `BackupAndRestore` callback `args` ask for, if any.
+fn backup(args: &Args, global_batch: usize, workers: usize) -> Option<BackupAndRestore> {
+    if args.no_backup {
+        return None;
+    }
+    let backup_dir = args.backup_dir.clone().unwrap_or_else(|| {
+        let t = &args.training;
+        std::env::temp_dir().join(format!(
+            "lockstep-mnist-keras-backup-{}-lr{}-{}x{}-seed{}",
+            args.optimizer,
+            args.learning_rate,
+            global_batch / workers,
+            workers,
+            t.seed
+        ))
+    });
+    Some(
+        BackupAndRestore::new(backup_dir).save_freq(
+            args.backup_every_steps
+                .map_or(SaveFreq::Epoch, SaveFreq::Steps),
+        ),
+    )
+}
+
 /// Records when the first training step ended, counted from `started`.
 struct FirstStep {
     started: Instant,
@@ -244,9 +270,10 @@ fn main() -> anyhow::Result<()> {
         // 4-byte `f32` cache would cost 19 MB of memory for ~1 ms of work an epoch).
         .shuffle(10_000, args.training.seed, true)
         .map(|(x, y)| (scale(&x), y));
-    let train = model.distribute_dataset(train, args.training.batch_per_worker * workers)?;
+    let global_batch = args.training.global_batch(workers);
+    let train = model.distribute_dataset(train, global_batch)?;
     let test = mnist.test.dataset()?.map(|(x, y)| (scale(&x), y));
-    let test = model.distribute_dataset(test, args.training.batch_per_worker * workers)?;
+    let test = model.distribute_dataset(test, global_batch)?;
 
     let started = Instant::now();
     let mut first_step = FirstStep {
@@ -257,20 +284,8 @@ fn main() -> anyhow::Result<()> {
         .fit(&train)
         .epochs(args.training.epochs)
         .callback(&mut first_step);
-    if !args.no_backup {
-        let backup_dir = args.backup_dir.clone().unwrap_or_else(|| {
-            let t = &args.training;
-            std::env::temp_dir().join(format!(
-                "lockstep-mnist-keras-backup-{}-lr{}-{}x{}-seed{}",
-                args.optimizer, args.learning_rate, t.batch_per_worker, workers, t.seed
-            ))
-        });
-        fit = fit.callback(
-            BackupAndRestore::new(backup_dir).save_freq(
-                args.backup_every_steps
-                    .map_or(SaveFreq::Epoch, SaveFreq::Steps),
-            ),
-        );
+    if let Some(backup) = backup(&args, global_batch, workers) {
+        fit = fit.callback(backup);
     }
     if let Some(dir) = &args.tensorboard_dir {
         fit = fit.callback(TensorBoard::new(dir));
@@ -298,8 +313,9 @@ fn main() -> anyhow::Result<()> {
     );
     let logs = model.evaluate(&test)?;
     println!(
-        "test_accuracy={:.4} weights_checksum={checksum:016x} steps={steps} examples_per_s={:.0} first_step_s={:.2} peak_rss_mib={}",
+        "test_accuracy={:.4} weights_checksum={checksum:016x} steps={steps} examples_here={} examples_per_s={:.0} first_step_s={:.2} peak_rss_mib={}",
         logs.get("accuracy").unwrap_or(0.0),
+        history.local_examples,
         history.examples as f64 / elapsed,
         first_step.at.unwrap_or(f64::NAN),
         peak_rss_mib().map_or_else(|| "unknown".to_owned(), |m| m.to_string()),
