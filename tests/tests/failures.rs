@@ -40,19 +40,15 @@ fn tf_config(workers: &[String], index: usize) -> String {
 }
 
 /// Starts `mnist_keras` for a short run as the worker `TF_CONFIG` describes, on `listener`
-/// when given (else it binds its address's port itself), with `extra` arguments.
+/// when given (else it binds its address's port itself), with `extra` arguments (a
+/// rendezvous timeout of 3 s unless they give one).
 fn start(binary: &Path, tf_config: String, listener: Option<TcpListener>, extra: &[&str]) -> Child {
     let mut command = Command::new(binary);
+    if !extra.contains(&"--rendezvous-timeout-secs") {
+        command.args(["--rendezvous-timeout-secs", "3"]);
+    }
     command
-        .args([
-            "--epochs",
-            "1",
-            "--no-backup",
-            "--threads",
-            "1",
-            "--rendezvous-timeout-secs",
-            "3",
-        ])
+        .args(["--epochs", "1", "--no-backup", "--threads", "1"])
         .args(extra)
         .env("TF_CONFIG", tf_config)
         .env("NO_COLOR", "1")
@@ -202,5 +198,47 @@ fn workers_that_build_different_models_both_fail_saying_so() {
             stderr.contains("the workers built different models"),
             "worker {task}: {stderr}"
         );
+    }
+}
+
+#[test]
+fn a_connection_from_outside_the_cluster_is_refused_and_logged_and_the_job_completes() {
+    use std::io::{Read as _, Write as _};
+
+    let binary = example_binary("mnist_keras").unwrap();
+    let ((l0, a0), (l1, a1)) = (listener(), listener());
+    let workers = vec![a0, a1.clone()];
+    let args = ["--rendezvous-timeout-secs", "60"];
+    // Worker 1 waits for worker 0; a stranger of another cluster knocks first.
+    let worker1 = start(&binary, tf_config(&workers, 1), Some(l1), &args);
+    let mut hello = 0x4C53_4848_u32.to_le_bytes().to_vec();
+    hello.extend(0xDEAD_BEEF_u64.to_le_bytes());
+    hello.extend(0_u32.to_le_bytes());
+    hello.extend(2_u32.to_le_bytes());
+    hello.extend(0_u32.to_le_bytes());
+    let mut stranger = std::net::TcpStream::connect(&a1).unwrap();
+    stranger.write_all(&hello).unwrap();
+    stranger
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    // Worker 1 answers (or closes) once it has looked at the hello and refused it.
+    let _ = stranger.read(&mut [0_u8; 24]);
+    let worker0 = start(&binary, tf_config(&workers, 0), Some(l0), &args);
+    let deadline = Instant::now() + Duration::from_mins(5);
+    for (task, mut child) in [(0, worker0), (1, worker1)] {
+        while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "worker {task}: {stderr}");
+        if task == 1 {
+            assert!(
+                stderr.contains("refused a connection from outside this group")
+                    && stderr.contains("deadbeef"),
+                "{stderr}"
+            );
+        }
     }
 }

@@ -2,6 +2,7 @@
 
 #![allow(
     clippy::unwrap_used,
+    clippy::panic,
     reason = "a test helper that meets an error must fail the test loudly"
 )]
 
@@ -173,4 +174,26 @@ fn a_job_restarted_on_fewer_workers_finishes_the_epoch_from_where_the_backup_sto
 #[test]
 fn a_job_restarted_on_more_workers_finishes_the_epoch_from_where_the_backup_stood() {
     resize(2, 3, 30);
+}
+
+#[test]
+fn a_chief_killed_while_writing_a_backup_resumes_from_the_previous_one_to_the_same_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, uninterrupted) = keras_epoch(&dir.path().join("a"), &[]);
+    let (stderr, restarted) = keras_epoch(
+        &dir.path().join("b"),
+        &["--restart-on-failure", "1", "--kill", "worker:0@save:30"],
+    );
+    assert!(
+        stderr.contains("LOCKSTEP_KILL_IN_SAVE: killing this process")
+            && stderr.contains("task worker:0 failed (signal: 9 (SIGKILL))"),
+        "{stderr}"
+    );
+    // Step 30's backup was never published: the restart resumes from step 20's.
+    let resumed = stderr
+        .lines()
+        .find(|l| l.contains("resuming from the backup"))
+        .unwrap_or_else(|| panic!("no resume in {stderr}"));
+    assert!(resumed.contains("step=20"), "{resumed}");
+    assert_eq!(restarted, uninterrupted);
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 
 use lockstep_cluster::{TaskId, TfConfig};
-use lockstep_train::KILL_AT_STEP;
+use lockstep_train::{KILL_AT_STEP, KILL_IN_SAVE};
 
 use crate::build_example::build_example;
 use crate::cluster_plan::{Shape, plan};
@@ -53,8 +53,10 @@ pub(crate) struct RunClusterArgs {
     #[arg(long, value_name = "K", default_value_t = 0)]
     restart_on_failure: u32,
     /// SIGKILL a task once its training step STEP has ended, on its first start only
-    /// (`worker:1@30`; repeatable): a crash on demand, for demonstrations and tests.
-    #[arg(long, value_name = "TASK@STEP", value_parser = parse_kill)]
+    /// (`worker:1@30`; repeatable): a crash on demand, for demonstrations and tests. With
+    /// `TASK@save:STEP` the task is killed while it writes the backup of step STEP (its files
+    /// written, the backup not yet published).
+    #[arg(long, value_name = "TASK@[save:]STEP", value_parser = parse_kill)]
     kill: Vec<Kill>,
     /// Arguments passed to every task, after `--`.
     #[arg(last = true)]
@@ -81,18 +83,25 @@ impl RunClusterArgs {
     }
 }
 
-/// A crash to inject: `task` SIGKILLs itself after its training step `step`.
+/// A crash to inject: `task` SIGKILLs itself after its training step `step`, or while it
+/// writes that step's backup (`in_save`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Kill {
     task: TaskId,
     step: u64,
+    in_save: bool,
 }
 
 fn parse_kill(text: &str) -> Result<Kill, String> {
     let (task, step) = text
         .rsplit_once('@')
         .ok_or_else(|| format!("{text:?} is not TASK@STEP, such as worker:1@30"))?;
+    let (step, in_save) = match step.strip_prefix("save:") {
+        Some(step) => (step, true),
+        None => (step, false),
+    };
     Ok(Kill {
+        in_save,
         task: task.parse().map_err(|e| format!("{e}"))?,
         step: step
             .parse()
@@ -129,9 +138,15 @@ fn task_commands(
             command
                 .args(&args.example_args)
                 .env("TF_CONFIG", config.to_json())
-                .env_remove(KILL_AT_STEP);
+                .env_remove(KILL_AT_STEP)
+                .env_remove(KILL_IN_SAVE);
             if let Some(kill) = args.kill.iter().find(|k| k.task == *task).filter(|_| first) {
-                command.env(KILL_AT_STEP, kill.step.to_string());
+                let var = if kill.in_save {
+                    KILL_IN_SAVE
+                } else {
+                    KILL_AT_STEP
+                };
+                command.env(var, kill.step.to_string());
             }
             (task.clone(), command)
         })
@@ -213,10 +228,26 @@ mod tests {
             parse_kill("worker:1@30").unwrap(),
             Kill {
                 task: TaskId::worker(1),
-                step: 30
+                step: 30,
+                in_save: false,
             }
         );
-        for bad in ["worker:1", "worker@3", "worker:1@", "worker:1@-2", "@5"] {
+        assert_eq!(
+            parse_kill("chief:0@save:7").unwrap(),
+            Kill {
+                task: TaskId::chief(),
+                step: 7,
+                in_save: true,
+            }
+        );
+        for bad in [
+            "worker:1",
+            "worker@3",
+            "worker:1@",
+            "worker:1@-2",
+            "@5",
+            "worker:0@save:",
+        ] {
             assert!(parse_kill(bad).is_err(), "{bad}");
         }
     }

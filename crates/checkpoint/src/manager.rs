@@ -85,6 +85,22 @@ impl CheckpointManager {
     /// not fill their shape); [`CheckpointError::Io`] when the disk refuses. The previous
     /// checkpoint stays intact either way.
     pub fn save(&self, checkpoint: &Checkpoint) -> Result<PathBuf, CheckpointError> {
+        self.save_with_hook(checkpoint, || {})
+    }
+
+    /// As [`save`](Self::save), calling `before_publish` once every file of the checkpoint is
+    /// written and synced in its temporary directory, just before the first rename publishes
+    /// it: the moment a crash tests the atomicity of saving (`LOCKSTEP_KILL_IN_SAVE` in
+    /// `lockstep-train` kills the process there).
+    ///
+    /// # Errors
+    ///
+    /// As [`save`](Self::save).
+    pub fn save_with_hook(
+        &self,
+        checkpoint: &Checkpoint,
+        before_publish: impl FnOnce(),
+    ) -> Result<PathBuf, CheckpointError> {
         // Only a writer clears what crashed saves left: a reader (an evaluator watching the
         // directory) must not remove the writer's save in progress.
         for entry in self.entries()? {
@@ -93,7 +109,13 @@ impl CheckpointManager {
             }
         }
         let (path, ops) = self.plan(checkpoint)?;
+        let mut before_publish = Some(before_publish);
         for op in &ops {
+            if matches!(op, Op::Rename { .. })
+                && let Some(hook) = before_publish.take()
+            {
+                hook();
+            }
             op.run()?;
         }
         tracing::debug!(path = %path.display(), step = checkpoint.progress.step, "checkpoint saved");

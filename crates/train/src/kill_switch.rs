@@ -8,38 +8,63 @@ use crate::error::TrainError;
 /// sets it for one task's first start.
 pub const KILL_AT_STEP: &str = "LOCKSTEP_KILL_AT_STEP";
 
+/// The environment variable that makes the chief SIGKILL itself in the middle of writing the
+/// `BackupAndRestore` backup of this step: its files written, the backup not yet published.
+/// `cargo xtask run-cluster --kill TASK@save:STEP` sets it for one task's first start.
+pub const KILL_IN_SAVE: &str = "LOCKSTEP_KILL_IN_SAVE";
+
 /// `LOCKSTEP_KILL_AT_STEP=N` makes the process SIGKILL itself once its training step N (the
 /// optimizer's `iterations`, the Estimator's global step) has ended, callbacks and saves of
-/// that step included: a crash with no chance to clean up, at a chosen point.
-/// `cargo xtask run-cluster --kill TASK@STEP` sets it for one task's first start.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct KillSwitch(Option<u64>);
+/// that step included; `LOCKSTEP_KILL_IN_SAVE=N` while it writes step N's backup: a crash with
+/// no chance to clean up, at a chosen point.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct KillSwitch {
+    after_step: Option<u64>,
+    in_save: Option<u64>,
+}
 
 impl KillSwitch {
     /// Reads the environment once, at the start of training.
     pub(crate) fn from_env() -> Result<Self, TrainError> {
-        match std::env::var(KILL_AT_STEP) {
-            Err(std::env::VarError::NotPresent) => Ok(Self(None)),
-            Ok(text) => text
-                .trim()
-                .parse()
-                .map(|step| Self(Some(step)))
-                .map_err(|_| {
-                    TrainError::invalid(KILL_AT_STEP, format!("{text:?} is not a step number"))
-                }),
-            Err(std::env::VarError::NotUnicode(text)) => Err(TrainError::invalid(
-                KILL_AT_STEP,
-                format!("{} is not a step number", text.display()),
-            )),
-        }
+        Ok(Self {
+            after_step: step_var(KILL_AT_STEP)?,
+            in_save: step_var(KILL_IN_SAVE)?,
+        })
     }
 
     /// Kills the process with SIGKILL if `step` is the armed one.
     pub(crate) fn after_step(self, step: u64) {
-        if self.0 == Some(step) {
-            tracing::warn!(step, "{KILL_AT_STEP}: killing this process");
-            // SIGKILL cannot be caught, so raising it does not return.
-            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+        if self.after_step == Some(step) {
+            kill(KILL_AT_STEP, step);
         }
+    }
+
+    /// Kills the process with SIGKILL if `step` is the one whose save is armed.
+    pub(crate) fn in_save(self, step: u64) {
+        if self.in_save == Some(step) {
+            kill(KILL_IN_SAVE, step);
+        }
+    }
+}
+
+fn kill(var: &str, step: u64) {
+    tracing::warn!(step, "{var}: killing this process");
+    // SIGKILL cannot be caught, so raising it does not return.
+    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+}
+
+/// A step number from `var`, `None` when unset.
+fn step_var(var: &'static str) -> Result<Option<u64>, TrainError> {
+    match std::env::var(var) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Ok(text) => text
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| TrainError::invalid(var, format!("{text:?} is not a step number"))),
+        Err(std::env::VarError::NotUnicode(text)) => Err(TrainError::invalid(
+            var,
+            format!("{} is not a step number", text.display()),
+        )),
     }
 }

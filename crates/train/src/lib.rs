@@ -60,7 +60,7 @@ pub use estimator::{
 };
 pub use fit::Fit;
 pub use history::{History, Logs};
-pub use kill_switch::KILL_AT_STEP;
+pub use kill_switch::{KILL_AT_STEP, KILL_IN_SAVE};
 pub use model::{MetricKind, Model};
 pub use sidecar_evaluator::{Evaluation, SidecarEvaluator};
 pub use strategy::{

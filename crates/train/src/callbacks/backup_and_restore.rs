@@ -7,6 +7,7 @@ use lockstep_checkpoint::CheckpointManager;
 use crate::callbacks::{Callback, TrainingContext};
 use crate::error::TrainError;
 use crate::history::Logs;
+use crate::kill_switch::KillSwitch;
 
 /// When a callback saves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -33,6 +34,7 @@ pub struct BackupAndRestore {
     save_freq: SaveFreq,
     delete_checkpoint: bool,
     manager: Option<CheckpointManager>,
+    kill_switch: KillSwitch,
 }
 
 impl BackupAndRestore {
@@ -43,6 +45,7 @@ impl BackupAndRestore {
             save_freq: SaveFreq::Epoch,
             delete_checkpoint: true,
             manager: None,
+            kill_switch: KillSwitch::default(),
         }
     }
 
@@ -65,7 +68,8 @@ impl BackupAndRestore {
         ctx.chief_writes("BackupAndRestore", &what, |ctx| {
             // The manager exists on the chief, the only worker this runs on.
             if let Some(manager) = &self.manager {
-                manager.save(&ctx.checkpoint()?)?;
+                let (kill_switch, step) = (self.kill_switch, ctx.step());
+                manager.save_with_hook(&ctx.checkpoint()?, || kill_switch.in_save(step))?;
             }
             Ok(())
         })
@@ -83,6 +87,7 @@ impl Callback for BackupAndRestore {
         if !ctx.is_chief() {
             return Ok(());
         }
+        self.kill_switch = KillSwitch::from_env()?;
         let manager = CheckpointManager::new(&self.dir, Some(1))?;
         if let Some(checkpoint) = manager.latest()? {
             ctx.restore(&checkpoint)?;
