@@ -115,8 +115,8 @@ impl AutoResolver {
     }
 }
 
-/// The variable SLURM sets in every task of a job step (and not in a batch script's shell,
-/// which is not a task of the step).
+/// The variable SLURM sets in every task it starts (`srun`, and the batch script itself, so a
+/// binary started there without `srun` resolves as a one-task SLURM job).
 const SLURM_MARK: &str = "SLURM_PROCID";
 
 impl ClusterResolver for AutoResolver {
