@@ -115,8 +115,7 @@ impl AutoResolver {
     }
 }
 
-/// The variable SLURM sets in every task it starts (`srun`, and the batch script itself, so a
-/// binary started there without `srun` resolves as a one-task SLURM job).
+/// The variable SLURM sets in every task it starts: the task's rank in its job step.
 const SLURM_MARK: &str = "SLURM_PROCID";
 
 impl ClusterResolver for AutoResolver {
