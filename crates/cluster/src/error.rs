@@ -164,3 +164,14 @@ pub(crate) fn quote_json(value: &serde_json::Value) -> String {
         format!("{short}…")
     }
 }
+
+impl ClusterError {
+    /// [`ClusterError::InvalidEnv`] for `var` set to `value`, refused for `reason`.
+    pub(crate) fn invalid_env(var: &'static str, value: &str, reason: String) -> Self {
+        Self::InvalidEnv {
+            var,
+            value: value.to_owned(),
+            reason,
+        }
+    }
+}

@@ -117,7 +117,7 @@ impl KubernetesResolver {
         };
         value
             .parse()
-            .map_err(|_| invalid(var, value, "not a non-negative integer".into()))
+            .map_err(|_| ClusterError::invalid_env(var, value, "not a non-negative integer".into()))
     }
 
     /// The host name of pod `pod` of Job `job`, without the subdomain.
@@ -152,21 +152,21 @@ impl ClusterResolver for KubernetesResolver {
             (0, 1)
         };
         if per_job == 0 {
-            return Err(invalid(
+            return Err(ClusterError::invalid_env(
                 PODS_PER_JOB,
                 "0",
                 "a Job has at least one pod".into(),
             ));
         }
         if pod >= per_job {
-            return Err(invalid(
+            return Err(ClusterError::invalid_env(
                 Self::INDEX_VAR,
                 &pod.to_string(),
                 format!("must be below {PODS_PER_JOB}={per_job}"),
             ));
         }
         if job >= jobs {
-            return Err(invalid(
+            return Err(ClusterError::invalid_env(
                 JOB_INDEX,
                 &job.to_string(),
                 format!("must be below {JOBS}={jobs}"),
@@ -176,7 +176,7 @@ impl ClusterResolver for KubernetesResolver {
             .checked_mul(per_job)
             .filter(|&w| w <= MAX_PODS)
             .ok_or_else(|| {
-                invalid(
+                ClusterError::invalid_env(
                     JOBS,
                     &jobs.to_string(),
                     format!("{jobs} Jobs of {per_job} pods are more than {MAX_PODS} pods"),
@@ -189,11 +189,9 @@ impl ClusterResolver for KubernetesResolver {
         };
         let port = match self.optional(PORT) {
             None => Self::DEFAULT_PORT,
-            Some(value) => value
-                .parse()
-                .ok()
-                .filter(|&p| p != 0)
-                .ok_or_else(|| invalid(PORT, value, "not a port from 1 to 65535".into()))?,
+            Some(value) => value.parse().ok().filter(|&p| p != 0).ok_or_else(|| {
+                ClusterError::invalid_env(PORT, value, "not a port from 1 to 65535".into())
+            })?,
         };
         let mut addresses = Vec::with_capacity(world);
         for rank in 0..world {
@@ -204,7 +202,7 @@ impl ClusterResolver for KubernetesResolver {
             address.parse::<Address>().map_err(|e| {
                 let var = if jobset { JOBSET_NAME } else { JOB_NAME };
                 let value = self.optional(var).unwrap_or_default();
-                invalid(
+                ClusterError::invalid_env(
                     var,
                     value,
                     format!("gives the bad pod address {address:?}: {e}"),
@@ -225,14 +223,6 @@ impl ClusterResolver for KubernetesResolver {
 /// More pods than this is a mistake in a variable, not a cluster (a spec of that many
 /// addresses would take gigabytes).
 const MAX_PODS: usize = 1 << 16;
-
-fn invalid(var: &'static str, value: &str, reason: String) -> ClusterError {
-    ClusterError::InvalidEnv {
-        var,
-        value: value.to_owned(),
-        reason,
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -94,13 +94,13 @@ impl SlurmResolver {
         value
             .trim()
             .parse()
-            .map_err(|_| invalid(var, value, "not a non-negative integer".into()))
+            .map_err(|_| ClusterError::invalid_env(var, value, "not a non-negative integer".into()))
     }
 
     fn tasks_per_node(&self, nodes: usize, ntasks: usize) -> Result<Vec<usize>, ClusterError> {
         let Some(spec) = self.vars.get(TASKS_PER_NODE) else {
             if !ntasks.is_multiple_of(nodes) {
-                return Err(invalid(
+                return Err(ClusterError::invalid_env(
                     NTASKS,
                     &ntasks.to_string(),
                     format!(
@@ -111,14 +111,14 @@ impl SlurmResolver {
             return Ok(vec![ntasks / nodes; nodes]);
         };
         let counts = parse_tasks_per_node(spec).ok_or_else(|| {
-            invalid(
+            ClusterError::invalid_env(
                 TASKS_PER_NODE,
                 spec,
                 "expected counts like `2(x3),1`".into(),
             )
         })?;
         if counts.len() != nodes {
-            return Err(invalid(
+            return Err(ClusterError::invalid_env(
                 TASKS_PER_NODE,
                 spec,
                 format!("names {} nodes but the node list has {nodes}", counts.len()),
@@ -126,7 +126,7 @@ impl SlurmResolver {
         }
         let total: usize = counts.iter().sum();
         if total != ntasks {
-            return Err(invalid(
+            return Err(ClusterError::invalid_env(
                 TASKS_PER_NODE,
                 spec,
                 format!("adds up to {total} tasks but {NTASKS} is {ntasks}"),
@@ -141,22 +141,22 @@ impl ClusterResolver for SlurmResolver {
         let procid = self.count(PROCID)?;
         let ntasks = self.count(NTASKS)?;
         if ntasks == 0 {
-            return Err(invalid(
+            return Err(ClusterError::invalid_env(
                 NTASKS,
                 "0",
                 "a job step has at least one task".into(),
             ));
         }
         if procid >= ntasks {
-            return Err(invalid(
+            return Err(ClusterError::invalid_env(
                 PROCID,
                 &procid.to_string(),
                 format!("must be below {NTASKS}={ntasks}"),
             ));
         }
         let nodelist = self.var(NODELIST)?;
-        let nodes =
-            expand_hostlist(nodelist).map_err(|e| invalid(NODELIST, nodelist, e.to_string()))?;
+        let nodes = expand_hostlist(nodelist)
+            .map_err(|e| ClusterError::invalid_env(NODELIST, nodelist, e.to_string()))?;
         let per_node = self.tasks_per_node(nodes.len(), ntasks)?;
         let mut addresses = Vec::with_capacity(ntasks);
         for (node, &count) in nodes.iter().zip(&per_node) {
@@ -166,7 +166,7 @@ impl ClusterResolver for SlurmResolver {
                     .and_then(|l| self.base_port.checked_add(l))
                     .filter(|&p| p != 0)
                     .ok_or_else(|| {
-                        invalid(
+                        ClusterError::invalid_env(
                             TASKS_PER_NODE,
                             &count.to_string(),
                             format!(
@@ -177,7 +177,7 @@ impl ClusterResolver for SlurmResolver {
                     })?;
                 let address = format!("{node}:{port}");
                 address.parse::<Address>().map_err(|e| {
-                    invalid(
+                    ClusterError::invalid_env(
                         NODELIST,
                         nodelist,
                         format!("node {node:?} gives a bad address: {e}"),
@@ -193,14 +193,6 @@ impl ClusterResolver for SlurmResolver {
             rpc_layer: Some("grpc".into()),
             environment: None,
         })
-    }
-}
-
-fn invalid(var: &'static str, value: &str, reason: String) -> ClusterError {
-    ClusterError::InvalidEnv {
-        var,
-        value: value.to_owned(),
-        reason,
     }
 }
 
