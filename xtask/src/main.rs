@@ -4,14 +4,18 @@
 //!   127.0.0.1, one process per task, each with its own `TF_CONFIG`.
 //! - `cargo xtask bench allreduce`: all-reduce bandwidth and latency between real processes
 //!   (the `allreduce_bench` example on clusters of 2 and 4 workers).
+//! - `cargo xtask deploy k8s|slurm`: write a JobSet, a Kubeflow TrainJob and TFJob, a
+//!   Containerfile, or an sbatch script, that run an example on those engines.
 //!
 //! Dependencies: `clap` for the command line, `ctrlc` to turn Ctrl-C and SIGTERM into an
 //! orderly shutdown, `nix` to signal whole process groups, `serde_json` to read cargo's
-//! build messages, `lockstep-cluster` to write each task's `TF_CONFIG`.
+//! build messages, `lockstep-cluster` to write each task's `TF_CONFIG`, `serde-saphyr` to write the
+//! Kubernetes manifests as YAML, `shlex` to quote arguments in the sbatch script.
 
 mod bench;
 mod build_example;
 mod cluster_plan;
+mod deploy;
 mod ports;
 mod run_cluster;
 mod supervise;
@@ -34,6 +38,9 @@ enum Command {
     RunCluster(run_cluster::RunClusterArgs),
     /// Run a benchmark that needs real processes and print its table.
     Bench(bench::BenchArgs),
+    /// Write the files that run a job on Kubernetes or SLURM (manifests, Containerfile,
+    /// sbatch script).
+    Deploy(deploy::DeployArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +55,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::RunCluster(args) => run_cluster::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Deploy(args) => deploy::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

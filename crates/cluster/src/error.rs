@@ -175,3 +175,19 @@ impl ClusterError {
         }
     }
 }
+
+/// The variable the SLURM and Kubernetes resolvers take their port from: the one place a
+/// deployment says which port its tasks listen on.
+pub(crate) const PORT_VAR: &str = "LOCKSTEP_PORT";
+
+/// `LOCKSTEP_PORT`'s value as a port, or the error naming it.
+pub(crate) fn port_var(value: &str) -> Result<u16, ClusterError> {
+    value
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&p| p != 0)
+        .ok_or_else(|| {
+            ClusterError::invalid_env(PORT_VAR, value, "not a port from 1 to 65535".into())
+        })
+}

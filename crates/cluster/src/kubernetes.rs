@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use crate::address::Address;
 use crate::cluster::Cluster;
-use crate::error::ClusterError;
+use crate::error::{ClusterError, PORT_VAR, port_var};
 use crate::resolver::ClusterResolver;
 use crate::spec::ClusterSpec;
 use crate::task::{TaskId, WORKER};
@@ -71,7 +71,7 @@ impl KubernetesResolver {
         JOBS,
         JOB_NAME,
         SUBDOMAIN,
-        PORT,
+        PORT_VAR,
     ];
 
     /// Takes the variables from the environment now.
@@ -139,7 +139,6 @@ const JOB_INDEX: &str = "JOB_INDEX";
 const JOBS: &str = "LOCKSTEP_JOBS";
 const JOB_NAME: &str = "JOB_NAME";
 const SUBDOMAIN: &str = "LOCKSTEP_SUBDOMAIN";
-const PORT: &str = "LOCKSTEP_PORT";
 
 impl ClusterResolver for KubernetesResolver {
     fn resolve(&self) -> Result<Cluster, ClusterError> {
@@ -187,11 +186,9 @@ impl ClusterResolver for KubernetesResolver {
             None if jobset => self.var(JOBSET_NAME)?,
             None => self.var(SUBDOMAIN)?,
         };
-        let port = match self.optional(PORT) {
+        let port = match self.optional(PORT_VAR) {
             None => Self::DEFAULT_PORT,
-            Some(value) => value.parse().ok().filter(|&p| p != 0).ok_or_else(|| {
-                ClusterError::invalid_env(PORT, value, "not a port from 1 to 65535".into())
-            })?,
+            Some(value) => port_var(value)?,
         };
         let mut addresses = Vec::with_capacity(world);
         for rank in 0..world {
@@ -251,7 +248,7 @@ mod tests {
             (JOB_INDEX, "1"),
             (JOBS, "2"),
             (SUBDOMAIN, "svc"),
-            (PORT, "2222"),
+            (PORT_VAR, "2222"),
         ])
         .resolve()
         .unwrap();
@@ -339,8 +336,8 @@ mod tests {
             (jobset(&[(PODS_PER_JOB, "0")]), PODS_PER_JOB),
             (jobset(&[(JOB_INDEX, "1")]), JOB_INDEX),
             (jobset(&[(JOBS, "99999999999")]), JOBS),
-            (jobset(&[(PORT, "0")]), PORT),
-            (jobset(&[(PORT, "70000")]), PORT),
+            (jobset(&[(PORT_VAR, "0")]), PORT_VAR),
+            (jobset(&[(PORT_VAR, "70000")]), PORT_VAR),
             (jobset(&[(JOBSET_NAME, "bad_name")]), JOBSET_NAME),
         ];
         for (r, var) in cases {

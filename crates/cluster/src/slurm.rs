@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use crate::address::Address;
 use crate::cluster::Cluster;
-use crate::error::ClusterError;
+use crate::error::{ClusterError, PORT_VAR, port_var};
 use crate::hostlist::expand_hostlist;
 use crate::resolver::ClusterResolver;
 use crate::spec::ClusterSpec;
@@ -23,7 +23,8 @@ const RESOLVER: &str = "SLURM";
 /// Task `i` is `worker:i` (`SLURM_PROCID`). Tasks fill the nodes of `SLURM_STEP_NODELIST` in
 /// order, as many per node as `SLURM_STEP_TASKS_PER_NODE` says (`2(x3),1` style), or an equal
 /// share of `SLURM_NTASKS` when that is unset. The `k`-th task on a node listens on
-/// `base_port + k`.
+/// `base_port + k`: `LOCKSTEP_PORT` when set (a batch script picks one per job, so two jobs
+/// sharing a node do not collide), else 8888.
 ///
 /// ```
 /// use lockstep_cluster::{ClusterResolver, SlurmResolver};
@@ -41,21 +42,21 @@ const RESOLVER: &str = "SLURM";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlurmResolver {
     vars: BTreeMap<String, String>,
-    base_port: u16,
+    base_port: Option<u16>,
 }
 
 impl SlurmResolver {
     /// The first port on each node when none is given: TensorFlow's choice.
     pub const DEFAULT_BASE_PORT: u16 = 8888;
 
-    /// Takes the `SLURM_*` variables from the environment now.
+    /// Takes the `SLURM_*` variables and `LOCKSTEP_PORT` from the environment now.
     pub fn from_env() -> Self {
         Self::from_vars(
             std::env::vars_os()
                 .filter_map(|(k, v)| {
                     Some((k.into_string().ok()?, v.to_string_lossy().into_owned()))
                 })
-                .filter(|(k, _)| k.starts_with("SLURM_")),
+                .filter(|(k, _)| k.starts_with("SLURM_") || k == PORT_VAR),
         )
     }
 
@@ -68,15 +69,23 @@ impl SlurmResolver {
                 .into_iter()
                 .map(|(k, v)| (k.into(), v.into()))
                 .collect(),
-            base_port: Self::DEFAULT_BASE_PORT,
+            base_port: None,
         }
     }
 
-    /// Sets the port of the first task on each node.
+    /// Sets the port of the first task on each node, whatever `LOCKSTEP_PORT` says.
     #[must_use]
     pub fn with_base_port(mut self, base_port: u16) -> Self {
-        self.base_port = base_port;
+        self.base_port = Some(base_port);
         self
+    }
+
+    fn base_port(&self) -> Result<u16, ClusterError> {
+        match (self.base_port, self.vars.get(PORT_VAR)) {
+            (Some(port), _) => Ok(port),
+            (None, Some(value)) => port_var(value),
+            (None, None) => Ok(Self::DEFAULT_BASE_PORT),
+        }
     }
 
     fn var(&self, var: &'static str) -> Result<&str, ClusterError> {
@@ -158,21 +167,19 @@ impl ClusterResolver for SlurmResolver {
         let nodes = expand_hostlist(nodelist)
             .map_err(|e| ClusterError::invalid_env(NODELIST, nodelist, e.to_string()))?;
         let per_node = self.tasks_per_node(nodes.len(), ntasks)?;
+        let base_port = self.base_port()?;
         let mut addresses = Vec::with_capacity(ntasks);
         for (node, &count) in nodes.iter().zip(&per_node) {
             for local in 0..count {
                 let port = u16::try_from(local)
                     .ok()
-                    .and_then(|l| self.base_port.checked_add(l))
+                    .and_then(|l| base_port.checked_add(l))
                     .filter(|&p| p != 0)
                     .ok_or_else(|| {
                         ClusterError::invalid_env(
                             TASKS_PER_NODE,
                             &count.to_string(),
-                            format!(
-                                "{count} tasks from base port {} run past port 65535",
-                                self.base_port
-                            ),
+                            format!("{count} tasks from base port {base_port} run past port 65535"),
                         )
                     })?;
                 let address = format!("{node}:{port}");
@@ -237,6 +244,35 @@ mod tests {
         assert_eq!(parse_tasks_per_node("2(x3),1"), Some(vec![2, 2, 2, 1]));
         assert_eq!(parse_tasks_per_node("2(x0)"), None);
         assert_eq!(parse_tasks_per_node("x"), None);
+    }
+
+    #[test]
+    fn lockstep_port_sets_the_first_port_of_each_node() {
+        let vars = [
+            (PROCID, "1"),
+            (NTASKS, "2"),
+            (NODELIST, "a"),
+            (PORT_VAR, "23456"),
+        ];
+        let c = SlurmResolver::from_vars(vars).resolve().unwrap();
+        assert_eq!(c.group_addresses(), ["a:23456", "a:23457"]);
+        let c = SlurmResolver::from_vars(vars)
+            .with_base_port(9000)
+            .resolve()
+            .unwrap();
+        assert_eq!(c.group_addresses(), ["a:9000", "a:9001"]);
+        let err = SlurmResolver::from_vars([
+            (PROCID, "0"),
+            (NTASKS, "1"),
+            (NODELIST, "a"),
+            (PORT_VAR, "0"),
+        ])
+        .resolve()
+        .unwrap_err();
+        assert!(
+            matches!(err, ClusterError::InvalidEnv { var: PORT_VAR, .. }),
+            "{err}"
+        );
     }
 
     #[test]
