@@ -637,6 +637,31 @@ mod tests {
     }
 
     #[test]
+    fn deploy_md_explains_every_variable_the_jobset_sets() {
+        let doc =
+            std::fs::read_to_string(crate::build_example::workspace_root().join("docs/DEPLOY.md"))
+                .unwrap();
+        let docs = documents(&[], "jobset.yaml");
+        let container = &kind(&docs, "JobSet")["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+            ["spec"]["containers"][0];
+        for var in container["env"].as_array().unwrap() {
+            let name = var["name"].as_str().unwrap();
+            if name != "RUST_LOG" {
+                assert!(
+                    doc.contains(&format!("| `{name}` |")),
+                    "docs/DEPLOY.md misses {name}"
+                );
+            }
+        }
+        for (_, annotation) in JOBSET_ANNOTATIONS {
+            assert!(
+                doc.contains(annotation),
+                "docs/DEPLOY.md misses {annotation}"
+            );
+        }
+    }
+
+    #[test]
     fn a_storage_class_is_named_only_when_given() {
         let docs = documents(&[], "jobset.yaml");
         assert!(
