@@ -2,8 +2,10 @@
 //!
 //! The sbatch script runs under a stand-in `srun` that does what SLURM's does on one node:
 //! it starts `SLURM_NTASKS` copies of the command with SLURM's variables, and with
-//! `--kill-on-bad-exit` stops them all when one fails. The Kubernetes manifests' fields are
-//! checked by xtask's unit tests and, in `.ci/run`, against the controllers' own API models.
+//! `--kill-on-bad-exit` stops them all when one fails. The TFJob's tasks run with the
+//! arguments of the manifest and `TF_CONFIG` as Kubeflow's operator writes it. The manifests'
+//! fields are checked by xtask's unit tests and, in `.ci/run`, against the controllers' own
+//! API models.
 
 #![allow(
     clippy::unwrap_used,
@@ -14,7 +16,10 @@
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
 
 use lockstep_e2e::{example_binary, field, task_lines, xtask};
 
@@ -173,4 +178,116 @@ fn deploy_refuses_a_bad_name_with_the_rule_and_writes_nothing() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(stderr.contains("\"My_Job\" is not a DNS label"), "{stderr}");
     assert!(!out.exists());
+}
+
+/// Waits for `child` at most until `deadline`, killing it past that: (success, stdout).
+fn finish(mut child: Child, deadline: Instant) -> (bool, String) {
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn the_tfjobs_tasks_train_and_evaluate_with_tf_config_as_the_operator_writes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("k8s");
+    let written = xtask(&[
+        "deploy",
+        "k8s",
+        "--workers",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        "--epochs",
+        "1",
+    ])
+    .unwrap();
+    assert!(written.status.success());
+    let text = std::fs::read_to_string(out.join("tfjob.yaml")).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let tfjob = docs.iter().find(|d| d["kind"] == "TFJob").unwrap();
+
+    // The operator's TF_CONFIG names the chief and the workers, not the evaluator; here each
+    // pod is a process on its own port of localhost, its volume a folder.
+    let ports: Vec<u16> = (0..2)
+        .map(|_| {
+            TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        })
+        .collect();
+    let cluster = json!({
+        "chief": [format!("localhost:{}", ports[0])],
+        "worker": [format!("localhost:{}", ports[1])],
+    });
+    let state = dir.path().join("state");
+    let mut tasks = Vec::new();
+    for (role, replica) in tfjob["spec"]["tfReplicaSpecs"].as_object().unwrap() {
+        let container = &replica["template"]["spec"]["containers"][0];
+        let command = container["command"][0].as_str().unwrap();
+        let binary = example_binary(command.rsplit('/').next().unwrap()).unwrap();
+        let args: Vec<String> = container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                let mount = container["volumeMounts"][0]["mountPath"].as_str().unwrap();
+                a.as_str().unwrap().replace(mount, state.to_str().unwrap())
+            })
+            .collect();
+        for index in 0..replica["replicas"].as_u64().unwrap() {
+            let tf_config = json!({
+                "cluster": cluster,
+                "task": {"type": role.to_lowercase(), "index": index},
+                "environment": "cloud",
+            });
+            let child = Command::new(&binary)
+                .args(&args)
+                .env("TF_CONFIG", tf_config.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            tasks.push((format!("{role}:{index}"), child));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_mins(5);
+    let mut results = std::collections::BTreeMap::new();
+    for (task, child) in tasks {
+        let (success, stdout) = finish(child, deadline);
+        assert!(success, "{task} failed:\n{stdout}");
+        let last = stdout.lines().last().unwrap_or_default().to_owned();
+        results.insert(task, last);
+    }
+    let chief = &results["Chief:0"];
+    let worker = &results["Worker:0"];
+    let evaluator = &results["Evaluator:0"];
+    assert!(field(chief, "weights_checksum").is_some(), "{chief}");
+    assert_eq!(
+        field(chief, "weights_checksum"),
+        field(worker, "weights_checksum")
+    );
+    assert_eq!(
+        field(evaluator, "last_checkpoint"),
+        Some("ckpt-1"),
+        "{evaluator}"
+    );
+    assert_eq!(
+        field(evaluator, "test_accuracy"),
+        field(chief, "test_accuracy"),
+        "the evaluator evaluated other weights than the chief's last"
+    );
 }
