@@ -75,6 +75,45 @@ fn xtask_command(args: &[&str]) -> Command {
     command
 }
 
+/// Runs `mnist_keras` for one epoch on 2 workers through `cargo xtask run-cluster` (dev
+/// profile, one kernel thread each, a backup every 10 steps in `backup`), with the launcher
+/// options `extra`: (the launcher's stderr, each worker's last weights checksum).
+///
+/// # Errors
+///
+/// When cargo cannot run, the job fails (the error holds its stderr), or a worker printed no
+/// checksum.
+pub fn keras_epoch(backup: &Path, extra: &[&str]) -> Result<(String, Vec<String>), String> {
+    let backup = backup.to_str().ok_or("the backup path is not UTF-8")?;
+    let mut args = vec!["run-cluster", "--profile", "dev", "--timeout-secs=600"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[
+        "--",
+        "--epochs",
+        "1",
+        "--threads",
+        "1",
+        "--backup-every-steps",
+        "10",
+        "--backup-dir",
+        backup,
+    ]);
+    let out = xtask(&args).map_err(|e| format!("cargo xtask: {e}"))?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        return Err(format!("the job failed:\n{stderr}"));
+    }
+    let checksums = (0..2)
+        .map(|rank| {
+            task_lines(&out.stdout, &format!("worker:{rank}"))
+                .last()
+                .and_then(|last| field(last, "weights_checksum").map(str::to_owned))
+                .ok_or_else(|| format!("worker:{rank} printed no weights checksum"))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((stderr, checksums))
+}
+
 /// The lines a task printed, without the `[task] ` prefix the launcher adds.
 pub fn task_lines(output: &[u8], task: &str) -> Vec<String> {
     let prefix = format!("[{task}] ");

@@ -8,33 +8,9 @@
 
 use lockstep_e2e::{field, task_lines, xtask};
 
-/// `mnist_keras` for one epoch on 2 workers, backing up every 10 steps, with `extra` launcher
-/// options: (stderr, each worker's weights checksum).
+/// [`lockstep_e2e::keras_epoch`], failing the test when the job fails.
 fn keras_epoch(backup: &std::path::Path, extra: &[&str]) -> (String, Vec<String>) {
-    let mut args = vec!["run-cluster", "--profile", "dev", "--timeout-secs=600"];
-    args.extend_from_slice(extra);
-    args.extend_from_slice(&[
-        "--",
-        "--epochs",
-        "1",
-        "--threads",
-        "1",
-        "--backup-every-steps",
-        "10",
-        "--backup-dir",
-        backup.to_str().unwrap(),
-    ]);
-    let out = xtask(&args).unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{stderr}");
-    let checksums = (0..2)
-        .map(|rank| {
-            let lines = task_lines(&out.stdout, &format!("worker:{rank}"));
-            let last = lines.last().unwrap();
-            field(last, "weights_checksum").unwrap().to_owned()
-        })
-        .collect();
-    (stderr, checksums)
+    lockstep_e2e::keras_epoch(backup, extra).unwrap()
 }
 
 #[test]

@@ -122,7 +122,14 @@ impl<'a> Manifests<'a> {
             "JobSet pod",
         )?;
         check_host_name(&format!("{name}-{TRAINER_NODE}-0-{last}"), "TrainJob pod")?;
-        check_host_name(&format!("{name}-evaluator-0"), "TFJob service")?;
+        // The TFJob operator names each pod's service `<name>-<role>-<index>`.
+        for host in [
+            format!("{name}-chief-0"),
+            format!("{name}-worker-{}", last.saturating_sub(1)),
+            format!("{name}-evaluator-0"),
+        ] {
+            check_host_name(&host, "TFJob service")?;
+        }
         Ok(Self {
             args,
             name,

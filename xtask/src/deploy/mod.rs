@@ -59,7 +59,7 @@ pub(crate) struct JobArgs {
     example: Trainer,
     /// The port every task listens on (Kubernetes: 8888 by default; SLURM: one per job,
     /// derived from the job id, so jobs sharing a node do not collide).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     port: Option<u16>,
     /// When a task fails, start every task again, up to this many times in all; training
     /// resumes from the chief's backup.
@@ -247,6 +247,12 @@ mod tests {
         );
         let args = job(&["--example", "mnist-estimator"]).task_args("/s", true, 2);
         assert!(args.ends_with(&["--model-dir".to_owned(), "/s/model".to_owned()]));
+    }
+
+    #[test]
+    fn port_zero_is_refused_by_the_parser() {
+        let err = Cli::try_parse_from(["deploy", "--port", "0"]).unwrap_err();
+        assert!(err.to_string().contains("--port"), "{err}");
     }
 
     #[test]
