@@ -4,9 +4,10 @@
 # one session so the machine's mood affects all alike. Every program uses the anchors' timing
 # method (5 warm-ups, >= 2 s of back-to-back rounds, the slowest rank's median).
 #
-# Lockstep runs twice per cluster size: `lockstep-ring` with its defaults (ranks on one host
-# talk over Unix-domain sockets) and `lockstep-ring-tcp` with `--same-host tcp` (TCP over
-# 127.0.0.1, as gloo and Open MPI's tcp BTL do). Each Lockstep run's settings (wires, send-ahead,
+# Lockstep runs three times per cluster size: `lockstep-ring` with its defaults (ranks on one
+# host exchange bytes through shared-memory rings), `lockstep-ring-unix` with `--same-host unix`
+# (Unix-domain sockets, the default before the rings) and `lockstep-ring-tcp` with
+# `--same-host tcp` (TCP over 127.0.0.1, as gloo and Open MPI's tcp BTL do). Each Lockstep run's settings (wires, send-ahead,
 # socket buffers, cores) are printed as `# settings …` lines.
 #
 # Usage: benches/side_by_side_allreduce.sh [SIZES...]   (from the repository root)
@@ -51,6 +52,7 @@ for rep in $(seq 1 "$REPS"); do
         --mca btl_tcp_if_include lo "$WORK/mpi_allreduce_bench" tcp "${SIZES[@]}" 2>/dev/null |
         awk -F, -v r="$rep" 'NR > 1 { print r ",openmpi-tcp," $3 "," $4 "," $9 "," $6 }'
     fi
+    lockstep "$n" lockstep-ring-unix --same-host unix
     lockstep "$n" lockstep-ring-tcp --same-host tcp
   done
 done

@@ -139,6 +139,8 @@ conformance!(shared_memory, Wire::Shared, Implementation::Auto);
 conformance!(tcp_ring, Wire::Tcp, Implementation::Ring);
 conformance!(tcp_tree, Wire::Tcp, Implementation::Tree);
 conformance!(tcp_auto, Wire::Tcp, Implementation::Auto);
+conformance!(tcp_unix_ring, Wire::TcpUnix, Implementation::Ring);
+conformance!(tcp_unix_tree, Wire::TcpUnix, Implementation::Tree);
 conformance!(tcp_loopback_ring, Wire::TcpLoopback, Implementation::Ring);
 conformance!(tcp_loopback_tree, Wire::TcpLoopback, Implementation::Tree);
 conformance!(grpc_ring, Wire::Grpc, Implementation::Ring);

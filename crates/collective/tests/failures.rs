@@ -94,7 +94,13 @@ fn a_rank_that_never_joins_makes_the_others_fail_within_the_timeout() {
 
 #[test]
 fn a_rank_that_disappears_is_reported_as_lost() {
-    for wire in [Wire::Local, Wire::Tcp, Wire::TcpLoopback, Wire::Grpc] {
+    for wire in [
+        Wire::Local,
+        Wire::Tcp,
+        Wire::TcpUnix,
+        Wire::TcpLoopback,
+        Wire::Grpc,
+    ] {
         let results = run(wire, 3, quick(Implementation::Ring), |comm| {
             comm.all_reduce(&mut [1.0_f32; 8], ReduceOp::Sum).unwrap();
             if comm.rank() == 1 {

@@ -1,5 +1,5 @@
-//! Ranks on one host: Unix-domain sockets where both sides can use them, TCP when asked for,
-//! and the same results either way.
+//! Ranks on one host: shared-memory rings (the default) or Unix-domain sockets where both sides
+//! can use them, TCP when asked for, and the same results every way.
 
 #![allow(
     clippy::unwrap_used,
@@ -38,20 +38,67 @@ fn group(
     })
 }
 
-#[test]
-fn ranks_on_one_host_talk_over_unix_sockets_even_when_a_tcp_port_answers_first() {
-    // The higher ranks start late: their TCP ports (bound beforehand, as a launcher hands them
-    // over) accept rank 0's dial before they offer a Unix socket, so rank 0 is sent round.
-    let results = group(3, SameHost::UnixSocket, |rank| {
-        Duration::from_millis(300 * rank as u64)
-    });
+/// Asserts that every rank reaches every other over `wire` and summed correctly.
+fn assert_every_pair(results: &[(Vec<Option<&'static str>>, Vec<f32>)], wire: &str) {
     for (rank, (wires, data)) in results.iter().enumerate() {
-        for (peer, wire) in wires.iter().enumerate() {
-            let expected = if peer == rank { None } else { Some("unix") };
-            assert_eq!(*wire, expected, "rank {rank} to {peer}: {wires:?}");
+        for (peer, got) in wires.iter().enumerate() {
+            let expected = if peer == rank { None } else { Some(wire) };
+            assert_eq!(*got, expected, "rank {rank} to {peer}: {wires:?}");
         }
         assert!(data.iter().all(|&v| v == 6.0));
     }
+}
+
+/// The higher ranks start late: their TCP ports (bound beforehand, as a launcher hands them
+/// over) accept rank 0's dial before they offer a Unix socket, so rank 0 is sent round.
+fn late(rank: usize) -> Duration {
+    Duration::from_millis(300 * rank as u64)
+}
+
+#[test]
+fn ranks_on_one_host_share_memory_rings_even_when_a_tcp_port_answers_first() {
+    assert_every_pair(&group(3, SameHost::SharedMemory, late), "shm");
+}
+
+#[test]
+fn ranks_on_one_host_talk_over_unix_sockets_even_when_a_tcp_port_answers_first() {
+    assert_every_pair(&group(3, SameHost::UnixSocket, late), "unix");
+}
+
+#[test]
+fn a_ring_and_a_plain_socket_meet_as_a_plain_socket() {
+    // Rank 0 asks for rings, the others do not: the pairs with rank 0 agree on no ring.
+    let (listeners, addresses) = common::listeners(3);
+    let cluster = fresh_cluster();
+    let handles: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(rank, listener)| {
+            let addresses = addresses.clone();
+            std::thread::spawn(move || {
+                let same_host = if rank == 0 {
+                    SameHost::SharedMemory
+                } else {
+                    SameHost::UnixSocket
+                };
+                let options = TcpOptions {
+                    cluster,
+                    ..options(same_host)
+                };
+                let transport = lockstep_collective::TcpTransport::connect_on(
+                    listener, rank, &addresses, &options,
+                )
+                .unwrap();
+                let wires = transport.settings().wires;
+                let mut comm = Communicator::new(transport, CommunicationOptions::default());
+                let mut data = vec![rank as f32 + 1.0; 100_000];
+                comm.all_reduce(&mut data, ReduceOp::Sum).unwrap();
+                (wires, data)
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_every_pair(&results, "unix");
 }
 
 #[test]

@@ -53,14 +53,17 @@ struct Args {
     /// The transport between processes.
     #[arg(long, value_enum, default_value_t = Wire::Tcp)]
     transport: Wire,
-    /// How TCP reaches ranks on this host: a Unix-domain socket, or TCP like any other.
-    #[arg(long, value_enum, default_value_t = SameHostWire::Unix)]
+    /// How TCP reaches ranks on this host: a shared-memory ring, a Unix-domain socket, or TCP
+    /// like any other.
+    #[arg(long, value_enum, default_value_t = SameHostWire::Shm)]
     same_host: SameHostWire,
 }
 
 /// How the TCP transport reaches ranks on the same host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum SameHostWire {
+    /// A shared-memory ring beside a Unix-domain socket.
+    Shm,
     /// A Unix-domain socket.
     Unix,
     /// TCP over loopback.
@@ -112,6 +115,7 @@ fn measure<T: ClusterTransport>(
 ) -> anyhow::Result<()> {
     let transport = TcpOptions {
         same_host: match args.same_host {
+            SameHostWire::Shm => SameHost::SharedMemory,
             SameHostWire::Unix => SameHost::UnixSocket,
             SameHostWire::Tcp => SameHost::Tcp,
         },

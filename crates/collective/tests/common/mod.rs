@@ -17,8 +17,10 @@ use lockstep_collective::{
 pub(crate) enum Wire {
     Local,
     Shared,
-    /// TCP as `from_cluster` sets it up: ranks on one host over Unix-domain sockets.
+    /// TCP as `from_cluster` sets it up: ranks on one host through shared-memory rings.
     Tcp,
+    /// Ranks on one host over plain Unix-domain sockets (`SameHost::UnixSocket`).
+    TcpUnix,
     /// TCP over 127.0.0.1 between every pair (`SameHost::Tcp`).
     TcpLoopback,
     Grpc,
@@ -26,10 +28,11 @@ pub(crate) enum Wire {
 
 impl Wire {
     /// Every transport.
-    pub(crate) const ALL: [Self; 5] = [
+    pub(crate) const ALL: [Self; 6] = [
         Self::Local,
         Self::Shared,
         Self::Tcp,
+        Self::TcpUnix,
         Self::TcpLoopback,
         Self::Grpc,
     ];
@@ -74,7 +77,8 @@ pub(crate) fn transports(wire: Wire, n: usize) -> Vec<Box<dyn Transport>> {
             .into_iter()
             .map(|t| Box::new(t) as Box<dyn Transport>)
             .collect(),
-        Wire::Tcp => connect_all::<TcpTransport>(n, SameHost::UnixSocket),
+        Wire::Tcp => connect_all::<TcpTransport>(n, SameHost::SharedMemory),
+        Wire::TcpUnix => connect_all::<TcpTransport>(n, SameHost::UnixSocket),
         Wire::TcpLoopback => connect_all::<TcpTransport>(n, SameHost::Tcp),
         Wire::Grpc => connect_all::<GrpcTransport>(n, SameHost::Tcp),
     }

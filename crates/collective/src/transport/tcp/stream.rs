@@ -1,6 +1,7 @@
-//! The byte stream under a link: TCP, or a Unix-domain socket to a peer on the same host.
+//! The byte stream under a link: TCP, or to a peer on the same host a Unix-domain socket,
+//! whose bytes may go through a shared-memory ring beside it ([`super::shared_ring`]).
 //!
-//! Both carry the same frames; a Unix socket skips the TCP/IP stack, which on loopback costs
+//! All carry the same frames; a Unix socket skips the TCP/IP stack, which on loopback costs
 //! more than the copies themselves (two processes exchanging in both directions at once moved
 //! 2.5× as many bytes over Unix sockets as over TCP on 127.0.0.1, `docs/PERFORMANCE.md`).
 //! The Unix sockets live in Linux's abstract namespace, named after the rank's TCP address:
@@ -14,6 +15,10 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::Duration;
 
+use nix::poll::PollFlags;
+
+use super::shared_ring::SharedRing;
+
 /// The send and receive buffer asked for a Unix socket; Linux doubles it for bookkeeping, so
 /// 1 MiB of data fits: one pack of the default `bytes_per_pack`. Measured beside the default
 /// and 2 and 4 MiB (`cargo xtask bench allreduce`, 16–256 MiB): larger buffers kept more bytes
@@ -23,26 +28,32 @@ const UNIX_BUFFER: usize = 512 * 1024;
 /// How a rank reaches the peers that its cluster spec places on its own host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SameHost {
-    /// A Unix-domain socket where the peer offers one (falling back to TCP).
+    /// A shared-memory ring per pair, beside a Unix-domain socket that wakes sleepers and
+    /// tells when a peer is gone; a plain Unix socket where the ring cannot be mapped, and TCP
+    /// where the peer offers no Unix socket.
     #[default]
+    SharedMemory,
+    /// A Unix-domain socket where the peer offers one (falling back to TCP).
     UnixSocket,
     /// TCP like every other peer.
     Tcp,
 }
 
-/// A connected stream of either kind.
+/// A connected stream of any kind.
 #[derive(Debug)]
 pub(super) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    Shared(SharedRing),
 }
 
 impl Stream {
-    /// `tcp` or `unix`, for logs and the benchmark's settings line.
+    /// `tcp`, `unix` or `shm`, for logs and the benchmark's settings line.
     pub(super) fn kind(&self) -> &'static str {
         match self {
             Self::Tcp(_) => "tcp",
             Self::Unix(_) => "unix",
+            Self::Shared(_) => "shm",
         }
     }
 
@@ -50,6 +61,7 @@ impl Stream {
         match self {
             Self::Tcp(s) => s.set_nonblocking(nonblocking),
             Self::Unix(s) => s.set_nonblocking(nonblocking),
+            Self::Shared(s) => s.socket().set_nonblocking(nonblocking),
         }
     }
 
@@ -57,6 +69,51 @@ impl Stream {
         match self {
             Self::Tcp(s) => s.set_read_timeout(timeout),
             Self::Unix(s) => s.set_read_timeout(timeout),
+            Self::Shared(s) => s.socket().set_read_timeout(timeout),
+        }
+    }
+
+    /// What `poll` must watch on the socket to learn that this stream can be read (`read`) or
+    /// written (`write`). A ring's socket only ever becomes readable: with a doorbell, or at
+    /// the peer's end.
+    pub(super) fn poll_events(&self, read: bool, write: bool) -> PollFlags {
+        let mut events = PollFlags::empty();
+        match self {
+            Self::Shared(_) => {
+                if read || write {
+                    events |= PollFlags::POLLIN;
+                }
+            }
+            Self::Tcp(_) | Self::Unix(_) => {
+                if read {
+                    events |= PollFlags::POLLIN;
+                }
+                if write {
+                    events |= PollFlags::POLLOUT;
+                }
+            }
+        }
+        events
+    }
+
+    /// Before sleeping in `poll`: a ring asks its peer for doorbells and says whether it can
+    /// be read or written already (then the caller must not sleep). Sockets need nothing.
+    pub(super) fn arm(&self, read: bool, write: bool) -> (bool, bool) {
+        match self {
+            Self::Shared(s) => s.arm(read, write),
+            Self::Tcp(_) | Self::Unix(_) => (false, false),
+        }
+    }
+
+    /// After `poll`: whether a write can move bytes now, given what `poll` said of the socket
+    /// (`readable`, `writable`). For a ring, the ring says; its doorbells are turned off again.
+    pub(super) fn disarm(&self, readable: bool, writable: bool) -> bool {
+        match self {
+            Self::Shared(s) => {
+                s.disarm(readable);
+                s.can_write()
+            }
+            Self::Tcp(_) | Self::Unix(_) => writable,
         }
     }
 
@@ -66,6 +123,8 @@ impl Stream {
     pub(super) fn tune(&self) -> io::Result<()> {
         match self {
             Self::Tcp(s) => s.set_nodelay(true),
+            // The socket beside a ring carries one-byte doorbells only.
+            Self::Shared(_) => Ok(()),
             Self::Unix(s) => {
                 use nix::sys::socket::{setsockopt, sockopt};
                 setsockopt(s, sockopt::SndBuf, &UNIX_BUFFER)?;
@@ -79,6 +138,7 @@ impl Stream {
         match self {
             Self::Tcp(s) => s.shutdown(how),
             Self::Unix(s) => s.shutdown(how),
+            Self::Shared(s) => s.socket().shutdown(how),
         }
     }
 }
@@ -88,6 +148,7 @@ impl Read for Stream {
         match self {
             Self::Tcp(s) => s.read(buf),
             Self::Unix(s) => s.read(buf),
+            Self::Shared(s) => s.read(buf),
         }
     }
 }
@@ -97,6 +158,7 @@ impl Write for Stream {
         match self {
             Self::Tcp(s) => s.write(buf),
             Self::Unix(s) => s.write(buf),
+            Self::Shared(s) => s.write(buf),
         }
     }
 
@@ -104,6 +166,7 @@ impl Write for Stream {
         match self {
             Self::Tcp(s) => s.write_vectored(bufs),
             Self::Unix(s) => s.write_vectored(bufs),
+            Self::Shared(s) => s.write_vectored(bufs),
         }
     }
 
@@ -117,6 +180,7 @@ impl AsFd for Stream {
         match self {
             Self::Tcp(s) => s.as_fd(),
             Self::Unix(s) => s.as_fd(),
+            Self::Shared(s) => s.as_fd(),
         }
     }
 }
@@ -129,14 +193,14 @@ pub(super) struct Listeners {
 }
 
 impl Listeners {
-    /// Non-blocking listeners on `tcp` (bound already) and, with [`SameHost::UnixSocket`],
-    /// the Unix socket for `address`. A Unix name already taken (another process bound this
+    /// Non-blocking listeners on `tcp` (bound already) and, unless [`SameHost::Tcp`], the
+    /// Unix socket for `address`. A Unix name already taken (another process bound this
     /// TCP address earlier with `SO_REUSEPORT`, say) only means no Unix socket.
     pub(super) fn new(tcp: TcpListener, address: &str, same_host: SameHost) -> io::Result<Self> {
         tcp.set_nonblocking(true)?;
         let unix = match same_host {
             SameHost::Tcp => None,
-            SameHost::UnixSocket => match bind_unix(address) {
+            SameHost::SharedMemory | SameHost::UnixSocket => match bind_unix(address) {
                 Ok(listener) => {
                     listener.set_nonblocking(true)?;
                     Some(listener)
