@@ -3,14 +3,14 @@
 //!
 //! ```text
 //! $ cargo xtask run-cluster --example allreduce_bench --workers 2 -- --sizes 4096,16777216
-//! [worker:0] settings rank=0 wires=self,unix oversubscribed=false send_ahead=0 spin_us=50 sndbuf=… rcvbuf=… cores=2 bytes_per_pack=1048576
-//! [worker:1] settings rank=1 wires=unix,self oversubscribed=false send_ahead=0 spin_us=50 sndbuf=… rcvbuf=… cores=2 bytes_per_pack=1048576
+//! [worker:0] settings rank=0 wires=self,shm oversubscribed=false send_ahead=0 spin_us=500 sndbuf=… rcvbuf=… cores=2 bytes_per_pack=1048576
+//! [worker:1] settings rank=1 wires=shm,self oversubscribed=false send_ahead=0 spin_us=500 sndbuf=… rcvbuf=… cores=2 bytes_per_pack=1048576
 //! [worker:0] ranks  wire   bytes      algorithm   rounds    time_us  algbw_GBps  busbw_GBps
 //! [worker:0] 2      tcp    4096       ring          …
 //! ```
 //!
-//! `--same-host tcp` makes ranks on one host talk TCP over loopback, as gloo does, instead of
-//! a Unix-domain socket.
+//! Ranks on one host exchange bytes through shared-memory rings; `--same-host unix` makes them
+//! use Unix-domain sockets, and `--same-host tcp` TCP over loopback, as gloo does.
 //!
 //! The method is the one of the reference figures in `shared/anchors/collectives/` (gloo,
 //! Open MPI), so the tables compare directly: 5 warm-up rounds; probe batches of 3, 6, 12, …
