@@ -29,13 +29,19 @@ fn group(
     same_host: SameHost,
     delay: fn(usize) -> Duration,
 ) -> Vec<(Vec<Option<&'static str>>, Vec<f32>)> {
-    tcp_group(n, &options(same_host), delay, |rank, transport| {
-        let wires = transport.settings().wires;
-        let mut comm = Communicator::new(transport, CommunicationOptions::default());
-        let mut data = vec![rank as f32 + 1.0; 100_000];
-        comm.all_reduce(&mut data, ReduceOp::Sum).unwrap();
-        (wires, data)
-    })
+    tcp_group(n, &options(same_host), delay, reduce_once)
+}
+
+/// This rank's wires, and its result of one all-reduce of `rank + 1`.
+fn reduce_once(
+    rank: usize,
+    transport: lockstep_collective::TcpTransport,
+) -> (Vec<Option<&'static str>>, Vec<f32>) {
+    let wires = transport.settings().wires;
+    let mut comm = Communicator::new(transport, CommunicationOptions::default());
+    let mut data = vec![rank as f32 + 1.0; 100_000];
+    comm.all_reduce(&mut data, ReduceOp::Sum).unwrap();
+    (wires, data)
 }
 
 /// Asserts that every rank reaches every other over `wire` and summed correctly.
@@ -89,11 +95,7 @@ fn a_ring_and_a_plain_socket_meet_as_a_plain_socket() {
                     listener, rank, &addresses, &options,
                 )
                 .unwrap();
-                let wires = transport.settings().wires;
-                let mut comm = Communicator::new(transport, CommunicationOptions::default());
-                let mut data = vec![rank as f32 + 1.0; 100_000];
-                comm.all_reduce(&mut data, ReduceOp::Sum).unwrap();
-                (wires, data)
+                reduce_once(rank, transport)
             })
         })
         .collect();

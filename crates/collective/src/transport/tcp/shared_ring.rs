@@ -3,9 +3,11 @@
 //! with no system call while both sides are busy.
 //!
 //! Why: over the socket itself the kernel copies every byte twice, into a socket buffer and
-//! out of it, each copy a system call on a core that the all-reduce needs for reducing. Two
-//! ranks sharing 2 cores moved 1.4–1.8× as many bytes through the ring as through the socket
-//! (`docs/PERFORMANCE.md`, twelfth session), the way MPI and NCCL move data inside a node.
+//! out of it, each copy a system call on a core that the all-reduce needs for reducing. In
+//! five interleaved runs at 16–256 MiB (`docs/PERFORMANCE.md`, twelfth session) the ring
+//! moved 1.10–1.68× the bytes per second of the socket with 2 ranks on 2 cores (median
+//! 1.29×) and 0.99–1.76× with 4 (median 1.32×), and cut a 4-byte round from 9–15 µs to
+//! 1–3 µs, the way MPI's and NCCL's paths inside a node do.
 //!
 //! The socket stays, for three jobs: it carries the handshake that passes the `memfd`
 //! (`SCM_RIGHTS`); a side that goes to sleep in `poll(2)` says so in the ring's control words
@@ -42,9 +44,9 @@ use rustix::net::{
     SendAncillaryMessage, SendFlags,
 };
 
-/// Data bytes per direction: enough for a writer to stay ahead of its reader by a quarter of
-/// a default pack while the ring still sits in the 32 MiB shared cache (measured beside 256 KiB
-/// and 4 MiB with `cargo xtask bench allreduce`, 16–256 MiB, 2 and 4 ranks).
+/// Data bytes per direction: as much as the 1 MiB default pack, so a writer never waits for
+/// room in the middle of a pack while its reader is busy, and small beside the 32 MiB shared
+/// cache. Not tuned: other sizes were not measured.
 pub(super) const RING_BYTES: usize = 1 << 20;
 /// The control words of a direction, each on its own cache line so that the writer's and the
 /// reader's stores do not fight over one line.
