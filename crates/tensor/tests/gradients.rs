@@ -237,6 +237,20 @@ proptest! {
         let bias = Tensor::from_vec(b.0.clone(), &b.1).unwrap();
         check(std::slice::from_ref(&k), &|t| ops::conv2d_bias_relu_max_pool(&x, &t[0], Some(&bias), false, (1, 1), padding, single))?;
         check(&[k], &|t| ops::conv2d_bias_relu_max_pool(&x, &t[0], None, false, (1, 1), padding, single))?;
+        // A bias value moves every output of its filter: with the relu on, one pre-activation
+        // among a hundred within ±h of zero makes it a kink, and with one filter nothing would be
+        // compared. Each bias value is moved, in steps of 3h, until its filter's pre-activations
+        // all lie 2h or more from zero.
+        let b = if relu {
+            let z = ops::conv2d_bias_relu_max_pool(&x, &kernel, None, false, (1, 1), padding, single).unwrap();
+            let clear = |c: usize, bias: f32| z.data().iter().skip(c).step_by(c_out).all(|v| (v + bias).abs() >= 2.0 * H);
+            let moved: Vec<f32> = b.0.iter().enumerate().map(|(c, &bias)| {
+                (0..1000).map(|step| bias + step as f32 * 3.0 * H).find(|&bias| clear(c, bias)).unwrap()
+            }).collect();
+            (moved, b.1)
+        } else {
+            b
+        };
         check(&[b], &|t| ops::conv2d_bias_relu_max_pool(&x, &kernel, Some(&t[0]), relu, (1, 1), padding, pool))?;
     }
 
