@@ -6,53 +6,10 @@ use rayon::prelude::*;
 
 use super::elementwise::{relu_in_place, zip};
 use super::gemm::{MatRef, matmul, matmul_new};
+use super::geometry::{Geometry, Grads, OutputGrad, Wanted};
 use super::reduce::sum_rows;
 use super::winograd::{self, Tiling};
 use crate::error::TensorError;
-
-/// The sizes of one convolution (or pooling window) over NHWC input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Geometry {
-    pub(crate) batch: usize,
-    pub(crate) height: usize,
-    pub(crate) width: usize,
-    pub(crate) channels: usize,
-    pub(crate) kernel_h: usize,
-    pub(crate) kernel_w: usize,
-    pub(crate) stride_h: usize,
-    pub(crate) stride_w: usize,
-    pub(crate) pad_top: usize,
-    pub(crate) pad_left: usize,
-    pub(crate) out_h: usize,
-    pub(crate) out_w: usize,
-}
-
-impl Geometry {
-    /// Output positions per image.
-    pub(crate) fn out_pixels(&self) -> usize {
-        self.out_h * self.out_w
-    }
-
-    /// Values of one im2col row: a kernel window across all channels.
-    pub(crate) fn patch(&self) -> usize {
-        self.kernel_h * self.kernel_w * self.channels
-    }
-
-    /// Input row and column read by output (`oy`, `ox`) at kernel offset (`ky`, `kx`), or
-    /// `None` in the padding.
-    #[inline]
-    pub(crate) fn source(
-        &self,
-        oy: usize,
-        ox: usize,
-        ky: usize,
-        kx: usize,
-    ) -> Option<(usize, usize)> {
-        let y = (oy * self.stride_h + ky).checked_sub(self.pad_top)?;
-        let x = (ox * self.stride_w + kx).checked_sub(self.pad_left)?;
-        (y < self.height && x < self.width).then_some((y, x))
-    }
-}
 
 /// Unfolds every kernel window into a row: `[batch·out_h·out_w, kernel_h·kernel_w·channels]`.
 pub(crate) fn im2col(input: &[f32], g: &Geometry) -> Vec<f32> {
@@ -147,32 +104,6 @@ pub(crate) fn conv2d(
         relu_in_place(&mut out);
     }
     Ok((out, Lowering::Im2col(cols)))
-}
-
-/// The gradient arriving at a convolution's output, masked where a fused relu was zero.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct OutputGrad<'a> {
-    /// `dL/dy`, `[batch, out_h, out_w, filters]`.
-    pub(crate) values: &'a [f32],
-    /// The relu's output, when the convolution had one: the gradient passes where it is
-    /// positive.
-    pub(crate) relu_output: Option<&'a [f32]>,
-}
-
-/// Which gradients a backward pass computes.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Wanted {
-    pub(crate) input: bool,
-    pub(crate) kernel: bool,
-    pub(crate) bias: bool,
-}
-
-/// A convolution's gradients, each present when it was wanted.
-#[derive(Debug, Default)]
-pub(crate) struct Grads {
-    pub(crate) input: Option<Vec<f32>>,
-    pub(crate) kernel: Option<Vec<f32>>,
-    pub(crate) bias: Option<Vec<f32>>,
 }
 
 /// The gradients of `relu?(conv2d(input, kernel) + bias)`, computed as `lowering` computed the

@@ -38,9 +38,10 @@
 use rayon::prelude::*;
 use wide::f32x8;
 
-use super::conv::{Geometry, Grads, Wanted};
-use super::lanes::{LANES, Lanes, load, store};
+use super::geometry::{Geometry, Grads, PoolWindow, Wanted};
+use super::lanes::{LANES, Lanes, store};
 use super::reduce::sum_in_order;
+use super::window_max::{NO_POSITION, PooledGrad, pooled_grad, store_pooled, take_max};
 use super::winograd::{self, Tiling};
 
 /// Kernel values per output (`kernel_h · kernel_w · channels`) up to which the direct method
@@ -60,23 +61,6 @@ const BLOCK: usize = 2 * LANES;
 
 /// Fixed parts of the batch for the backward pass, each summing its own kernel gradient.
 const BACKWARD_PARTS: usize = 8;
-
-/// The argmax of a window that took no value (all `-inf` without relu): routes no gradient.
-pub(crate) const NO_POSITION: u8 = u8::MAX;
-
-/// Non-overlapping max-pooling windows (stride equal to the window, valid padding) over a
-/// convolution's output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PoolWindow {
-    pub(crate) h: usize,
-    pub(crate) w: usize,
-}
-
-impl PoolWindow {
-    pub(crate) fn positions(self) -> usize {
-        self.h * self.w
-    }
-}
 
 /// How a convolution and the max pooling after it are computed together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -433,27 +417,6 @@ fn direct_forward(
     (pooled, argmax)
 }
 
-/// The running `(max, argmax)` of a window after `value` at `position`: the epilogue applied
-/// first, as the separate layers apply it, and `>` keeping the first maximum as TensorFlow does.
-#[inline]
-pub(crate) fn take_max(
-    value: Lanes,
-    relu: bool,
-    (best, arg): (Lanes, Lanes),
-    position: Lanes,
-) -> (Lanes, Lanes) {
-    if relu {
-        // `max` with zero second turns NaN into 0, like `f32::max(NaN, 0.0)`: no NaN remains.
-        let value = value.fast_max(f32x8::ZERO);
-        let take = value.simd_gt(best);
-        (best.fast_max(value), take.bitselect(position, arg))
-    } else {
-        // NaN propagates: the first NaN is taken and kept.
-        let take = value.simd_gt(best) | (value.is_nan() & !best.is_nan());
-        (take.bitselect(value, best), take.bitselect(position, arg))
-    }
-}
-
 /// One pooling window's pooled values and argmax, a block of filters at a time.
 #[inline]
 fn pool_window(
@@ -504,29 +467,6 @@ fn pool_window(
     }
 }
 
-/// Writes one vector's pooled values and their argmax (window positions held as `f32`, as
-/// [`take_max`] keeps them) for the first `pooled.len()` channels.
-#[inline]
-pub(crate) fn store_pooled((pooled, argmax): (&mut [f32], &mut [u8]), (best, arg): (Lanes, Lanes)) {
-    store(pooled, best);
-    // Window positions are below `MAX_POSITIONS` (or `NO_POSITION`): the conversions are exact.
-    for (slot, a) in argmax.iter_mut().zip(arg.fast_trunc_int().to_array()) {
-        *slot = a as u8;
-    }
-}
-
-/// The pooled layer's output gradient and what the forward pass kept.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PooledGrad<'a> {
-    /// `dL/dpooled`, `[batch, pooled_h, pooled_w, filters]`.
-    pub(crate) values: &'a [f32],
-    /// The pooled output, when a relu preceded the pooling: the gradient passes where it is
-    /// positive.
-    pub(crate) relu_output: Option<&'a [f32]>,
-    /// The forward pass's argmax.
-    pub(crate) argmax: &'a [u8],
-}
-
 /// The gradients of [`direct_forward`] with respect to the kernel
 /// (`[kernel_h, kernel_w, channels, filters]`) and the bias (`[filters]`).
 fn direct_backward(
@@ -561,23 +501,6 @@ fn direct_backward(
     let kernel = sum_in_order(&kernels, blocks * g.patch() * BLOCK);
     let bias = sum_in_order(&biases, blocks * BLOCK);
     (l.unblocked(&kernel), l.unblocked(&bias))
-}
-
-/// The gradient and argmax of pooled values `range` as vectors (zeros and [`NO_POSITION`] past
-/// its end), the gradient masked where the window took no value or the relu was zero.
-#[inline]
-pub(crate) fn pooled_grad(grad: PooledGrad<'_>, range: std::ops::Range<usize>) -> (Lanes, Lanes) {
-    let mut arg = [f32::from(NO_POSITION); LANES];
-    for (lane, &a) in arg.iter_mut().zip(&grad.argmax[range.clone()]) {
-        *lane = f32::from(a);
-    }
-    let arg = f32x8::from(arg);
-    let mut d = load(&grad.values[range.clone()]);
-    d &= !arg.simd_eq(f32x8::splat(f32::from(NO_POSITION)));
-    if let Some(out) = grad.relu_output {
-        d &= load(&out[range]).simd_gt(f32x8::ZERO);
-    }
-    (d, arg)
 }
 
 /// Adds one pooling window's contribution (pooled values `at..at + filters`) to the blocked

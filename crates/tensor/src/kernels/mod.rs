@@ -9,10 +9,12 @@ pub(crate) mod conv;
 pub(crate) mod conv_pool;
 pub(crate) mod elementwise;
 pub mod gemm;
+pub(crate) mod geometry;
 pub(crate) mod lanes;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod softmax;
+pub(crate) mod window_max;
 pub(crate) mod winograd;
 
 /// Elements per parallel task in elementwise kernels: large enough to amortise a task.

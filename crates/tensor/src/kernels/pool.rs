@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::conv::Geometry;
+use super::geometry::Geometry;
 
 /// Forward max pooling: `(output [batch, out_h, out_w, channels], argmax)`, where `argmax[i]`
 /// is the index within its image of the input value output `i` took. A window entirely in the

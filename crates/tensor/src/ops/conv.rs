@@ -1,7 +1,7 @@
 //! Convolution and max pooling over NHWC tensors.
 
 use crate::error::TensorError;
-use crate::kernels::conv::Geometry;
+use crate::kernels::geometry::Geometry;
 use crate::kernels::pool;
 use crate::tensor::{Tensor, count_values};
 

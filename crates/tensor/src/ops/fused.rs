@@ -6,13 +6,13 @@
 use super::activation::relu_grad;
 use super::conv::{Padding, geometry, max_pool2d};
 use crate::error::TensorError;
-use crate::kernels::conv::{
-    Geometry, Grads, OutputGrad, Wanted, conv2d as conv_kernel, conv2d_backward,
-};
-use crate::kernels::conv_pool::{PoolWindow, PooledConv, PooledGrad};
+use crate::kernels::conv::{conv2d as conv_kernel, conv2d_backward};
+use crate::kernels::conv_pool::PooledConv;
 use crate::kernels::elementwise::{relu_in_place, repeat_rows};
 use crate::kernels::gemm::{MatRef, matmul as gemm, matmul_new as gemm_new};
+use crate::kernels::geometry::{Geometry, Grads, OutputGrad, PoolWindow, Wanted};
 use crate::kernels::reduce::sum_rows;
+use crate::kernels::window_max::PooledGrad;
 use crate::tensor::{Tensor, count_values};
 
 fn check_bias(
