@@ -1,0 +1,184 @@
+//! Opening a GPU: one context and one stream per device and process, the kernels compiled
+//! once for its architecture, and its cuBLAS handle.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaStream};
+
+use crate::buffer::CudaBuffer;
+use crate::error::CudaError;
+use crate::kernels::Kernels;
+use crate::libraries;
+
+/// Devices opened so far, by ordinal: a device is opened once per process.
+static OPEN: Mutex<Vec<(usize, CudaDevice)>> = Mutex::new(Vec::new());
+
+/// The number of CUDA devices the driver sees.
+///
+/// # Errors
+///
+/// [`CudaError::NoDriver`] on a machine without the NVIDIA driver (never a panic), or the
+/// driver's own error.
+pub fn device_count() -> Result<usize, CudaError> {
+    if !libraries::driver_present() {
+        return Err(CudaError::NoDriver);
+    }
+    let count = CudaContext::device_count().map_err(CudaError::driver("counting devices"))?;
+    Ok(usize::try_from(count).unwrap_or(0))
+}
+
+/// One GPU, opened: cheap to clone, shared by every buffer on it.
+///
+/// Work is queued in order on the device's one stream; reading a buffer back to the host
+/// waits for it.
+#[derive(Clone)]
+pub struct CudaDevice {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    ordinal: usize,
+    name: String,
+    capability: (i32, i32),
+    stream: Arc<CudaStream>,
+    kernels: OnceLock<Result<Kernels, String>>,
+    blas: OnceLock<Result<CudaBlas, String>>,
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal` (the same device on every call in a process).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::NoDriver`] without the NVIDIA driver, [`CudaError::NoDevice`] when the
+    /// driver has no such device, or the driver's error.
+    pub fn open(ordinal: usize) -> Result<Self, CudaError> {
+        let mut open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, device)) = open.iter().find(|(o, _)| *o == ordinal) {
+            return Ok(device.clone());
+        }
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(CudaError::NoDevice { ordinal, count });
+        }
+        let context = CudaContext::new(ordinal).map_err(CudaError::driver("creating a context"))?;
+        let name = context
+            .name()
+            .map_err(CudaError::driver("reading the device's name"))?;
+        let capability = context
+            .compute_capability()
+            .map_err(CudaError::driver("reading the compute capability"))?;
+        let stream = context
+            .new_stream()
+            .map_err(CudaError::driver("creating a stream"))?;
+        tracing::info!(ordinal, %name, ?capability, "opened a CUDA device");
+        let device = Self {
+            shared: Arc::new(Shared {
+                ordinal,
+                name,
+                capability,
+                stream,
+                kernels: OnceLock::new(),
+                blas: OnceLock::new(),
+            }),
+        };
+        open.push((ordinal, device.clone()));
+        Ok(device)
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.shared.ordinal
+    }
+
+    /// The device's name, as the driver gives it.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The compute capability, `(major, minor)`: `(9, 0)` for an H100.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.shared.capability
+    }
+
+    /// The stream all of this device's work is queued on.
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.shared.stream
+    }
+
+    /// The training kernels, compiled by NVRTC on first use.
+    pub(crate) fn kernels(&self) -> Result<&Kernels, CudaError> {
+        let (major, minor) = self.shared.capability;
+        let arch = format!("compute_{major}{minor}");
+        self.shared
+            .kernels
+            .get_or_init(|| Kernels::load(&self.shared.stream, &arch).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|log| CudaError::Compile {
+                arch: arch.clone(),
+                log: log.clone(),
+            })
+    }
+
+    /// The cuBLAS handle, created on first use.
+    pub(crate) fn blas(&self) -> Result<&CudaBlas, CudaError> {
+        self.shared
+            .blas
+            .get_or_init(|| {
+                libraries::ensure(libraries::CUBLAS).map_err(|e| e.to_string())?;
+                CudaBlas::new(Arc::clone(&self.shared.stream)).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|reason| CudaError::invalid("cublas", reason.clone()))
+    }
+
+    /// A buffer holding a copy of `values`.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error (out of memory, a device in an error state).
+    pub fn upload(&self, values: &[f32]) -> Result<CudaBuffer, CudaError> {
+        CudaBuffer::upload(self, values)
+    }
+
+    /// A buffer of `len` zeros.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    pub fn zeros(&self, len: usize) -> Result<CudaBuffer, CudaError> {
+        CudaBuffer::zeros(self, len)
+    }
+
+    /// Waits until every operation queued on this device has finished.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error, which may come from an earlier asynchronous operation.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.shared
+            .stream
+            .synchronize()
+            .map_err(CudaError::driver("synchronizing"))
+    }
+}
+
+impl PartialEq for CudaDevice {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+
+impl Eq for CudaDevice {}
+
+impl fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("ordinal", &self.shared.ordinal)
+            .field("name", &self.shared.name)
+            .field("capability", &self.shared.capability)
+            .finish_non_exhaustive()
+    }
+}

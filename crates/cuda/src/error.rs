@@ -1,0 +1,80 @@
+//! What can go wrong between a program and a GPU, each case naming its cause.
+
+use std::path::PathBuf;
+
+/// An error from finding, opening or using a CUDA device.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CudaError {
+    /// The CUDA driver library (`libcuda.so.1`) is not installed: no NVIDIA driver on this
+    /// machine. The caller chooses between the CPU and failing.
+    #[error("no CUDA driver: libcuda could not be loaded (no NVIDIA driver on this machine)")]
+    NoDriver,
+    /// A CUDA library other than the driver is missing.
+    #[error(
+        "CUDA library {library} not found on the loader path nor in {searched:?}; set \
+         LOCKSTEP_CUDA_LIBRARY_PATH to the folders holding it (pip's nvidia-* wheels put them \
+         in site-packages/nvidia/*/lib)"
+    )]
+    MissingLibrary {
+        /// The library's file name, as the loader looks it up.
+        library: &'static str,
+        /// The folders searched beside the loader's own path.
+        searched: Vec<PathBuf>,
+    },
+    /// The driver is there but has no device of this ordinal.
+    #[error("no CUDA device {ordinal}: the driver sees {count}")]
+    NoDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// How many devices the driver sees.
+        count: usize,
+    },
+    /// A driver call failed.
+    #[error("CUDA driver: {what}: {source}")]
+    Driver {
+        /// What was being done.
+        what: &'static str,
+        /// The driver's error.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    /// NVRTC refused the kernels' source: a bug in this crate, reported with the compiler's log.
+    #[error("NVRTC could not compile the kernels for {arch}: {log}")]
+    Compile {
+        /// The target architecture.
+        arch: String,
+        /// The compiler's log, or its error when it gave no log.
+        log: String,
+    },
+    /// A cuBLAS call failed.
+    #[error("cuBLAS: {what}: {source}")]
+    Blas {
+        /// What was being done.
+        what: &'static str,
+        /// cuBLAS's error.
+        #[source]
+        source: cudarc::cublas::result::CublasError,
+    },
+    /// Buffers of the wrong length, or from another device, were passed to an operation.
+    #[error("{op}: {reason}")]
+    Invalid {
+        /// The operation.
+        op: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+impl CudaError {
+    pub(crate) fn driver(what: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Self {
+        move |source| Self::Driver { what, source }
+    }
+
+    pub(crate) fn invalid(op: &'static str, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            op,
+            reason: reason.into(),
+        }
+    }
+}

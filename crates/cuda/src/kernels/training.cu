@@ -1,0 +1,299 @@
+// The element-wise, reduction, convolution-lowering, pooling and optimizer kernels of
+// lockstep-cuda, compiled once per process by NVRTC for the device's architecture.
+//
+// Every kernel walks its index range with a grid-stride loop, so any grid covers any size, and
+// sums in a fixed order (no atomics): results are the same from run to run. Compiled with
+// `--fmad=false`, so that `a * b + c` rounds as the CPU kernels round it.
+
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define FOR_EACH(i, n) \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+         i += (u64)blockDim.x * gridDim.x)
+
+#define NO_POSITION 0xFFFFFFFFFFFFFFFFull
+
+// NVRTC has no <math.h>: -inf by its bits.
+#define NEG_INFINITY __int_as_float(0xff800000)
+
+extern "C" __global__ void fill_f32(float* out, float value, u64 n) {
+    FOR_EACH(i, n) { out[i] = value; }
+}
+
+extern "C" __global__ void add_f32(const float* a, const float* b, float* out, u64 n) {
+    FOR_EACH(i, n) { out[i] = a[i] + b[i]; }
+}
+
+extern "C" __global__ void sub_f32(const float* a, const float* b, float* out, u64 n) {
+    FOR_EACH(i, n) { out[i] = a[i] - b[i]; }
+}
+
+extern "C" __global__ void mul_f32(const float* a, const float* b, float* out, u64 n) {
+    FOR_EACH(i, n) { out[i] = a[i] * b[i]; }
+}
+
+extern "C" __global__ void div_f32(const float* a, const float* b, float* out, u64 n) {
+    FOR_EACH(i, n) { out[i] = a[i] / b[i]; }
+}
+
+extern "C" __global__ void scale_f32(const float* x, float factor, float* out, u64 n) {
+    FOR_EACH(i, n) { out[i] = x[i] * factor; }
+}
+
+// `max(x, 0)` with NaN giving 0, as `f32::max(NaN, 0.0)` does on the CPU.
+extern "C" __global__ void relu_f32(const float* x, float* out, u64 n) {
+    FOR_EACH(i, n) {
+        float v = x[i];
+        out[i] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+// `dy` where the relu's output `y` is positive, else 0.
+extern "C" __global__ void relu_grad_f32(const float* dy, const float* y, float* out, u64 n) {
+    FOR_EACH(i, n) { out[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
+}
+
+// `x + bias` along the last axis (`cols` values a row), then a relu when `relu` is non-zero.
+extern "C" __global__ void bias_add_f32(const float* x, const float* bias, float* out, u64 cols,
+                                        int relu, u64 n) {
+    FOR_EACH(i, n) {
+        float v = x[i] + bias[i % cols];
+        out[i] = relu && !(v > 0.0f) ? 0.0f : v;
+    }
+}
+
+// The sum of each column of a `[rows, cols]` matrix, rows in order: a bias's gradient.
+extern "C" __global__ void column_sums_f32(const float* x, float* out, u64 rows, u64 cols) {
+    FOR_EACH(j, cols) {
+        float sum = 0.0f;
+        for (u64 r = 0; r < rows; ++r) {
+            sum += x[r * cols + j];
+        }
+        out[j] = sum;
+    }
+}
+
+// The sum of all `n` values by one block: each thread sums a strided share in order, then the
+// shares are added pairwise in a fixed tree. Launched with one block of 256 threads.
+extern "C" __global__ void sum_f32(const float* x, float* out, u64 n) {
+    __shared__ float shares[256];
+    float sum = 0.0f;
+    for (u64 i = threadIdx.x; i < n; i += blockDim.x) {
+        sum += x[i];
+    }
+    shares[threadIdx.x] = sum;
+    __syncthreads();
+    for (unsigned int half = blockDim.x / 2; half > 0; half /= 2) {
+        if (threadIdx.x < half) {
+            shares[threadIdx.x] += shares[threadIdx.x + half];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        out[0] = shares[0];
+    }
+}
+
+// Per row of `[rows, classes]` logits: the cross-entropy against `labels[row]` (checked on
+// the host to be below `classes`) and its gradient, `softmax - one_hot`, both stable for huge
+// logits (the row's maximum is subtracted first).
+extern "C" __global__ void sparse_softmax_cross_entropy_f32(const float* logits,
+                                                            const unsigned int* labels,
+                                                            float* loss, float* grad, u64 rows,
+                                                            u64 classes) {
+    FOR_EACH(r, rows) {
+        const float* row = logits + r * classes;
+        float top = NEG_INFINITY;
+        for (u64 k = 0; k < classes; ++k) {
+            top = fmaxf(top, row[k]);
+        }
+        float total = 0.0f;
+        for (u64 k = 0; k < classes; ++k) {
+            total += expf(row[k] - top);
+        }
+        unsigned int label = labels[r];
+        loss[r] = logf(total) - (row[label] - top);
+        for (u64 k = 0; k < classes; ++k) {
+            float p = expf(row[k] - top) / total;
+            grad[r * classes + k] = k == label ? p - 1.0f : p;
+        }
+    }
+}
+
+// Softmax along the last axis, stable for huge logits.
+extern "C" __global__ void softmax_f32(const float* x, float* out, u64 rows, u64 classes) {
+    FOR_EACH(r, rows) {
+        const float* row = x + r * classes;
+        float top = NEG_INFINITY;
+        for (u64 k = 0; k < classes; ++k) {
+            top = fmaxf(top, row[k]);
+        }
+        float total = 0.0f;
+        for (u64 k = 0; k < classes; ++k) {
+            total += expf(row[k] - top);
+        }
+        for (u64 k = 0; k < classes; ++k) {
+            out[r * classes + k] = expf(row[k] - top) / total;
+        }
+    }
+}
+
+// The sizes of a convolution or pooling window over NHWC input, as the host's `Geometry`.
+struct Geometry {
+    u64 batch, height, width, channels;
+    u64 kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left, out_h, out_w;
+};
+
+// Every kernel window unfolded into a row: `[batch·out_h·out_w, kernel_h·kernel_w·channels]`,
+// zeros in the padding.
+extern "C" __global__ void im2col_f32(const float* input, float* cols, Geometry g, u64 n) {
+    FOR_EACH(i, n) {
+        u64 c = i % g.channels, t = i / g.channels;
+        u64 kx = t % g.kernel_w; t /= g.kernel_w;
+        u64 ky = t % g.kernel_h; t /= g.kernel_h;
+        u64 ox = t % g.out_w; t /= g.out_w;
+        u64 oy = t % g.out_h;
+        u64 b = t / g.out_h;
+        i64 y = (i64)(oy * g.stride_h + ky) - (i64)g.pad_top;
+        i64 x = (i64)(ox * g.stride_w + kx) - (i64)g.pad_left;
+        bool inside = y >= 0 && y < (i64)g.height && x >= 0 && x < (i64)g.width;
+        cols[i] = inside ? input[((b * g.height + y) * g.width + x) * g.channels + c] : 0.0f;
+    }
+}
+
+// The adjoint of `im2col_f32`: each input value gathers the row values that read it, windows
+// in order (no atomics).
+extern "C" __global__ void col2im_f32(const float* cols, float* input, Geometry g, u64 n) {
+    FOR_EACH(i, n) {
+        u64 c = i % g.channels, t = i / g.channels;
+        u64 x = t % g.width; t /= g.width;
+        u64 y = t % g.height;
+        u64 b = t / g.height;
+        float sum = 0.0f;
+        for (u64 ky = 0; ky < g.kernel_h; ++ky) {
+            i64 sy = (i64)(y + g.pad_top) - (i64)ky;
+            if (sy < 0 || sy % (i64)g.stride_h != 0) continue;
+            u64 oy = (u64)sy / g.stride_h;
+            if (oy >= g.out_h) continue;
+            for (u64 kx = 0; kx < g.kernel_w; ++kx) {
+                i64 sx = (i64)(x + g.pad_left) - (i64)kx;
+                if (sx < 0 || sx % (i64)g.stride_w != 0) continue;
+                u64 ox = (u64)sx / g.stride_w;
+                if (ox >= g.out_w) continue;
+                u64 row = (b * g.out_h + oy) * g.out_w + ox;
+                sum += cols[((row * g.kernel_h + ky) * g.kernel_w + kx) * g.channels + c];
+            }
+        }
+        input[i] = sum;
+    }
+}
+
+// Max pooling over NHWC input with the input index of each maximum, as the CPU kernel decides:
+// `>` keeps the first maximum, a NaN is taken and kept, and a window that takes no value (all
+// padding, or all -inf) gives -inf and NO_POSITION, which routes no gradient.
+extern "C" __global__ void max_pool_f32(const float* input, float* out, u64* argmax, Geometry g,
+                                        u64 n) {
+    FOR_EACH(i, n) {
+        u64 c = i % g.channels, t = i / g.channels;
+        u64 ox = t % g.out_w; t /= g.out_w;
+        u64 oy = t % g.out_h;
+        u64 b = t / g.out_h;
+        float best = NEG_INFINITY;
+        u64 arg = NO_POSITION;
+        for (u64 ky = 0; ky < g.kernel_h; ++ky) {
+            i64 y = (i64)(oy * g.stride_h + ky) - (i64)g.pad_top;
+            if (y < 0 || y >= (i64)g.height) continue;
+            for (u64 kx = 0; kx < g.kernel_w; ++kx) {
+                i64 x = (i64)(ox * g.stride_w + kx) - (i64)g.pad_left;
+                if (x < 0 || x >= (i64)g.width) continue;
+                u64 at = ((b * g.height + y) * g.width + x) * g.channels + c;
+                float v = input[at];
+                if (v > best || (isnan(v) && !isnan(best))) {
+                    best = v;
+                    arg = at;
+                }
+            }
+        }
+        out[i] = best;
+        argmax[i] = arg;
+    }
+}
+
+// The gradient of `max_pool_f32`: each input value gathers the gradients of the windows whose
+// maximum it was (no atomics).
+extern "C" __global__ void max_pool_grad_f32(const float* dy, const u64* argmax, float* dx,
+                                             Geometry g, u64 n) {
+    FOR_EACH(i, n) {
+        u64 c = i % g.channels, t = i / g.channels;
+        u64 x = t % g.width; t /= g.width;
+        u64 y = t % g.height;
+        u64 b = t / g.height;
+        float sum = 0.0f;
+        for (u64 ky = 0; ky < g.kernel_h; ++ky) {
+            i64 sy = (i64)(y + g.pad_top) - (i64)ky;
+            if (sy < 0 || sy % (i64)g.stride_h != 0) continue;
+            u64 oy = (u64)sy / g.stride_h;
+            if (oy >= g.out_h) continue;
+            for (u64 kx = 0; kx < g.kernel_w; ++kx) {
+                i64 sx = (i64)(x + g.pad_left) - (i64)kx;
+                if (sx < 0 || sx % (i64)g.stride_w != 0) continue;
+                u64 ox = (u64)sx / g.stride_w;
+                if (ox >= g.out_w) continue;
+                u64 j = ((b * g.out_h + oy) * g.out_w + ox) * g.channels + c;
+                if (argmax[j] == i) sum += dy[j];
+            }
+        }
+        dx[i] = sum;
+    }
+}
+
+// Inverted dropout with a counter-based mask: value `i` is kept when the SplitMix64 hash of
+// `seed + i` falls at or above `rate`, and scaled by `1 / (1 - rate)`. The mask depends only
+// on the seed and the position, so it is the same on every run and every grid.
+extern "C" __global__ void dropout_f32(const float* x, float* out, float* mask, float rate,
+                                       u64 seed, u64 n) {
+    float keep = 1.0f / (1.0f - rate);
+    FOR_EACH(i, n) {
+        u64 z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        float u = (float)(z >> 40) * (1.0f / 16777216.0f);
+        float m = u >= rate ? keep : 0.0f;
+        mask[i] = m;
+        out[i] = x[i] * m;
+    }
+}
+
+// Plain SGD: `p -= lr · g`.
+extern "C" __global__ void sgd_f32(float* params, const float* grads, float lr, u64 n) {
+    FOR_EACH(i, n) { params[i] -= lr * grads[i]; }
+}
+
+// SGD with momentum as Keras applies it: `v = momentum · v - lr · g`, then `p += v` (or, with
+// Nesterov, `p += momentum · v - lr · g`).
+extern "C" __global__ void sgd_momentum_f32(float* params, const float* grads, float* velocity,
+                                            float lr, float momentum, int nesterov, u64 n) {
+    FOR_EACH(i, n) {
+        float g = grads[i];
+        float v = momentum * velocity[i] - lr * g;
+        velocity[i] = v;
+        params[i] += nesterov ? momentum * v - lr * g : v;
+    }
+}
+
+// Adam as Keras applies it, with `alpha = lr · sqrt(1 - beta_2^t) / (1 - beta_1^t)` computed
+// on the host: the same operations in the same order as lockstep-nn's CPU Adam.
+extern "C" __global__ void adam_f32(float* params, const float* grads, float* m, float* v,
+                                    float alpha, float beta_1, float beta_2, float epsilon,
+                                    u64 n) {
+    FOR_EACH(i, n) {
+        float g = grads[i];
+        float mi = m[i] + (g - m[i]) * (1.0f - beta_1);
+        float vi = v[i] + (g * g - v[i]) * (1.0f - beta_2);
+        m[i] = mi;
+        v[i] = vi;
+        params[i] -= mi * alpha / (sqrtf(vi) + epsilon);
+    }
+}

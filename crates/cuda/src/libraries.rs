@@ -1,0 +1,171 @@
+//! Finding NVIDIA's libraries where CUDA installs them or where pip's `nvidia-*` wheels put
+//! them.
+//!
+//! cudarc opens `libnvrtc.so.13` and `libcublas.so.13` by name, so only the loader's path is
+//! searched, and that path is fixed when the process starts. The wheels of `PyTorch` put these
+//! libraries in `site-packages/nvidia/*/lib` instead. So before cudarc looks, each library is
+//! found here and opened by its full path with `RTLD_GLOBAL`; the loader then answers cudarc's
+//! lookup by name with the library already loaded (the names are the libraries' sonames).
+//!
+//! Folders searched, in order, after the loader's own path: those in
+//! `LOCKSTEP_CUDA_LIBRARY_PATH` (separated by `:`), then `nvidia/*/lib` under the
+//! `site-packages` folders of the active virtual environment (`VIRTUAL_ENV`), of the user
+//! (`~/.local`) and of the system Pythons (`/usr/local/lib`, `/usr/lib`), then
+//! `/usr/local/cuda/lib64`.
+
+#![allow(
+    unsafe_code,
+    reason = "opening a shared library runs its initialisers; see the SAFETY comment"
+)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
+use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+
+use crate::error::CudaError;
+
+/// The variable naming extra folders to search, separated by `:`.
+pub const LIBRARY_PATH_VAR: &str = "LOCKSTEP_CUDA_LIBRARY_PATH";
+
+/// NVRTC, the runtime compiler, and the built-in headers it opens itself.
+pub(crate) const NVRTC: &[&str] = &["libnvrtc.so.13", "libnvrtc-builtins.so.13"];
+
+/// cuBLAS and cuBLASLt, which cuBLAS calls.
+pub(crate) const CUBLAS: &[&str] = &["libcublasLt.so.13", "libcublas.so.13"];
+
+/// Libraries opened here, kept open for the life of the process.
+static OPENED: Mutex<Vec<(String, Library)>> = Mutex::new(Vec::new());
+
+/// The folders searched beside the loader's path, in order; only those that exist.
+pub fn search_folders() -> Vec<PathBuf> {
+    let mut folders: Vec<PathBuf> = std::env::var_os(LIBRARY_PATH_VAR)
+        .map(|paths| std::env::split_paths(&paths).collect())
+        .unwrap_or_default();
+    let mut prefixes: Vec<PathBuf> = Vec::new();
+    if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
+        prefixes.push(PathBuf::from(venv).join("lib"));
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        prefixes.push(PathBuf::from(home).join(".local/lib"));
+    }
+    prefixes.extend(["/usr/local/lib", "/usr/lib"].map(PathBuf::from));
+    for prefix in prefixes {
+        for python in sorted_entries(&prefix, |name| name.starts_with("python3")) {
+            for packages in ["site-packages", "dist-packages"] {
+                let nvidia = python.join(packages).join("nvidia");
+                for package in sorted_entries(&nvidia, |_| true) {
+                    folders.push(package.join("lib"));
+                }
+            }
+        }
+    }
+    folders.push(PathBuf::from("/usr/local/cuda/lib64"));
+    folders.retain(|folder| folder.is_dir());
+    folders
+}
+
+/// The entries of `folder` whose names pass `keep`, sorted; none when it cannot be read.
+fn sorted_entries(folder: &Path, keep: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(folder) else {
+        return Vec::new();
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_name().to_str().is_some_and(&keep))
+        .map(|entry| entry.path())
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// The first file in `folders` whose name is `library` or `library` and a longer version
+/// (`libnvrtc-builtins.so.13.0` for `libnvrtc-builtins.so.13`).
+pub(crate) fn find(library: &str, folders: &[PathBuf]) -> Option<PathBuf> {
+    folders.iter().find_map(|folder| {
+        let exact = folder.join(library);
+        if exact.is_file() {
+            return Some(exact);
+        }
+        sorted_entries(folder, |name| {
+            name.strip_prefix(library)
+                .and_then(|rest| rest.strip_prefix('.'))
+                .is_some_and(|version| version.starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .into_iter()
+        .find(|path| path.is_file())
+    })
+}
+
+/// Makes each of `libraries` loadable by name: already on the loader's path, or opened here
+/// from the first search folder holding it.
+///
+/// # Errors
+///
+/// [`CudaError::MissingLibrary`] naming the first library found nowhere.
+pub(crate) fn ensure(libraries: &[&'static str]) -> Result<(), CudaError> {
+    let mut opened = OPENED.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut folders = None;
+    for &library in libraries {
+        if opened.iter().any(|(name, _)| name == library) {
+            continue;
+        }
+        // SAFETY: the libraries named here are NVIDIA's CUDA libraries, which cudarc opens
+        // anyway; their initialisers make no assumption about this process.
+        if let Ok(handle) = unsafe { Library::open(Some(library), RTLD_NOW | RTLD_GLOBAL) } {
+            opened.push((library.to_owned(), handle));
+            continue;
+        }
+        let folders = folders.get_or_insert_with(search_folders);
+        let missing = || CudaError::MissingLibrary {
+            library,
+            searched: folders.clone(),
+        };
+        let path = find(library, folders).ok_or_else(missing)?;
+        // SAFETY: as above; the file is the same library, found outside the loader's path.
+        let handle =
+            unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) }.map_err(|_| missing())?;
+        tracing::debug!(library, path = %path.display(), "opened a CUDA library by its path");
+        opened.push((library.to_owned(), handle));
+    }
+    Ok(())
+}
+
+/// Whether the CUDA driver library can be loaded: cudarc panics when it is asked for the
+/// driver and there is none, so this is checked first.
+pub(crate) fn driver_present() -> bool {
+    // SAFETY: loads `libcuda` (the NVIDIA driver's library) when present, as cudarc would.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_library_is_found_by_its_name_or_a_longer_version() {
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path().to_path_buf();
+        std::fs::write(dir.join("libnvrtc-builtins.so.13.0"), b"").unwrap();
+        std::fs::write(dir.join("libnvrtc.so.13"), b"").unwrap();
+        let folders = vec![dir.join("missing"), dir.clone()];
+        assert_eq!(
+            find("libnvrtc-builtins.so.13", &folders),
+            Some(dir.join("libnvrtc-builtins.so.13.0"))
+        );
+        assert_eq!(
+            find("libnvrtc.so.13", &folders),
+            Some(dir.join("libnvrtc.so.13"))
+        );
+        assert_eq!(find("libcublas.so.13", &folders), None);
+        assert_eq!(find("libnvrtc", &folders), None);
+    }
+
+    #[test]
+    fn a_library_found_nowhere_is_a_clear_error() {
+        let err = ensure(&["liblockstep-no-such-library.so.13"]).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("liblockstep-no-such-library.so.13"), "{text}");
+        assert!(text.contains(LIBRARY_PATH_VAR), "{text}");
+    }
+}

@@ -1,0 +1,67 @@
+//! The kernels' source against NVRTC, which needs no GPU: run wherever NVRTC's library is
+//! found, skipped with the reason otherwise. CI installs pip's `nvidia-cuda-nvrtc` and sets
+//! `LOCKSTEP_REQUIRE_NVRTC=1`, which turns a skip into a failure.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::panic,
+    reason = "a test that meets an error must fail loudly"
+)]
+
+use lockstep_cuda::{CudaError, SOURCE, compile_kernels};
+
+/// Whether NVRTC must be found (CI's setting).
+fn required() -> bool {
+    std::env::var_os("LOCKSTEP_REQUIRE_NVRTC").is_some_and(|v| v == "1")
+}
+
+/// The kernel names the source defines.
+fn defined_kernels() -> Vec<&'static str> {
+    SOURCE
+        .split("extern \"C\" __global__ void ")
+        .skip(1)
+        .map(|rest| rest.split('(').next().unwrap())
+        .collect()
+}
+
+fn compiled(arch: &str) -> Option<String> {
+    match compile_kernels(arch) {
+        Ok(ptx) => Some(ptx),
+        Err(e @ CudaError::MissingLibrary { .. }) if !required() => {
+            eprintln!("skipped: {e}");
+            None
+        }
+        Err(e) => panic!("the kernels do not compile for {arch}: {e}"),
+    }
+}
+
+#[test]
+fn every_kernel_compiles_for_hopper_and_ampere() {
+    let kernels = defined_kernels();
+    assert!(kernels.len() >= 20, "{kernels:?}");
+    for arch in ["compute_90", "compute_80"] {
+        let Some(ptx) = compiled(arch) else { return };
+        for kernel in &kernels {
+            assert!(
+                ptx.contains(&format!(".entry {kernel}(")),
+                "{kernel} missing from the PTX for {arch}"
+            );
+        }
+        assert!(
+            ptx.contains(&format!(".target sm_{}", &arch["compute_".len()..])),
+            "{arch}"
+        );
+    }
+}
+
+#[test]
+fn an_unknown_architecture_is_a_compile_error_with_the_compilers_words() {
+    match compile_kernels("compute_1") {
+        Err(CudaError::Compile { arch, log }) => {
+            assert_eq!(arch, "compute_1");
+            assert!(!log.is_empty());
+        }
+        Err(e @ CudaError::MissingLibrary { .. }) if !required() => eprintln!("skipped: {e}"),
+        other => panic!("expected a compile error, got {other:?}"),
+    }
+}
