@@ -4,6 +4,8 @@
 //!   127.0.0.1, one process per task, each with its own `TF_CONFIG`.
 //! - `cargo xtask bench allreduce`: all-reduce bandwidth and latency between real processes
 //!   (the `allreduce_bench` example on clusters of 2 and 4 workers).
+//! - `cargo xtask gpu-check`: build lockstep-cuda's tests and GPU benchmark, in release,
+//!   into a folder with a runner for a GPU machine that has no Rust toolchain.
 //! - `cargo xtask deploy k8s|slurm`: write a JobSet, a Kubeflow TrainJob and TFJob, a
 //!   Containerfile, or an sbatch script, that run an example on those engines.
 //!
@@ -16,6 +18,7 @@ mod bench;
 mod build_example;
 mod cluster_plan;
 mod deploy;
+mod gpu_check;
 mod ports;
 mod run_cluster;
 mod supervise;
@@ -38,6 +41,8 @@ enum Command {
     RunCluster(run_cluster::RunClusterArgs),
     /// Run a benchmark that needs real processes and print its table.
     Bench(bench::BenchArgs),
+    /// Build lockstep-cuda's tests and GPU benchmark for a GPU machine with no Rust toolchain.
+    GpuCheck(gpu_check::GpuCheckArgs),
     /// Write the files that run a job on Kubernetes or SLURM (manifests, Containerfile,
     /// sbatch script).
     Deploy(deploy::DeployArgs),
@@ -55,6 +60,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::RunCluster(args) => run_cluster::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::GpuCheck(args) => gpu_check::run(&args),
         Command::Deploy(args) => deploy::run(&args),
     };
     match result {

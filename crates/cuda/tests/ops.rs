@@ -1,5 +1,6 @@
 //! Every GPU operation against a plain CPU reference on random inputs, gradients included.
-//! Runs where a GPU is present; elsewhere each test prints why it skipped.
+//! Runs where a GPU is present; elsewhere each test prints why it skipped
+//! (`LOCKSTEP_REQUIRE_GPU=1`, set by `cargo xtask gpu-check`'s runner, makes that a failure).
 //!
 //! Tolerances: element-wise arithmetic, relu, bias, the optimizers and the gathers (im2col,
 //! pooling) are exact (the kernels compile without fused multiply-add and sum in the CPU's
@@ -8,6 +9,7 @@
 
 #![allow(
     clippy::unwrap_used,
+    clippy::panic,
     reason = "a test that meets an error must fail loudly"
 )]
 
@@ -18,6 +20,9 @@ use proptest::prelude::*;
 fn gpu() -> Option<CudaDevice> {
     match CudaDevice::open(0) {
         Ok(device) => Some(device),
+        Err(e) if std::env::var_os("LOCKSTEP_REQUIRE_GPU").is_some_and(|v| v == "1") => {
+            panic!("LOCKSTEP_REQUIRE_GPU=1 but no GPU: {e}")
+        }
         Err(e) => {
             eprintln!("skipped: no GPU: {e}");
             None
