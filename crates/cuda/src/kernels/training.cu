@@ -145,6 +145,26 @@ struct Geometry {
     u64 kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left, out_h, out_w;
 };
 
+// Calls `visit(oy, ox, ky, kx)` for every window (output `oy`, `ox`) whose kernel offset
+// (`ky`, `kx`) reads input position (`y`, `x`), windows in order: the gathers that stand in for
+// scattering (col2im, max pooling's gradient) without atomics.
+template <typename Visit>
+__device__ void for_each_window_over(const Geometry& g, u64 y, u64 x, Visit visit) {
+    for (u64 ky = 0; ky < g.kernel_h; ++ky) {
+        i64 sy = (i64)(y + g.pad_top) - (i64)ky;
+        if (sy < 0 || sy % (i64)g.stride_h != 0) continue;
+        u64 oy = (u64)sy / g.stride_h;
+        if (oy >= g.out_h) continue;
+        for (u64 kx = 0; kx < g.kernel_w; ++kx) {
+            i64 sx = (i64)(x + g.pad_left) - (i64)kx;
+            if (sx < 0 || sx % (i64)g.stride_w != 0) continue;
+            u64 ox = (u64)sx / g.stride_w;
+            if (ox >= g.out_w) continue;
+            visit(oy, ox, ky, kx);
+        }
+    }
+}
+
 // Every kernel window unfolded into a row: `[batch·out_h·out_w, kernel_h·kernel_w·channels]`,
 // zeros in the padding.
 extern "C" __global__ void im2col_f32(const float* input, float* cols, Geometry g, u64 n) {
@@ -171,20 +191,10 @@ extern "C" __global__ void col2im_f32(const float* cols, float* input, Geometry 
         u64 y = t % g.height;
         u64 b = t / g.height;
         float sum = 0.0f;
-        for (u64 ky = 0; ky < g.kernel_h; ++ky) {
-            i64 sy = (i64)(y + g.pad_top) - (i64)ky;
-            if (sy < 0 || sy % (i64)g.stride_h != 0) continue;
-            u64 oy = (u64)sy / g.stride_h;
-            if (oy >= g.out_h) continue;
-            for (u64 kx = 0; kx < g.kernel_w; ++kx) {
-                i64 sx = (i64)(x + g.pad_left) - (i64)kx;
-                if (sx < 0 || sx % (i64)g.stride_w != 0) continue;
-                u64 ox = (u64)sx / g.stride_w;
-                if (ox >= g.out_w) continue;
-                u64 row = (b * g.out_h + oy) * g.out_w + ox;
-                sum += cols[((row * g.kernel_h + ky) * g.kernel_w + kx) * g.channels + c];
-            }
-        }
+        for_each_window_over(g, y, x, [&](u64 oy, u64 ox, u64 ky, u64 kx) {
+            u64 row = (b * g.out_h + oy) * g.out_w + ox;
+            sum += cols[((row * g.kernel_h + ky) * g.kernel_w + kx) * g.channels + c];
+        });
         input[i] = sum;
     }
 }
@@ -230,20 +240,10 @@ extern "C" __global__ void max_pool_grad_f32(const float* dy, const u64* argmax,
         u64 y = t % g.height;
         u64 b = t / g.height;
         float sum = 0.0f;
-        for (u64 ky = 0; ky < g.kernel_h; ++ky) {
-            i64 sy = (i64)(y + g.pad_top) - (i64)ky;
-            if (sy < 0 || sy % (i64)g.stride_h != 0) continue;
-            u64 oy = (u64)sy / g.stride_h;
-            if (oy >= g.out_h) continue;
-            for (u64 kx = 0; kx < g.kernel_w; ++kx) {
-                i64 sx = (i64)(x + g.pad_left) - (i64)kx;
-                if (sx < 0 || sx % (i64)g.stride_w != 0) continue;
-                u64 ox = (u64)sx / g.stride_w;
-                if (ox >= g.out_w) continue;
-                u64 j = ((b * g.out_h + oy) * g.out_w + ox) * g.channels + c;
-                if (argmax[j] == i) sum += dy[j];
-            }
-        }
+        for_each_window_over(g, y, x, [&](u64 oy, u64 ox, u64, u64) {
+            u64 j = ((b * g.out_h + oy) * g.out_w + ox) * g.channels + c;
+            if (argmax[j] == i) sum += dy[j];
+        });
         dx[i] = sum;
     }
 }
