@@ -95,6 +95,20 @@ extern "C" __global__ void sum_f32(const float* x, float* out, u64 n) {
     }
 }
 
+// A row's maximum and `Σ exp(x - max)`: what a softmax stable for huge logits divides by.
+__device__ void softmax_terms(const float* row, u64 classes, float* top, float* total) {
+    float m = NEG_INFINITY;
+    for (u64 k = 0; k < classes; ++k) {
+        m = fmaxf(m, row[k]);
+    }
+    float sum = 0.0f;
+    for (u64 k = 0; k < classes; ++k) {
+        sum += expf(row[k] - m);
+    }
+    *top = m;
+    *total = sum;
+}
+
 // Per row of `[rows, classes]` logits: the cross-entropy against `labels[row]` (checked on
 // the host to be below `classes`) and its gradient, `softmax - one_hot`, both stable for huge
 // logits (the row's maximum is subtracted first).
@@ -104,14 +118,8 @@ extern "C" __global__ void sparse_softmax_cross_entropy_f32(const float* logits,
                                                             u64 classes) {
     FOR_EACH(r, rows) {
         const float* row = logits + r * classes;
-        float top = NEG_INFINITY;
-        for (u64 k = 0; k < classes; ++k) {
-            top = fmaxf(top, row[k]);
-        }
-        float total = 0.0f;
-        for (u64 k = 0; k < classes; ++k) {
-            total += expf(row[k] - top);
-        }
+        float top, total;
+        softmax_terms(row, classes, &top, &total);
         unsigned int label = labels[r];
         loss[r] = logf(total) - (row[label] - top);
         for (u64 k = 0; k < classes; ++k) {
@@ -125,14 +133,8 @@ extern "C" __global__ void sparse_softmax_cross_entropy_f32(const float* logits,
 extern "C" __global__ void softmax_f32(const float* x, float* out, u64 rows, u64 classes) {
     FOR_EACH(r, rows) {
         const float* row = x + r * classes;
-        float top = NEG_INFINITY;
-        for (u64 k = 0; k < classes; ++k) {
-            top = fmaxf(top, row[k]);
-        }
-        float total = 0.0f;
-        for (u64 k = 0; k < classes; ++k) {
-            total += expf(row[k] - top);
-        }
+        float top, total;
+        softmax_terms(row, classes, &top, &total);
         for (u64 k = 0; k < classes; ++k) {
             out[r * classes + k] = expf(row[k] - top) / total;
         }
