@@ -121,6 +121,33 @@ fn distinct(len: usize) -> impl Strategy<Value = Vec<f32>> {
     Just((0..len).map(|i| i as f32 * 0.1 - 1.0).collect::<Vec<_>>()).prop_shuffle()
 }
 
+/// `bias`, each value moved up in steps of 3h until every pre-activation `z` of its channel
+/// (channels last) lies `margin` or more from relu's kink. A value that feeds every output of
+/// a channel (a kernel value, a bias) meets one of a hundred outputs near zero often, and
+/// kinks of opposite sign can cancel in the check's kink detection; clear of the kink, the
+/// finite differences are smooth. The search is bounded: once `bias` is `margin` above the
+/// largest `|z|`, every `z + bias` is clear.
+fn bias_clear_of_relu_kink(z: &[f32], bias: &[f32], margin: f32) -> Vec<f32> {
+    let channels = bias.len();
+    let largest = z.iter().fold(0.0_f32, |m, v| m.max(v.abs()));
+    let clear = |c: usize, bias: f32| {
+        z.iter()
+            .skip(c)
+            .step_by(channels)
+            .all(|v| (v + bias).abs() >= margin)
+    };
+    bias.iter()
+        .enumerate()
+        .map(|(c, &b)| {
+            let steps = ((largest + margin + b.abs()) / (3.0 * H)).ceil() as u32 + 1;
+            (0..=steps)
+                .map(|step| b + step as f32 * 3.0 * H)
+                .find(|&b| clear(c, b))
+                .unwrap()
+        })
+        .collect()
+}
+
 fn dims(max: usize) -> impl Strategy<Value = usize> {
     1..=max
 }
@@ -186,16 +213,23 @@ proptest! {
     fn fused_conv_and_dense_gradients(
         (h, w) in (3..6_usize, 3..6_usize), (c_in, c_out) in (dims(2), dims(3)), relu: bool, same: bool, x in values(2 * 5 * 5 * 2), k in values(9 * 2 * 3), b in values(3),
     ) {
+        // With the relu on, the pre-activations are kept `RELU_MARGIN` from zero: moving one
+        // input, kernel or bias value by ±h moves them by at most 2h (values lie within ±2),
+        // so no finite difference crosses the kink (see `bias_clear_of_relu_kink`). The
+        // bias-less cases whose pre-activations come near zero are rejected; the bias is moved.
+        const RELU_MARGIN: f32 = 2.5 * H;
         let padding = if same { Padding::Same } else { Padding::Valid };
-        let inputs = [
-            (x[..2 * h * w * c_in].to_vec(), vec![2, h, w, c_in]),
-            (k[..9 * c_in * c_out].to_vec(), vec![3, 3, c_in, c_out]),
-            (b[..c_out].to_vec(), vec![c_out]),
-        ];
-        prop_assume!(same || (h >= 3 && w >= 3));
+        let (x, k) = (x[..2 * h * w * c_in].to_vec(), k[..9 * c_in * c_out].to_vec());
+        let z = ops::conv2d(&Tensor::from_vec(x.clone(), &[2, h, w, c_in]).unwrap(), &Tensor::from_vec(k.clone(), &[3, 3, c_in, c_out]).unwrap(), (1, 1), padding).unwrap();
+        prop_assume!(!relu || z.data().iter().all(|v| v.abs() >= RELU_MARGIN));
+        let b = if relu { bias_clear_of_relu_kink(z.data(), &b[..c_out], RELU_MARGIN) } else { b[..c_out].to_vec() };
+        let inputs = [(x, vec![2, h, w, c_in]), (k, vec![3, 3, c_in, c_out]), (b, vec![c_out])];
         check(&inputs, &|t| ops::conv2d_bias_relu(&t[0], &t[1], Some(&t[2]), relu, (1, 1), padding))?;
         check(&inputs[..2], &|t| ops::conv2d_bias_relu(&t[0], &t[1], None, relu, (1, 1), padding))?;
-        let dense_inputs = [(x[..4 * c_in * 3].to_vec(), vec![4, c_in * 3]), (k[..c_in * 3 * c_out].to_vec(), vec![c_in * 3, c_out]), (b[..c_out].to_vec(), vec![c_out])];
+        let (dense_x, dense_w) = (inputs[0].0[..4 * c_in * 3].to_vec(), inputs[1].0[..c_in * 3 * c_out].to_vec());
+        let z = ops::matmul(&Tensor::from_vec(dense_x.clone(), &[4, c_in * 3]).unwrap(), &Tensor::from_vec(dense_w.clone(), &[c_in * 3, c_out]).unwrap()).unwrap();
+        let dense_b = if relu { bias_clear_of_relu_kink(z.data(), &inputs[2].0, RELU_MARGIN) } else { inputs[2].0.clone() };
+        let dense_inputs = [(dense_x, vec![4, c_in * 3]), (dense_w, vec![c_in * 3, c_out]), (dense_b, vec![c_out])];
         check(&dense_inputs, &|t| ops::dense(&t[0], &t[1], Some(&t[2]), relu))?;
     }
 
@@ -239,15 +273,11 @@ proptest! {
         check(&[k], &|t| ops::conv2d_bias_relu_max_pool(&x, &t[0], None, false, (1, 1), padding, single))?;
         // A bias value moves every output of its filter: with the relu on, one pre-activation
         // among a hundred within ±h of zero makes it a kink, and with one filter nothing would be
-        // compared. Each bias value is moved, in steps of 3h, until its filter's pre-activations
-        // all lie 2h or more from zero.
+        // compared. Each bias value is moved until its filter's pre-activations all lie 2h or more
+        // from zero.
         let b = if relu {
             let z = ops::conv2d_bias_relu_max_pool(&x, &kernel, None, false, (1, 1), padding, single).unwrap();
-            let clear = |c: usize, bias: f32| z.data().iter().skip(c).step_by(c_out).all(|v| (v + bias).abs() >= 2.0 * H);
-            let moved: Vec<f32> = b.0.iter().enumerate().map(|(c, &bias)| {
-                (0..1000).map(|step| bias + step as f32 * 3.0 * H).find(|&bias| clear(c, bias)).unwrap()
-            }).collect();
-            (moved, b.1)
+            (bias_clear_of_relu_kink(z.data(), &b.0, 2.0 * H), b.1)
         } else {
             b
         };
