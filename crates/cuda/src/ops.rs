@@ -350,6 +350,143 @@ pub fn softmax(x: &CudaBuffer, classes: usize) -> Result<CudaBuffer, CudaError> 
     Ok(out)
 }
 
+/// The gradient through [`softmax`] from its output `y` and the output's gradient `g`, rows of
+/// `classes` values: `y · (g − Σ y·g)` per row.
+///
+/// # Errors
+///
+/// Buffers of different lengths or devices, or values that do not form rows of `classes`; the
+/// driver's error.
+pub fn softmax_grad(
+    y: &CudaBuffer,
+    g: &CudaBuffer,
+    classes: usize,
+) -> Result<CudaBuffer, CudaError> {
+    let device = same_device("softmax_grad", &[y, g])?;
+    let n = same_len("softmax_grad", &[y, g])?;
+    if classes == 0 || !n.is_multiple_of(classes) {
+        return Err(CudaError::invalid(
+            "softmax_grad",
+            format!("{n} values do not form rows of {classes}"),
+        ));
+    }
+    let mut out = device.zeros(n)?;
+    let f = device.kernels()?.get("softmax_grad_f32")?;
+    let rows = n / classes;
+    let (rows_arg, classes_arg) = (count(rows), count(classes));
+    let mut launch = device.stream().launch_builder(f);
+    launch
+        .arg(y.slice())
+        .arg(g.slice())
+        .arg(out.slice_mut())
+        .arg(&rows_arg)
+        .arg(&classes_arg);
+    // SAFETY: reads two and writes one buffer of `rows · classes = n` values.
+    launched(unsafe { launch.launch(grid(rows)) }.map(drop))?;
+    Ok(out)
+}
+
+/// Each row of `x` (`x.len() / scales.len()` values a row) times its own value of `scales`.
+///
+/// # Errors
+///
+/// Buffers on different devices, or `x` not forming `scales.len()` rows; the driver's error.
+pub fn scale_rows(x: &CudaBuffer, scales: &CudaBuffer) -> Result<CudaBuffer, CudaError> {
+    let device = same_device("scale_rows", &[x, scales])?;
+    let rows = scales.len();
+    if rows == 0 || !x.len().is_multiple_of(rows) {
+        return Err(CudaError::invalid(
+            "scale_rows",
+            format!("{} values do not form {rows} rows", x.len()),
+        ));
+    }
+    let cols = x.len() / rows;
+    let mut out = device.zeros(x.len())?;
+    if cols == 0 {
+        return Ok(out);
+    }
+    let f = device.kernels()?.get("scale_rows_f32")?;
+    let (cols_arg, n_arg) = (count(cols), count(x.len()));
+    let mut launch = device.stream().launch_builder(f);
+    launch
+        .arg(x.slice())
+        .arg(scales.slice())
+        .arg(out.slice_mut())
+        .arg(&cols_arg)
+        .arg(&n_arg);
+    // SAFETY: value `i` reads `scales[i / cols]`, below `rows` since `i < rows · cols`.
+    launched(unsafe { launch.launch(grid(x.len())) }.map(drop))?;
+    Ok(out)
+}
+
+/// The natural logarithm of each value.
+///
+/// # Errors
+///
+/// The driver's error.
+pub fn log(x: &CudaBuffer) -> Result<CudaBuffer, CudaError> {
+    let device = x.device();
+    let mut out = device.zeros(x.len())?;
+    let f = device.kernels()?.get("log_f32")?;
+    let n_arg = count(x.len());
+    let mut launch = device.stream().launch_builder(f);
+    launch.arg(x.slice()).arg(out.slice_mut()).arg(&n_arg);
+    // SAFETY: reads and writes `x.len()` values of buffers that long.
+    launched(unsafe { launch.launch(grid(x.len())) }.map(drop))?;
+    Ok(out)
+}
+
+/// Each value limited to `[min, max]` (NaN kept).
+///
+/// # Errors
+///
+/// The driver's error.
+pub fn clip(x: &CudaBuffer, min: f32, max: f32) -> Result<CudaBuffer, CudaError> {
+    let device = x.device();
+    let mut out = device.zeros(x.len())?;
+    let f = device.kernels()?.get("clip_f32")?;
+    let n_arg = count(x.len());
+    let mut launch = device.stream().launch_builder(f);
+    launch
+        .arg(x.slice())
+        .arg(out.slice_mut())
+        .arg(&min)
+        .arg(&max)
+        .arg(&n_arg);
+    // SAFETY: reads and writes `x.len()` values of buffers that long.
+    launched(unsafe { launch.launch(grid(x.len())) }.map(drop))?;
+    Ok(out)
+}
+
+/// The gradient through [`clip`]: `g` where the input `x` lay inside `[min, max]`, else 0.
+///
+/// # Errors
+///
+/// Buffers of different lengths or devices; the driver's error.
+pub fn clip_grad(
+    g: &CudaBuffer,
+    x: &CudaBuffer,
+    min: f32,
+    max: f32,
+) -> Result<CudaBuffer, CudaError> {
+    let device = same_device("clip_grad", &[g, x])?;
+    let n = same_len("clip_grad", &[g, x])?;
+    let mut out = device.zeros(n)?;
+    let f = device.kernels()?.get("clip_grad_f32")?;
+    let n_arg = count(n);
+    let mut launch = device.stream().launch_builder(f);
+    launch
+        .arg(g.slice())
+        .arg(x.slice())
+        .arg(out.slice_mut())
+        .arg(&min)
+        .arg(&max)
+        .arg(&n_arg);
+    // SAFETY: reads and writes `n` values of buffers `n` long.
+    launched(unsafe { launch.launch(grid(n)) }.map(drop))?;
+    Ok(out)
+}
+
 /// The sizes of a convolution or pooling window over NHWC input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[allow(missing_docs, reason = "the fields are the sizes their names say")]

@@ -53,6 +53,7 @@ impl SparseCategoricalCrossentropy {
         } else {
             // softmax(log p) = p / Σp: Keras' normalisation of probabilities, then its log.
             ops::log(&ops::clip(predictions, EPSILON, 1.0 - EPSILON).in_layer(NAME)?)
+                .in_layer(NAME)?
         };
         let per_example =
             ops::sparse_softmax_cross_entropy_with_logits(&logits, labels).in_layer(NAME)?;

@@ -7,7 +7,7 @@ use std::ops::Range;
 use lockstep_tensor::{Gradients, Tensor};
 use rayon::prelude::*;
 
-use crate::error::NnError;
+use crate::error::{InLayer, NnError};
 use serde::{Deserialize, Serialize};
 
 use crate::layers::{ForwardContext, Layer, LayerConfig};
@@ -247,13 +247,22 @@ impl Sequential {
         for (spec, variable) in self.params.specs().iter().zip(&forward.variables) {
             let slot = &mut out[spec.range()];
             // In parallel, as the variables are copied in `Parameters::tensors`.
-            match grads.get(variable) {
-                Some(g) => slot
-                    .par_chunks_mut(COPY_CHUNK)
-                    .zip(g.data().par_chunks(COPY_CHUNK))
-                    .for_each(|(slot, g)| slot.copy_from_slice(g)),
-                None => slot.fill(0.0),
-            }
+            let Some(g) = grads.get(variable) else {
+                slot.fill(0.0);
+                continue;
+            };
+            // A gradient computed on a GPU is copied to the host here, where the flat
+            // gradient buffer the collectives reduce lives.
+            let copied;
+            let values = if let Ok(values) = g.host_data() {
+                values
+            } else {
+                copied = g.to_vec().in_layer("gradients")?;
+                &copied
+            };
+            slot.par_chunks_mut(COPY_CHUNK)
+                .zip(values.par_chunks(COPY_CHUNK))
+                .for_each(|(slot, g)| slot.copy_from_slice(g));
         }
         Ok(())
     }

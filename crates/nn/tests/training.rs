@@ -229,7 +229,7 @@ fn a_convolution_and_the_pooling_after_it_run_fused_with_the_results_of_running_
         model
             .gradients(&forward, &loss.backward().unwrap(), &mut grads)
             .unwrap();
-        (forward.output.data().to_vec(), grads)
+        (forward.output.to_vec().unwrap(), grads)
     };
     let (fused_out, fused_grads) = outputs_and_gradients(&fused);
     let (apart_out, apart_grads) = outputs_and_gradients(&apart);

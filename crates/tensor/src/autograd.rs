@@ -3,6 +3,8 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::error::TensorError;
+use crate::ops::gpu::{self, On, on};
+use crate::storage::Storage;
 use crate::tensor::{Grad, Tensor, TensorId};
 
 /// An operation's backward rule: from the gradient of its output (and the output itself, handed
@@ -75,7 +77,7 @@ impl Tensor {
         }
         let order = topological_order(self);
         let mut pending: HashMap<TensorId, Tensor> = HashMap::new();
-        pending.insert(self.id(), Tensor::full(self.shape(), 1.0)?);
+        pending.insert(self.id(), seed(self)?);
         let mut result = Gradients::default();
         for node in order.iter().rev() {
             let Some(grad) = pending.remove(&node.id()) else {
@@ -96,7 +98,7 @@ impl Tensor {
                             continue;
                         }
                         let summed = match pending.remove(&input.id()) {
-                            Some(earlier) => add_same_shape(&earlier, &input_grad),
+                            Some(earlier) => add_same_shape(&earlier, &input_grad)?,
                             None => input_grad,
                         };
                         pending.insert(input.id(), summed);
@@ -108,9 +110,20 @@ impl Tensor {
     }
 }
 
-fn add_same_shape(a: &Tensor, b: &Tensor) -> Tensor {
-    let data = a.data().iter().zip(b.data()).map(|(x, y)| x + y).collect();
-    Tensor::raw(data, a.shape().to_vec())
+/// The gradient of the loss with respect to itself: a one, on the loss's device.
+fn seed(loss: &Tensor) -> Result<Tensor, TensorError> {
+    match loss.storage() {
+        Storage::Cpu(_) => Tensor::full(loss.shape(), 1.0),
+        Storage::Cuda(buffer) => gpu::full_like(buffer, loss.shape(), 1.0),
+    }
+}
+
+fn add_same_shape(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
+    if let On::Cuda(_) = on("backward", &[a, b])? {
+        return gpu::add_gradients(a, b);
+    }
+    let data: Vec<f32> = a.host().iter().zip(b.host()).map(|(x, y)| x + y).collect();
+    Ok(Tensor::raw(data, a.shape().to_vec()))
 }
 
 /// Every tensor the root depends on through recorded operations, inputs before the results

@@ -1,5 +1,7 @@
 //! The one error type of the crate.
 
+use crate::device::Device;
+
 /// What went wrong in a tensor operation; every variant names the operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -24,9 +26,28 @@ pub enum TensorError {
         /// What is wrong.
         why: String,
     },
+    /// The operands' device cannot run the operation, they lie on different devices, or the
+    /// device failed (out of memory, a missing driver or library).
+    #[error("{op} on {device}: {why}")]
+    Device {
+        /// The operation.
+        op: &'static str,
+        /// The device it was to run on.
+        device: Device,
+        /// What went wrong.
+        why: String,
+    },
 }
 
 impl TensorError {
+    pub(crate) fn device(op: &'static str, device: Device, why: impl std::fmt::Display) -> Self {
+        Self::Device {
+            op,
+            device,
+            why: why.to_string(),
+        }
+    }
+
     pub(crate) fn invalid(op: &'static str, why: impl Into<String>) -> Self {
         Self::InvalidArgument {
             op,

@@ -12,7 +12,7 @@
 //! let loss = ops::mean(&ops::sparse_softmax_cross_entropy_with_logits(&logits, &[0, 1])?, &[0], false)?;
 //! assert!((loss.item()? - 2.0_f32.ln()).abs() < 1e-6);
 //! let grads = loss.backward()?;
-//! assert_eq!(grads.get(&b).unwrap().data(), [0.0, 0.0]); // one example per class
+//! assert_eq!(grads.get(&b).unwrap().host_data()?, [0.0, 0.0]); // one example per class
 //! # Ok::<(), lockstep_tensor::TensorError>(())
 //! ```
 //!
@@ -36,6 +36,7 @@ mod device;
 mod error;
 pub mod kernels;
 pub mod ops;
+mod storage;
 mod tensor;
 
 pub use autograd::Gradients;

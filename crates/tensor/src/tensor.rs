@@ -10,6 +10,7 @@ use ndarray::{ArrayD, ArrayViewD, IxDyn};
 use crate::autograd::{Backward, GradFn};
 use crate::device::Device;
 use crate::error::TensorError;
+use crate::storage::Storage;
 
 /// Identifies a tensor for the lifetime of the process (gradients are keyed by it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -34,13 +35,16 @@ pub(crate) enum Grad {
 
 pub(crate) struct Inner {
     pub(crate) id: TensorId,
-    pub(crate) data: Arc<Vec<f32>>,
+    pub(crate) storage: Storage,
     pub(crate) shape: Vec<usize>,
-    pub(crate) device: Device,
     pub(crate) grad: Grad,
 }
 
 /// An n-dimensional array of `f32`, row-major, immutable. Cloning shares the data.
+///
+/// The values live on a [`Device`]: host memory, or a GPU's after [`Tensor::to_device`].
+/// Operations run where their operands are; reading values needs them on the host
+/// ([`Tensor::host_data`]) or copies them there ([`Tensor::to_vec`], [`Tensor::item`]).
 ///
 /// Operations (in [`crate::ops`]) record how each result was computed only when some input
 /// needs a gradient — a [`Tensor::parameter`] or a result computed from one — so inference
@@ -54,7 +58,7 @@ pub(crate) struct Inner {
 /// let x = Tensor::from_vec(vec![1.0, 1.0], &[1, 2])?;
 /// let y = ops::sum(&ops::matmul(&x, &w)?, &[0, 1], false)?; // y = sum(x · w)
 /// let grads = y.backward()?;
-/// assert_eq!(grads.get(&w).unwrap().data(), [1.0, 1.0, 1.0, 1.0]);
+/// assert_eq!(grads.get(&w).unwrap().host_data()?, [1.0, 1.0, 1.0, 1.0]);
 /// # Ok::<(), lockstep_tensor::TensorError>(())
 /// ```
 #[derive(Clone)]
@@ -106,13 +110,12 @@ fn check_len(op: &'static str, len: usize, shape: &[usize]) -> Result<(), Tensor
 }
 
 impl Tensor {
-    fn build(data: Arc<Vec<f32>>, shape: Vec<usize>, grad: Grad) -> Self {
+    fn build(storage: Storage, shape: Vec<usize>, grad: Grad) -> Self {
         Self {
             inner: Arc::new(Inner {
                 id: TensorId::fresh(),
-                data,
+                storage,
                 shape,
-                device: Device::Cpu,
                 grad,
             }),
         }
@@ -125,7 +128,7 @@ impl Tensor {
     /// When `data.len()` is not the product of `shape`.
     pub fn from_vec(data: Vec<f32>, shape: &[usize]) -> Result<Self, TensorError> {
         check_len("from_vec", data.len(), shape)?;
-        Ok(Self::build(Arc::new(data), shape.to_vec(), Grad::None))
+        Ok(Self::build(data.into(), shape.to_vec(), Grad::None))
     }
 
     /// A leaf whose gradient [`Tensor::backward`] reports: a trainable variable.
@@ -135,13 +138,13 @@ impl Tensor {
     /// When `data.len()` is not the product of `shape`.
     pub fn parameter(data: Vec<f32>, shape: &[usize]) -> Result<Self, TensorError> {
         check_len("parameter", data.len(), shape)?;
-        Ok(Self::build(Arc::new(data), shape.to_vec(), Grad::Leaf))
+        Ok(Self::build(data.into(), shape.to_vec(), Grad::Leaf))
     }
 
     /// A constant copied from an ndarray array of any layout.
     pub fn from_array(array: &ArrayViewD<'_, f32>) -> Self {
-        let data = array.as_standard_layout().iter().copied().collect();
-        Self::build(Arc::new(data), array.shape().to_vec(), Grad::None)
+        let data: Vec<f32> = array.as_standard_layout().iter().copied().collect();
+        Self::build(data.into(), array.shape().to_vec(), Grad::None)
     }
 
     /// A constant of zeros.
@@ -158,7 +161,7 @@ impl Tensor {
     /// ```
     /// use lockstep_tensor::Tensor;
     ///
-    /// assert_eq!(Tensor::full(&[2, 2], 1.5)?.data(), [1.5; 4]);
+    /// assert_eq!(Tensor::full(&[2, 2], 1.5)?.host_data()?, [1.5; 4]);
     /// assert!(Tensor::full(&[usize::MAX, 2], 0.0).is_err());
     /// # Ok::<(), lockstep_tensor::TensorError>(())
     /// ```
@@ -169,7 +172,7 @@ impl Tensor {
     pub fn full(shape: &[usize], value: f32) -> Result<Self, TensorError> {
         let len = count_values("full", shape)?;
         Ok(Self::build(
-            Arc::new(vec![value; len]),
+            vec![value; len].into(),
             shape.to_vec(),
             Grad::None,
         ))
@@ -177,16 +180,17 @@ impl Tensor {
 
     /// A rank-0 constant.
     pub fn scalar(value: f32) -> Self {
-        Self::build(Arc::new(vec![value]), Vec::new(), Grad::None)
+        Self::build(vec![value].into(), Vec::new(), Grad::None)
     }
 
     /// The result of an operation: records `backward` when some input needs a gradient.
     pub(crate) fn from_op(
-        data: Vec<f32>,
+        data: impl Into<Storage>,
         shape: Vec<usize>,
         inputs: &[&Tensor],
         backward: impl Backward,
     ) -> Self {
+        let data = data.into();
         debug_assert_eq!(Some(data.len()), element_count(&shape));
         let grad = if inputs.iter().any(|t| t.requires_grad()) {
             Grad::Node(GradFn::new(
@@ -196,7 +200,7 @@ impl Tensor {
         } else {
             Grad::None
         };
-        Self::build(Arc::new(data), shape, grad)
+        Self::build(data, shape, grad)
     }
 
     /// A result that shares its input's data under another shape (reshape, flatten).
@@ -206,19 +210,25 @@ impl Tensor {
         } else {
             Grad::None
         };
-        Self::build(Arc::clone(&input.inner.data), shape, grad)
+        Self::build(input.inner.storage.clone(), shape, grad)
     }
 
     /// A plain tensor for gradients and kernel results.
-    pub(crate) fn raw(data: Vec<f32>, shape: Vec<usize>) -> Self {
-        Self::build(Arc::new(data), shape, Grad::None)
+    pub(crate) fn raw(data: impl Into<Storage>, shape: Vec<usize>) -> Self {
+        Self::build(data.into(), shape, Grad::None)
+    }
+
+    /// The same values under another shape, sharing them, with no history (a gradient
+    /// passed through a reshape).
+    pub(crate) fn reshaped(&self, shape: Vec<usize>) -> Self {
+        Self::build(self.inner.storage.clone(), shape, Grad::None)
     }
 
     /// The same values with no history: gradients stop here.
     #[must_use]
     pub fn detach(&self) -> Self {
         Self::build(
-            Arc::clone(&self.inner.data),
+            self.inner.storage.clone(),
             self.inner.shape.clone(),
             Grad::None,
         )
@@ -246,67 +256,163 @@ impl Tensor {
 
     /// The number of values.
     pub fn len(&self) -> usize {
-        self.inner.data.len()
+        self.inner.storage.len()
     }
 
     /// `true` when the tensor holds no values.
     pub fn is_empty(&self) -> bool {
-        self.inner.data.is_empty()
+        self.inner.storage.len() == 0
     }
 
     /// Where the data lives.
     pub fn device(&self) -> Device {
-        self.inner.device
+        self.inner.storage.device()
     }
 
-    /// The values, row-major.
-    pub fn data(&self) -> &[f32] {
-        &self.inner.data
+    pub(crate) fn storage(&self) -> &Storage {
+        &self.inner.storage
     }
 
-    /// The values as an ndarray view.
-    pub fn view(&self) -> ArrayViewD<'_, f32> {
-        match ArrayViewD::from_shape(IxDyn(&self.inner.shape), &self.inner.data) {
-            Ok(view) => view,
-            Err(_) => {
-                unreachable!("a tensor's data always fills its shape (checked on construction)")
-            }
+    /// The values of a tensor in host memory, for the CPU paths of operations, which run only
+    /// once [`crate::ops`]' dispatch has found every operand on the CPU. A tensor on a GPU
+    /// has no host values: it reads as empty here, and the kernel's length checks fail.
+    pub(crate) fn host(&self) -> &[f32] {
+        match &self.inner.storage {
+            Storage::Cpu(values) => values,
+            Storage::Cuda(_) => &[],
         }
     }
 
-    /// The values copied into an ndarray array.
-    pub fn to_array(&self) -> ArrayD<f32> {
-        self.view().to_owned()
-    }
-
-    /// The single value of a one-element tensor.
+    /// The values, row-major, when they are in host memory.
     ///
     /// # Errors
     ///
-    /// When the tensor does not hold exactly one value.
-    pub fn item(&self) -> Result<f32, TensorError> {
-        match self.data() {
-            [value] => Ok(*value),
-            other => Err(TensorError::invalid(
-                "item",
-                format!("the tensor holds {} values, not 1", other.len()),
+    /// When the tensor is on a GPU: copy it with [`Tensor::to_host`] or [`Tensor::to_vec`].
+    pub fn host_data(&self) -> Result<&[f32], TensorError> {
+        match &self.inner.storage {
+            Storage::Cpu(values) => Ok(values),
+            Storage::Cuda(_) => Err(TensorError::device(
+                "host_data",
+                self.device(),
+                "the values are in GPU memory: copy them with to_host() or to_vec()",
             )),
         }
+    }
+
+    /// The values, row-major, copied to host memory (waiting for the GPU's queued work when
+    /// the tensor is on one).
+    ///
+    /// # Errors
+    ///
+    /// The GPU's error.
+    pub fn to_vec(&self) -> Result<Vec<f32>, TensorError> {
+        self.inner.storage.to_vec()
+    }
+
+    /// This tensor on `device`: the same tensor when it is there already, else a copy.
+    ///
+    /// The copy takes part in differentiation as the tensor did: a parameter's copy is a
+    /// parameter on `device` (how a model's variables move to a GPU), and a computed tensor's
+    /// copy passes gradients back to the device it came from.
+    ///
+    /// ```
+    /// use lockstep_tensor::{Device, Tensor};
+    ///
+    /// let x = Tensor::from_vec(vec![1.0, 2.0], &[2])?;
+    /// match x.to_device(Device::Cuda(0)) {
+    ///     Ok(gpu) => assert_eq!(gpu.to_host()?.host_data()?, [1.0, 2.0]),
+    ///     // No driver, no GPU or no NVRTC: the error names the cause; stay on the CPU.
+    ///     Err(e) => eprintln!("no GPU: {e}"),
+    /// }
+    /// # Ok::<(), lockstep_tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// When the device cannot be opened (no driver, no such GPU) or the copy fails.
+    pub fn to_device(&self, device: Device) -> Result<Tensor, TensorError> {
+        if self.device() == device {
+            return Ok(self.clone());
+        }
+        let storage = self.inner.storage.to_device(device)?;
+        let shape = self.inner.shape.clone();
+        Ok(match &self.inner.grad {
+            Grad::None => Self::build(storage, shape, Grad::None),
+            Grad::Leaf => Self::build(storage, shape, Grad::Leaf),
+            Grad::Node(_) => {
+                let source = self.device();
+                Self::from_op(storage, shape, &[self], move |g, _| {
+                    Ok(vec![Some(g.to_device(source)?)])
+                })
+            }
+        })
+    }
+
+    /// This tensor in host memory: [`Tensor::to_device`] with [`Device::Cpu`].
+    ///
+    /// # Errors
+    ///
+    /// The GPU's error.
+    pub fn to_host(&self) -> Result<Tensor, TensorError> {
+        self.to_device(Device::Cpu)
+    }
+
+    /// The values as an ndarray view.
+    ///
+    /// # Errors
+    ///
+    /// When the tensor is on a GPU (see [`Tensor::host_data`]).
+    pub fn view(&self) -> Result<ArrayViewD<'_, f32>, TensorError> {
+        ArrayViewD::from_shape(IxDyn(&self.inner.shape), self.host_data()?)
+            .map_err(|e| TensorError::invalid("view", e.to_string()))
+    }
+
+    /// The values copied into an ndarray array, from any device.
+    ///
+    /// # Errors
+    ///
+    /// The GPU's error.
+    pub fn to_array(&self) -> Result<ArrayD<f32>, TensorError> {
+        ArrayD::from_shape_vec(IxDyn(&self.inner.shape), self.to_vec()?)
+            .map_err(|e| TensorError::invalid("to_array", e.to_string()))
+    }
+
+    /// The single value of a one-element tensor, copied from the GPU when it is on one (the
+    /// one read-back of a training step: its loss).
+    ///
+    /// # Errors
+    ///
+    /// When the tensor does not hold exactly one value; the GPU's error.
+    pub fn item(&self) -> Result<f32, TensorError> {
+        if self.len() != 1 {
+            return Err(TensorError::invalid(
+                "item",
+                format!("the tensor holds {} values, not 1", self.len()),
+            ));
+        }
+        let values = self.to_vec()?;
+        values
+            .first()
+            .copied()
+            .ok_or_else(|| TensorError::invalid("item", "the device returned no value"))
     }
 }
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let preview: Vec<f32> = self.data().iter().take(8).copied().collect();
-        f.debug_struct("Tensor")
-            .field("shape", &self.shape())
+        let mut out = f.debug_struct("Tensor");
+        out.field("shape", &self.shape())
             .field("device", &self.device())
-            .field("requires_grad", &self.requires_grad())
-            .field(
+            .field("requires_grad", &self.requires_grad());
+        // GPU values are not read back for a debug print: that would wait for the device.
+        if let Ok(values) = self.host_data() {
+            let preview: Vec<f32> = values.iter().take(8).copied().collect();
+            out.field(
                 "data",
                 &format_args!("{preview:?}{}", if self.len() > 8 { " …" } else { "" }),
-            )
-            .finish()
+            );
+        }
+        out.finish()
     }
 }
 
@@ -335,7 +441,7 @@ mod tests {
         let t = Tensor::from_vec(vec![1.0, 2.0], &[2]).unwrap();
         let u = t.clone();
         assert_eq!(t.id(), u.id());
-        assert!(std::ptr::eq(t.data().as_ptr(), u.data().as_ptr()));
+        assert!(std::ptr::eq(t.host().as_ptr(), u.host().as_ptr()));
         assert_ne!(t.detach().id(), t.id());
     }
 
@@ -344,7 +450,8 @@ mod tests {
         let a = ndarray::Array::from_shape_fn((2, 3), |(i, j)| (i * 3 + j) as f32).into_dyn();
         let t = Tensor::from_array(&a.t());
         assert_eq!(t.shape(), [3, 2]);
-        assert_eq!(t.to_array(), a.t().to_owned());
+        assert_eq!(t.to_array().unwrap(), a.t().to_owned());
+        assert_eq!(t.view().unwrap(), a.t());
         assert_eq!(Tensor::scalar(2.5).item(), Ok(2.5));
         assert!(t.item().is_err());
     }

@@ -41,7 +41,7 @@ fn model_fn(
         from_logits: true,
         reduction: Reduction::Sum,
     };
-    let loss = scale(&loss_fn.call(&logits, labels)?, 1.0 / BATCH as f32);
+    let loss = scale(&loss_fn.call(&logits, labels)?, 1.0 / BATCH as f32)?;
     if mode == ModeKeys::Train {
         return Ok(EstimatorSpec::train(loss, Sgd::new(0.05)));
     }

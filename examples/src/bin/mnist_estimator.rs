@@ -99,7 +99,7 @@ fn model_fn(
     let loss = scale_tensor(
         &loss_fn.call(&logits, labels.unwrap_or_default())?,
         1.0 / BATCH_SIZE as f32,
-    );
+    )?;
     if mode == ModeKeys::Eval {
         return Ok(EstimatorSpec::eval(loss));
     }

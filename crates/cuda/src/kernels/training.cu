@@ -141,6 +141,49 @@ extern "C" __global__ void softmax_f32(const float* x, float* out, u64 rows, u64
     }
 }
 
+// The gradient through a softmax, from its output `y` and the output's gradient `g`, per row:
+// `y · (g − Σ y·g)`.
+extern "C" __global__ void softmax_grad_f32(const float* y, const float* g, float* out, u64 rows,
+                                            u64 classes) {
+    FOR_EACH(r, rows) {
+        const float* yr = y + r * classes;
+        const float* gr = g + r * classes;
+        float dot = 0.0f;
+        for (u64 k = 0; k < classes; ++k) {
+            dot += yr[k] * gr[k];
+        }
+        for (u64 k = 0; k < classes; ++k) {
+            out[r * classes + k] = yr[k] * (gr[k] - dot);
+        }
+    }
+}
+
+// Each row of `cols` values times its own scale: the gradient of a per-row loss, or a
+// per-row value broadcast along its row (with `x` all ones).
+extern "C" __global__ void scale_rows_f32(const float* x, const float* scales, float* out,
+                                          u64 cols, u64 n) {
+    FOR_EACH(i, n) { out[i] = x[i] * scales[i / cols]; }
+}
+
+// Natural logarithm.
+extern "C" __global__ void log_f32(const float* x, float* out, u64 n) {
+    FOR_EACH(i, n) { out[i] = logf(x[i]); }
+}
+
+// Values limited to `[lo, hi]`, NaN kept, as `f32::clamp` does.
+extern "C" __global__ void clip_f32(const float* x, float* out, float lo, float hi, u64 n) {
+    FOR_EACH(i, n) {
+        float v = x[i];
+        out[i] = v < lo ? lo : (v > hi ? hi : v);
+    }
+}
+
+// `g` where the clipped input `x` lay inside `[lo, hi]`, else 0.
+extern "C" __global__ void clip_grad_f32(const float* g, const float* x, float* out, float lo,
+                                         float hi, u64 n) {
+    FOR_EACH(i, n) { out[i] = x[i] >= lo && x[i] <= hi ? g[i] : 0.0f; }
+}
+
 // The sizes of a convolution or pooling window over NHWC input, as the host's `Geometry`.
 struct Geometry {
     u64 batch, height, width, channels;

@@ -21,7 +21,7 @@ impl Activation {
     pub(crate) fn apply(self, x: Tensor, layer: &str) -> Result<Tensor, NnError> {
         match self {
             Self::Linear => Ok(x),
-            Self::Relu => Ok(ops::relu(&x)),
+            Self::Relu => ops::relu(&x).in_layer(layer),
             Self::Softmax => ops::softmax(&x).in_layer(layer),
         }
     }

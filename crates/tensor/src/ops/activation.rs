@@ -1,42 +1,65 @@
 //! Elementwise nonlinearities and the softmax activation.
 
+use super::gpu::{self, On, on};
 use crate::error::TensorError;
 use crate::kernels::{elementwise, softmax as kernel};
 use crate::tensor::Tensor;
 
 /// `max(x, 0)`.
-pub fn relu(x: &Tensor) -> Tensor {
-    let out = elementwise::map(x.data(), |v| v.max(0.0));
-    Tensor::from_op(out, x.shape().to_vec(), &[x], |g, y| {
-        Ok(vec![Some(relu_grad(g, y))])
-    })
+///
+/// # Errors
+///
+/// The GPU's error, when `x` is on one.
+pub fn relu(x: &Tensor) -> Result<Tensor, TensorError> {
+    if let On::Cuda(buffers) = on("relu", &[x])? {
+        return gpu::relu(x, &buffers);
+    }
+    let out = elementwise::map(x.host(), |v| v.max(0.0));
+    Ok(Tensor::from_op(out, x.shape().to_vec(), &[x], |g, y| {
+        Ok(vec![Some(relu_grad(g, y)?)])
+    }))
 }
 
 /// The gradient through a relu, from its output: it passed exactly where the output is positive.
-pub(crate) fn relu_grad(g: &Tensor, y: &Tensor) -> Tensor {
-    Tensor::raw(
-        elementwise::zip(g.data(), y.data(), |g, y| if y > 0.0 { g } else { 0.0 }),
+pub(crate) fn relu_grad(g: &Tensor, y: &Tensor) -> Result<Tensor, TensorError> {
+    if let On::Cuda(_) = on("relu", &[g, y])? {
+        return gpu::relu_grad(g, y);
+    }
+    Ok(Tensor::raw(
+        elementwise::zip(g.host(), y.host(), |g, y| if y > 0.0 { g } else { 0.0 }),
         y.shape().to_vec(),
-    )
+    ))
 }
 
 /// Natural logarithm.
-pub fn log(x: &Tensor) -> Tensor {
-    let out = elementwise::map(x.data(), f32::ln);
+///
+/// # Errors
+///
+/// The GPU's error, when `x` is on one.
+pub fn log(x: &Tensor) -> Result<Tensor, TensorError> {
+    if let On::Cuda(buffers) = on("log", &[x])? {
+        return gpu::log(x, &buffers);
+    }
+    let out = elementwise::map(x.host(), f32::ln);
     let input = x.clone();
-    Tensor::from_op(out, x.shape().to_vec(), &[x], move |g, _| {
-        Ok(vec![Some(Tensor::raw(
-            elementwise::zip(g.data(), input.data(), |g, v| g / v),
-            input.shape().to_vec(),
-        ))])
-    })
+    Ok(Tensor::from_op(
+        out,
+        x.shape().to_vec(),
+        &[x],
+        move |g, _| {
+            Ok(vec![Some(Tensor::raw(
+                elementwise::zip(g.host(), input.host(), |g, v| g / v),
+                input.shape().to_vec(),
+            ))])
+        },
+    ))
 }
 
 /// Values limited to `[min, max]`; the gradient passes where the value was inside.
 ///
 /// # Errors
 ///
-/// When `min > max`.
+/// When `min > max`; the GPU's error, when `x` is on one.
 pub fn clip(x: &Tensor, min: f32, max: f32) -> Result<Tensor, TensorError> {
     if min > max || min.is_nan() || max.is_nan() {
         return Err(TensorError::invalid(
@@ -44,14 +67,17 @@ pub fn clip(x: &Tensor, min: f32, max: f32) -> Result<Tensor, TensorError> {
             format!("min {min} must not exceed max {max}"),
         ));
     }
-    let out = elementwise::map(x.data(), |v| v.clamp(min, max));
+    if let On::Cuda(buffers) = on("clip", &[x])? {
+        return gpu::clip(x, &buffers, (min, max));
+    }
+    let out = elementwise::map(x.host(), |v| v.clamp(min, max));
     let input = x.clone();
     Ok(Tensor::from_op(
         out,
         x.shape().to_vec(),
         &[x],
         move |g, _| {
-            let d = elementwise::zip(g.data(), input.data(), |g, v| {
+            let d = elementwise::zip(g.host(), input.host(), |g, v| {
                 if (min..=max).contains(&v) { g } else { 0.0 }
             });
             Ok(vec![Some(Tensor::raw(d, input.shape().to_vec()))])
@@ -69,7 +95,10 @@ pub fn softmax(x: &Tensor) -> Result<Tensor, TensorError> {
         .shape()
         .last()
         .ok_or_else(|| TensorError::invalid("softmax", "needs at least one axis"))?;
-    let probs: Vec<f32> = kernel::log_softmax(x.data(), cols)
+    if let On::Cuda(buffers) = on("softmax", &[x])? {
+        return gpu::softmax(x, &buffers, cols);
+    }
+    let probs: Vec<f32> = kernel::log_softmax(x.host(), cols)
         .into_iter()
         .map(f32::exp)
         .collect();
@@ -79,7 +108,7 @@ pub fn softmax(x: &Tensor) -> Result<Tensor, TensorError> {
         for ((d, y), g) in d
             .chunks_exact_mut(cols)
             .zip(y.chunks_exact(cols))
-            .zip(g.data().chunks_exact(cols))
+            .zip(g.host().chunks_exact(cols))
         {
             let dot: f32 = y.iter().zip(g).map(|(y, g)| y * g).sum();
             for ((d, &y), &g) in d.iter_mut().zip(y).zip(g) {

@@ -1,6 +1,9 @@
 //! Broadcasting arithmetic and the bias add of dense and convolution layers.
 
+use lockstep_cuda::ops::Binary;
+
 use super::broadcast::{broadcast_shape, source_offsets, sum_to};
+use super::gpu::{self, On, on};
 use crate::error::TensorError;
 use crate::kernels::{elementwise, reduce};
 use crate::tensor::Tensor;
@@ -13,7 +16,7 @@ fn binary(
 ) -> Result<(Vec<f32>, Vec<usize>), TensorError> {
     let shape = broadcast_shape(op, a.shape(), b.shape())?;
     if a.shape() == b.shape() {
-        return Ok((elementwise::zip(a.data(), b.data(), f), shape));
+        return Ok((elementwise::zip(a.host(), b.host(), f), shape));
     }
     let (ia, ib) = (
         source_offsets(a.shape(), &shape),
@@ -22,7 +25,7 @@ fn binary(
     let data = ia
         .iter()
         .zip(&ib)
-        .map(|(&i, &j)| f(a.data()[i], b.data()[j]))
+        .map(|(&i, &j)| f(a.host()[i], b.host()[j]))
         .collect();
     Ok((data, shape))
 }
@@ -30,11 +33,11 @@ fn binary(
 /// Reads `t` at every position of `shape` it broadcasts to.
 fn stretched(t: &Tensor, shape: &[usize]) -> Vec<f32> {
     if t.shape() == shape {
-        return t.data().to_vec();
+        return t.host().to_vec();
     }
     source_offsets(t.shape(), shape)
         .into_iter()
-        .map(|i| t.data()[i])
+        .map(|i| t.host()[i])
         .collect()
 }
 
@@ -44,12 +47,15 @@ fn stretched(t: &Tensor, shape: &[usize]) -> Vec<f32> {
 ///
 /// When the shapes do not broadcast.
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
+    if let On::Cuda(buffers) = on("add", &[a, b])? {
+        return gpu::arithmetic("add", Binary::Add, (a, b), &buffers);
+    }
     let (data, shape) = binary("add", a, b, |x, y| x + y)?;
     let (sa, sb, out) = (a.shape().to_vec(), b.shape().to_vec(), shape.clone());
     Ok(Tensor::from_op(data, shape, &[a, b], move |g, _| {
         Ok(vec![
-            Some(Tensor::raw(sum_to(g.data(), &out, &sa), sa.clone())),
-            Some(Tensor::raw(sum_to(g.data(), &out, &sb), sb.clone())),
+            Some(Tensor::raw(sum_to(g.host(), &out, &sa), sa.clone())),
+            Some(Tensor::raw(sum_to(g.host(), &out, &sb), sb.clone())),
         ])
     }))
 }
@@ -60,12 +66,15 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
 ///
 /// When the shapes do not broadcast.
 pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
+    if let On::Cuda(buffers) = on("sub", &[a, b])? {
+        return gpu::arithmetic("sub", Binary::Sub, (a, b), &buffers);
+    }
     let (data, shape) = binary("sub", a, b, |x, y| x - y)?;
     let (sa, sb, out) = (a.shape().to_vec(), b.shape().to_vec(), shape.clone());
     Ok(Tensor::from_op(data, shape, &[a, b], move |g, _| {
-        let neg: Vec<f32> = g.data().iter().map(|v| -v).collect();
+        let neg: Vec<f32> = g.host().iter().map(|v| -v).collect();
         Ok(vec![
-            Some(Tensor::raw(sum_to(g.data(), &out, &sa), sa.clone())),
+            Some(Tensor::raw(sum_to(g.host(), &out, &sa), sa.clone())),
             Some(Tensor::raw(sum_to(&neg, &out, &sb), sb.clone())),
         ])
     }))
@@ -77,12 +86,15 @@ pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
 ///
 /// When the shapes do not broadcast.
 pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
+    if let On::Cuda(buffers) = on("mul", &[a, b])? {
+        return gpu::arithmetic("mul", Binary::Mul, (a, b), &buffers);
+    }
     let (data, shape) = binary("mul", a, b, |x, y| x * y)?;
     let (ca, cb, out) = (a.clone(), b.clone(), shape.clone());
     Ok(Tensor::from_op(data, shape, &[a, b], move |g, _| {
         let (va, vb) = (stretched(&ca, &out), stretched(&cb, &out));
-        let da = elementwise::zip(g.data(), &vb, |g, y| g * y);
-        let db = elementwise::zip(g.data(), &va, |g, x| g * x);
+        let da = elementwise::zip(g.host(), &vb, |g, y| g * y);
+        let db = elementwise::zip(g.host(), &va, |g, x| g * x);
         Ok(vec![
             Some(Tensor::raw(
                 sum_to(&da, &out, ca.shape()),
@@ -102,13 +114,16 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
 ///
 /// When the shapes do not broadcast.
 pub fn div(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
+    if let On::Cuda(buffers) = on("div", &[a, b])? {
+        return gpu::arithmetic("div", Binary::Div, (a, b), &buffers);
+    }
     let (data, shape) = binary("div", a, b, |x, y| x / y)?;
     let (ca, cb, out) = (a.clone(), b.clone(), shape.clone());
     Ok(Tensor::from_op(data, shape, &[a, b], move |g, _| {
         let (va, vb) = (stretched(&ca, &out), stretched(&cb, &out));
-        let da = elementwise::zip(g.data(), &vb, |g, y| g / y);
+        let da = elementwise::zip(g.host(), &vb, |g, y| g / y);
         let db: Vec<f32> = g
-            .data()
+            .host()
             .iter()
             .zip(&va)
             .zip(&vb)
@@ -128,15 +143,22 @@ pub fn div(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
 }
 
 /// `x · factor` for a constant factor.
-pub fn scale(x: &Tensor, factor: f32) -> Tensor {
-    let data = elementwise::map(x.data(), |v| v * factor);
+///
+/// # Errors
+///
+/// The GPU's error, when `x` is on one.
+pub fn scale(x: &Tensor, factor: f32) -> Result<Tensor, TensorError> {
+    if let On::Cuda(buffers) = on("scale", &[x])? {
+        return gpu::scale(x, &buffers, factor);
+    }
+    let data = elementwise::map(x.host(), |v| v * factor);
     let shape = x.shape().to_vec();
-    Tensor::from_op(data, shape.clone(), &[x], move |g, _| {
+    Ok(Tensor::from_op(data, shape.clone(), &[x], move |g, _| {
         Ok(vec![Some(Tensor::raw(
-            elementwise::map(g.data(), |v| v * factor),
+            elementwise::map(g.host(), |v| v * factor),
             shape.clone(),
         ))])
-    })
+    }))
 }
 
 /// Adds `bias [c]` along the last axis of `x [..., c]` (the bias of `Dense` and `Conv2D` layers).
@@ -154,7 +176,10 @@ pub fn bias_add(x: &Tensor, bias: &Tensor) -> Result<Tensor, TensorError> {
             "the bias must be 1-D with the input's last dimension",
         ));
     }
-    let data = elementwise::add_rows(x.data(), bias.data(), |v| v);
+    if let On::Cuda(buffers) = on("bias_add", &[x, bias])? {
+        return gpu::bias_add(x, bias, &buffers);
+    }
+    let data = elementwise::add_rows(x.host(), bias.host(), |v| v);
     let shape = x.shape().to_vec();
     Ok(Tensor::from_op(
         data,
@@ -162,8 +187,8 @@ pub fn bias_add(x: &Tensor, bias: &Tensor) -> Result<Tensor, TensorError> {
         &[x, bias],
         move |g, _| {
             Ok(vec![
-                Some(Tensor::raw(g.data().to_vec(), shape.clone())),
-                Some(Tensor::raw(reduce::sum_rows(g.data(), c), vec![c])),
+                Some(Tensor::raw(g.host().to_vec(), shape.clone())),
+                Some(Tensor::raw(reduce::sum_rows(g.host(), c), vec![c])),
             ])
         },
     ))

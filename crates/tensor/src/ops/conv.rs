@@ -1,5 +1,6 @@
 //! Convolution and max pooling over NHWC tensors.
 
+use super::gpu::{self, On, on};
 use crate::error::TensorError;
 use crate::kernels::geometry::Geometry;
 use crate::kernels::pool;
@@ -99,7 +100,7 @@ pub(crate) fn geometry(
 /// let k = Tensor::from_vec(vec![1.0; 9], &[3, 3, 1, 1])?; // a 3×3 box sum
 /// let y = ops::conv2d(&x, &k, (1, 1), Padding::Valid)?;
 /// assert_eq!(y.shape(), [1, 2, 2, 1]);
-/// assert_eq!(y.data(), [45.0, 54.0, 81.0, 90.0]);
+/// assert_eq!(y.host_data()?, [45.0, 54.0, 81.0, 90.0]);
 /// # Ok::<(), lockstep_tensor::TensorError>(())
 /// ```
 ///
@@ -128,7 +129,10 @@ pub fn max_pool2d(
     padding: Padding,
 ) -> Result<Tensor, TensorError> {
     let g = geometry("max_pool2d", x.shape(), pool, stride, padding)?;
-    let (out, argmax) = pool::max_pool(x.data(), &g);
+    if let On::Cuda(buffers) = on("max_pool2d", &[x])? {
+        return gpu::max_pool2d(x, &buffers, &g);
+    }
+    let (out, argmax) = pool::max_pool(x.host(), &g);
     let shape = x.shape().to_vec();
     Ok(Tensor::from_op(
         out,
@@ -136,7 +140,7 @@ pub fn max_pool2d(
         &[x],
         move |d, _| {
             Ok(vec![Some(Tensor::raw(
-                pool::max_pool_grad(d.data(), &argmax, &g),
+                pool::max_pool_grad(d.host(), &argmax, &g),
                 shape.clone(),
             ))])
         },
@@ -182,6 +186,6 @@ mod tests {
     fn max_pool_takes_each_window_maximum() {
         let x = Tensor::from_vec((0..16).map(|v| v as f32).collect(), &[1, 4, 4, 1]).unwrap();
         let y = max_pool2d(&x, (2, 2), (2, 2), Padding::Valid).unwrap();
-        assert_eq!(y.data(), [5.0, 7.0, 13.0, 15.0]);
+        assert_eq!(y.host(), [5.0, 7.0, 13.0, 15.0]);
     }
 }

@@ -5,6 +5,7 @@
 
 use super::activation::relu_grad;
 use super::conv::{Padding, geometry, max_pool2d};
+use super::gpu::{self, On, on};
 use crate::error::TensorError;
 use crate::kernels::conv::{conv2d as conv_kernel, conv2d_backward};
 use crate::kernels::conv_pool::PooledConv;
@@ -112,7 +113,7 @@ fn conv_geometry(
 /// let k = Tensor::from_vec(vec![1.0], &[1, 1, 1, 1])?;
 /// let b = Tensor::from_vec(vec![0.5], &[1])?;
 /// let y = ops::conv2d_bias_relu(&x, &k, Some(&b), true, (1, 1), Padding::Valid)?;
-/// assert_eq!(y.data(), [1.5, 0.0, 3.5, 0.0]);
+/// assert_eq!(y.host_data()?, [1.5, 0.0, 3.5, 0.0]);
 /// # Ok::<(), lockstep_tensor::TensorError>(())
 /// ```
 ///
@@ -128,10 +129,13 @@ pub fn conv2d_bias_relu(
     padding: Padding,
 ) -> Result<Tensor, TensorError> {
     let (g, filters) = conv_geometry(x, kernel, bias, stride, padding)?;
+    if let On::Cuda(buffers) = on("conv2d", &inputs(x, kernel, bias))? {
+        return gpu::conv2d((x, kernel, bias), &buffers, &g, filters, relu);
+    }
     let (out, lowering) = conv_kernel(
-        x.data(),
-        kernel.data(),
-        bias.map(Tensor::data),
+        x.host(),
+        kernel.host(),
+        bias.map(Tensor::host),
         relu,
         filters,
         &g,
@@ -145,13 +149,13 @@ pub fn conv2d_bias_relu(
         move |d, y| {
             let wanted = wanted(&input, &weights, has_bias);
             let grad = OutputGrad {
-                values: d.data(),
-                relu_output: relu.then(|| y.data()),
+                values: d.host(),
+                relu_output: relu.then(|| y.host()),
             };
             let grads = conv2d_backward(
                 &lowering,
-                input.data(),
-                weights.data(),
+                input.host(),
+                weights.host(),
                 grad,
                 filters,
                 &g,
@@ -193,7 +197,7 @@ pub struct MaxPool {
 /// let pool = MaxPool { size: (2, 2), stride: (2, 2), padding: Padding::Valid };
 /// let y = ops::conv2d_bias_relu_max_pool(&x, &k, Some(&b), true, (1, 1), Padding::Valid, pool)?;
 /// assert_eq!(y.shape(), [1, 2, 2, 1]);
-/// assert_eq!(y.data(), [10.0, 8.0, 2.0, 0.0]);
+/// assert_eq!(y.host_data()?, [10.0, 8.0, 2.0, 0.0]);
 /// # Ok::<(), lockstep_tensor::TensorError>(())
 /// ```
 ///
@@ -222,14 +226,16 @@ pub fn conv2d_bias_relu_max_pool(
         h: pool.size.0,
         w: pool.size.1,
     };
-    let fused = (pool.stride == pool.size && pool.padding == Padding::Valid)
+    // On a GPU, the two operations one after the other (a fused GPU kernel is later work).
+    let on_cpu = matches!(on("conv2d", &inputs(x, kernel, bias))?, On::Cpu);
+    let fused = (on_cpu && pool.stride == pool.size && pool.padding == Padding::Valid)
         .then(|| PooledConv::new(&g, filters, window, x.requires_grad()))
         .flatten();
     let Some(layer) = fused else {
         let y = conv2d_bias_relu(x, kernel, bias, relu, stride, padding)?;
         return max_pool2d(&y, pool.size, pool.stride, pool.padding);
     };
-    let (out, argmax) = layer.forward(x.data(), kernel.data(), bias.map(Tensor::data), relu);
+    let (out, argmax) = layer.forward(x.host(), kernel.host(), bias.map(Tensor::host), relu);
     let (input, weights, has_bias) = (x.clone(), kernel.clone(), bias.is_some());
     let shape = vec![g.batch, pooled.out_h, pooled.out_w, filters];
     Ok(Tensor::from_op(
@@ -238,12 +244,12 @@ pub fn conv2d_bias_relu_max_pool(
         &inputs(x, kernel, bias),
         move |d, y| {
             let grad = PooledGrad {
-                values: d.data(),
-                relu_output: relu.then(|| y.data()),
+                values: d.host(),
+                relu_output: relu.then(|| y.host()),
                 argmax: &argmax,
             };
             let wanted = wanted(&input, &weights, has_bias);
-            let grads = layer.backward(input.data(), weights.data(), grad, wanted);
+            let grads = layer.backward(input.host(), weights.host(), grad, wanted);
             Ok(conv_grads(grads, &input, &weights, has_bias))
         },
     ))
@@ -290,7 +296,10 @@ pub(crate) fn product(
     }
     check_bias(op, bias, x, n)?;
     count_values(op, &[m, n])?;
-    let mut out = repeat_rows(bias.map(Tensor::data), m, n);
+    if let On::Cuda(buffers) = on(op, &inputs(x, w, bias))? {
+        return gpu::product(op, (x, w, bias), &buffers, (m, k, n), relu);
+    }
+    let mut out = repeat_rows(bias.map(Tensor::host), m, n);
     gemm(&mut out, plain(x, m, k), plain(w, k, n), bias.is_some())?;
     if relu {
         relu_in_place(&mut out);
@@ -301,7 +310,7 @@ pub(crate) fn product(
         vec![m, n],
         &inputs(x, w, bias),
         move |d, y| {
-            let d = if relu { relu_grad(d, y) } else { d.clone() };
+            let d = if relu { relu_grad(d, y)? } else { d.clone() };
             // The two products are independent: run side by side, each GEMM's own threads
             // have more to share (a 64-row product alone keeps two threads only ~70% busy).
             let (dx, dw) = rayon::join(
@@ -310,7 +319,7 @@ pub(crate) fn product(
                         let dx = gemm_new(
                             plain(&d, m, n),
                             MatRef {
-                                data: weights.data(),
+                                data: weights.host(),
                                 rows: k,
                                 cols: n,
                                 transposed: true,
@@ -323,7 +332,7 @@ pub(crate) fn product(
                     weights.requires_grad().then(|| {
                         let dw = gemm_new(
                             MatRef {
-                                data: input.data(),
+                                data: input.host(),
                                 rows: m,
                                 cols: k,
                                 transposed: true,
@@ -336,7 +345,7 @@ pub(crate) fn product(
             );
             let mut grads = vec![dx.transpose()?, dw.transpose()?];
             if has_bias {
-                grads.push(Some(Tensor::raw(sum_rows(d.data(), n), vec![n])));
+                grads.push(Some(Tensor::raw(sum_rows(d.host(), n), vec![n])));
             }
             Ok(grads)
         },
@@ -345,7 +354,7 @@ pub(crate) fn product(
 
 fn plain(t: &Tensor, rows: usize, cols: usize) -> MatRef<'_> {
     MatRef {
-        data: t.data(),
+        data: t.host(),
         rows,
         cols,
         transposed: false,

@@ -1,5 +1,6 @@
 //! Log-softmax, the fused softmax cross-entropy, and argmax.
 
+use super::gpu::{self, On, on};
 use crate::error::TensorError;
 use crate::kernels::softmax as kernel;
 use crate::tensor::Tensor;
@@ -18,17 +19,25 @@ fn rows_and_classes(op: &'static str, x: &Tensor) -> Result<(usize, usize), Tens
 ///
 /// # Errors
 ///
-/// When `x` is not 2-D.
+/// When `x` is not 2-D, or is on a GPU (the losses there use the fused
+/// [`sparse_softmax_cross_entropy_with_logits`]).
 pub fn log_softmax(x: &Tensor) -> Result<Tensor, TensorError> {
     let (_, classes) = rows_and_classes("log_softmax", x)?;
-    let out = kernel::log_softmax(x.data(), classes);
+    if let On::Cuda(_) = on("log_softmax", &[x])? {
+        return Err(TensorError::device(
+            "log_softmax",
+            x.device(),
+            "runs on the CPU only",
+        ));
+    }
+    let out = kernel::log_softmax(x.host(), classes);
     let (shape, y) = (x.shape().to_vec(), out.clone());
     Ok(Tensor::from_op(out, shape.clone(), &[x], move |g, _| {
         let mut d = vec![0.0_f32; y.len()];
         for ((d, y), g) in d
             .chunks_exact_mut(classes)
             .zip(y.chunks_exact(classes))
-            .zip(g.data().chunks_exact(classes))
+            .zip(g.host().chunks_exact(classes))
         {
             let total: f32 = g.iter().sum();
             for ((d, &y), &g) in d.iter_mut().zip(y).zip(g) {
@@ -48,7 +57,7 @@ pub fn log_softmax(x: &Tensor) -> Result<Tensor, TensorError> {
 ///
 /// let logits = Tensor::from_vec(vec![1000.0, 0.0, 0.0, 1000.0], &[2, 2])?;
 /// let loss = ops::sparse_softmax_cross_entropy_with_logits(&logits, &[0, 0])?;
-/// assert_eq!(loss.data(), [0.0, 1000.0]);
+/// assert_eq!(loss.host_data()?, [0.0, 1000.0]);
 /// # Ok::<(), lockstep_tensor::TensorError>(())
 /// ```
 ///
@@ -74,14 +83,17 @@ pub fn sparse_softmax_cross_entropy_with_logits(
             format!("label {label} at index {i} is not below the {classes} classes"),
         ));
     }
-    let (losses, grad) = kernel::sparse_softmax_cross_entropy(logits.data(), labels, classes);
+    if let On::Cuda(buffers) = on(OP, &[logits])? {
+        return gpu::sparse_softmax_cross_entropy(logits, &buffers, labels, classes);
+    }
+    let (losses, grad) = kernel::sparse_softmax_cross_entropy(logits.host(), labels, classes);
     Ok(Tensor::from_op(
         losses,
         vec![rows],
         &[logits],
         move |g, _| {
             let mut d = grad.clone();
-            for (row, &scale) in d.chunks_exact_mut(classes).zip(g.data()) {
+            for (row, &scale) in d.chunks_exact_mut(classes).zip(g.host()) {
                 for v in row {
                     *v *= scale;
                 }
@@ -95,13 +107,18 @@ pub fn sparse_softmax_cross_entropy_with_logits(
 ///
 /// # Errors
 ///
-/// When `x` is not 2-D.
+/// When `x` is not 2-D; the GPU's error, when `x` is on one.
 pub fn argmax(x: &Tensor) -> Result<Vec<usize>, TensorError> {
     let (_, classes) = rows_and_classes("argmax", x)?;
     if classes == 0 {
         return Err(TensorError::invalid("argmax", "there are no classes"));
     }
-    Ok(x.data()
+    // The indices are wanted on the host (metrics, predictions): a GPU's values are read back.
+    let values = match x.host_data() {
+        Ok(values) => std::borrow::Cow::Borrowed(values),
+        Err(_) => std::borrow::Cow::Owned(x.to_vec()?),
+    };
+    Ok(values
         .chunks_exact(classes)
         .map(|row| {
             row.iter()

@@ -8,6 +8,7 @@ mod broadcast;
 mod conv;
 mod dropout;
 mod fused;
+pub(crate) mod gpu;
 mod loss;
 mod matmul;
 mod reduce;

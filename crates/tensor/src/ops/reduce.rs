@@ -1,5 +1,6 @@
 //! Sums and means over axes.
 
+use super::gpu::{self, On, on};
 use crate::error::TensorError;
 use crate::kernels::reduce::sum_middle;
 use crate::tensor::{Tensor, count_values};
@@ -41,7 +42,10 @@ fn reduction_plan(
 /// When an axis is out of range or repeated.
 pub fn sum(x: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor, TensorError> {
     let reduced = reduction_plan("sum", x.shape(), axes)?;
-    let mut data = x.data().to_vec();
+    if let On::Cuda(buffers) = on("sum", &[x])? {
+        return sum_on_gpu(x, &buffers, &reduced, keepdims);
+    }
+    let mut data = x.host().to_vec();
     let mut shape = x.shape().to_vec();
     for axis in (0..shape.len()).rev().filter(|&a| reduced[a]) {
         // Sub-products of a tensor's shape always fit (`element_count`).
@@ -50,22 +54,13 @@ pub fn sum(x: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor, TensorE
         data = sum_middle(&data, outer, shape[axis], inner);
         shape[axis] = 1;
     }
-    let kept = shape.clone();
-    let out_shape: Vec<usize> = if keepdims {
-        shape
-    } else {
-        shape
-            .iter()
-            .zip(&reduced)
-            .filter(|&(_, &r)| !r)
-            .map(|(&d, _)| d)
-            .collect()
-    };
+    let out_shape = reduced_shape(&shape, &reduced, keepdims);
+    let kept = shape;
     let input_shape = x.shape().to_vec();
     Ok(Tensor::from_op(data, out_shape, &[x], move |g, _| {
         // Every input element receives the gradient of the sum it went into.
         let offsets = super::broadcast::source_offsets(&kept, &input_shape);
-        let d = offsets.into_iter().map(|i| g.data()[i]).collect();
+        let d: Vec<f32> = offsets.into_iter().map(|i| g.host()[i]).collect();
         Ok(vec![Some(Tensor::raw(d, input_shape.clone()))])
     }))
 }
@@ -78,5 +73,42 @@ pub fn sum(x: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor, TensorE
 pub fn mean(x: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor, TensorError> {
     let total = sum(x, axes, keepdims)?;
     let count: usize = axes.iter().filter_map(|&a| x.shape().get(a)).product();
-    Ok(super::scale(&total, 1.0 / count.max(1) as f32))
+    super::scale(&total, 1.0 / count.max(1) as f32)
+}
+
+/// The kept dimensions of `shape`: size 1 where reduced when `keepdims`, else left out.
+fn reduced_shape(shape: &[usize], reduced: &[bool], keepdims: bool) -> Vec<usize> {
+    shape
+        .iter()
+        .zip(reduced)
+        .filter(|&(_, &r)| keepdims || !r)
+        .map(|(&d, &r)| if r { 1 } else { d })
+        .collect()
+}
+
+/// A sum on a GPU: over leading axes (all of them included: a loss's mean, a bias's
+/// gradient), which is one kernel; other axes are reduced on the CPU only.
+fn sum_on_gpu(
+    x: &Tensor,
+    buffers: &[&lockstep_cuda::CudaBuffer],
+    reduced: &[bool],
+    keepdims: bool,
+) -> Result<Tensor, TensorError> {
+    let leading = reduced.iter().take_while(|&&r| r).count();
+    if reduced[leading..].iter().any(|&r| r) {
+        return Err(TensorError::device(
+            "sum",
+            x.device(),
+            format!(
+                "reducing axes {:?} of shape {:?}: a GPU reduces leading axes only",
+                (0..reduced.len())
+                    .filter(|&a| reduced[a])
+                    .collect::<Vec<_>>(),
+                x.shape()
+            ),
+        ));
+    }
+    let inner = count_values("sum", &x.shape()[leading..])?;
+    let out_shape = reduced_shape(x.shape(), reduced, keepdims);
+    gpu::sum_leading(x, buffers, inner, out_shape)
 }

@@ -19,7 +19,7 @@ pub fn reshape(x: &Tensor, shape: &[usize]) -> Result<Tensor, TensorError> {
     }
     let original = x.shape().to_vec();
     Ok(Tensor::view_op(x, shape.to_vec(), move |g, _| {
-        Ok(vec![Some(Tensor::raw(g.data().to_vec(), original.clone()))])
+        Ok(vec![Some(g.reshaped(original.clone()))])
     }))
 }
 

@@ -49,7 +49,7 @@ pub(super) fn split_batch(
         }
         let mut shape = x.shape().to_vec();
         shape[0] = count;
-        let values = x.data()[start * row..(start + count) * row].to_vec();
+        let values = x.host_data()?[start * row..(start + count) * row].to_vec();
         out.push(Some((
             Tensor::from_vec(values, &shape)?,
             labels[start..start + count].to_vec(),
