@@ -1,7 +1,8 @@
 //! `cargo xtask gpu-check`: builds, on this machine, what a GPU machine with no Rust toolchain
-//! needs to check lockstep-cuda: the crate's test executables and the `gpu_bench` example, in
-//! release, in one folder with a `run.sh` that runs the tests (a skip for want of a GPU or of
-//! NVRTC counts as a failure there) and then the benchmark.
+//! needs to check the GPU paths: lockstep-cuda's test executables, lockstep-tensor's GPU-vs-CPU
+//! tests, lockstep-nn's training tests (the CNN trained on the GPU among them) and the
+//! `gpu_bench` example, in release, in one folder with a `run.sh` that runs the tests (a skip
+//! for want of a GPU or of NVRTC counts as a failure there) and then the benchmark.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -11,8 +12,11 @@ use clap::Args;
 
 use crate::build_example::workspace_root;
 
-/// The package whose GPU paths are checked.
+/// The package of the GPU kernels: all its tests, and the benchmark.
 const PACKAGE: &str = "lockstep-cuda";
+
+/// Test targets of other packages that run their GPU paths: `(package, test target)`.
+const GPU_TESTS: &[(&str, &str)] = &[("lockstep-tensor", "gpu"), ("lockstep-nn", "training")];
 
 /// The runner written beside the executables.
 const RUNNER: &str = r#"#!/usr/bin/env bash
@@ -60,6 +64,27 @@ pub(crate) fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
     for artifact in &tests {
         copy_executable(&artifact.path, &out.join("tests").join(&artifact.name))?;
     }
+    let mut count = tests.len();
+    for &(package, target) in GPU_TESTS {
+        let built = cargo_executables(&[
+            "test",
+            "--no-run",
+            "--release",
+            "--package",
+            package,
+            "--test",
+            target,
+        ])?;
+        let artifact = built
+            .iter()
+            .find(|artifact| artifact.test && artifact.name == target)
+            .with_context(|| format!("cargo built no test {target} of {package}"))?;
+        copy_executable(
+            &artifact.path,
+            &out.join("tests").join(format!("{package}-{target}")),
+        )?;
+        count += 1;
+    }
     let bench = cargo_executables(&[
         "build",
         "--release",
@@ -79,7 +104,7 @@ pub(crate) fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
     println!(
         "wrote {} ({} test executables and gpu_bench); on the GPU machine run {}/run.sh",
         out.display(),
-        tests.len(),
+        count,
         args.out.display()
     );
     Ok(())

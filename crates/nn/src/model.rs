@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::ops::Range;
 
-use lockstep_tensor::{Gradients, Tensor};
+use lockstep_tensor::{Device, Gradients, Tensor};
 use rayon::prelude::*;
 
 use crate::error::{InLayer, NnError};
@@ -46,6 +46,7 @@ pub struct Sequential {
     input_shape: Vec<usize>,
     layers: Vec<Built>,
     params: Parameters,
+    device: Device,
 }
 
 /// What rebuilds a [`Sequential`]: the input shape and each layer's settings (Keras'
@@ -111,7 +112,50 @@ impl Sequential {
             input_shape: input_shape.to_vec(),
             layers: built,
             params: builder.finish(),
+            device: Device::Cpu,
         })
+    }
+
+    /// The model with its forward and backward passes on `device`, as a torch module's
+    /// `model.to(device)` puts it there: each pass puts the variables and the batch there, every
+    /// layer runs there, and the gradients come back into the flat gradient buffer that the
+    /// optimizers and the collectives work on.
+    ///
+    /// ```
+    /// use lockstep_nn::models;
+    /// use lockstep_tensor::Device;
+    ///
+    /// let model = models::mnist_cnn(0)?;
+    /// let model = match model.to_device(Device::Cuda(0)) {
+    ///     Ok(on_gpu) => on_gpu,
+    ///     Err((model, why)) => {
+    ///         eprintln!("training on the CPU: {why}");
+    ///         model
+    ///     }
+    /// };
+    /// # let _ = model;
+    /// # Ok::<(), lockstep_nn::NnError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// When the device cannot be used (no driver, no such GPU, no NVRTC): the error, with the
+    /// model handed back unchanged so that the caller can stay on the CPU.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the model is handed back on failure, as the caller's fallback"
+    )]
+    pub fn to_device(mut self, device: Device) -> Result<Self, (Self, NnError)> {
+        if let Err(e) = Tensor::scalar(0.0).to_device(device).in_layer("to_device") {
+            return Err((self, e));
+        }
+        self.device = device;
+        Ok(self)
+    }
+
+    /// Where the forward and backward passes run.
+    pub fn device(&self) -> Device {
+        self.device
     }
 
     /// The settings that rebuild this model with [`Sequential::from_config`].
@@ -210,8 +254,9 @@ impl Sequential {
     ///
     /// When `x` is not a batch of the input shape, or a layer fails.
     pub fn forward(&self, x: &Tensor, ctx: ForwardContext) -> Result<Forward, NnError> {
-        let variables = self.params.tensors()?;
-        let output = self.run(x, &variables, ctx)?;
+        let variables = self.on_device(self.params.tensors()?)?;
+        let x = x.to_device(self.device).in_layer("input")?;
+        let output = self.run(&x, &variables, ctx)?;
         Ok(Forward { output, variables })
     }
 
@@ -221,8 +266,21 @@ impl Sequential {
     ///
     /// When `x` is not a batch of the input shape, or a layer fails.
     pub fn predict(&self, x: &Tensor) -> Result<Tensor, NnError> {
-        let variables = self.params.constants()?;
-        self.run(x, &variables, ForwardContext::default())
+        let variables = self.on_device(self.params.constants()?)?;
+        let x = x.to_device(self.device).in_layer("input")?;
+        self.run(&x, &variables, ForwardContext::default())
+    }
+
+    /// `variables` moved to the model's device (the same tensors on the CPU).
+    fn on_device(&self, variables: Vec<Tensor>) -> Result<Vec<Tensor>, NnError> {
+        if self.device == Device::Cpu {
+            return Ok(variables);
+        }
+        variables
+            .iter()
+            .zip(self.params.specs())
+            .map(|(v, spec)| v.to_device(self.device).in_layer(&spec.name))
+            .collect()
     }
 
     /// Copies the gradients of a forward pass into `out`, laid out like the parameters (zero

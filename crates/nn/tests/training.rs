@@ -3,6 +3,7 @@
 
 #![allow(
     clippy::unwrap_used,
+    clippy::panic,
     reason = "a test helper that meets an error must fail the test loudly"
 )]
 
@@ -13,7 +14,7 @@ use lockstep_nn::{
     Metric, Optimizer, Reduction, Sequential, SparseCategoricalAccuracy,
     SparseCategoricalCrossentropy, models,
 };
-use lockstep_tensor::Tensor;
+use lockstep_tensor::{Device, Tensor};
 
 fn mlp(seed: u64) -> Sequential {
     models::mnist_mlp(seed).unwrap()
@@ -122,6 +123,89 @@ fn the_tutorial_cnn_reaches_96_percent_in_three_epochs() {
     // Keras' default batch size: see DATA_SEED for batch 64.
     let accuracy = train(&mut model, &mnist.train, &mnist.test, 3, 32, false);
     assert!(accuracy >= 0.96, "test accuracy {accuracy}");
+}
+
+/// The model on the first GPU, or `None` (printing why) where there is none;
+/// `LOCKSTEP_REQUIRE_GPU=1` (set by `cargo xtask gpu-check`'s runner) makes that a failure.
+fn on_gpu(model: Sequential) -> Option<Sequential> {
+    match model.to_device(Device::Cuda(0)) {
+        Ok(model) => Some(model),
+        Err((_, e)) if std::env::var_os("LOCKSTEP_REQUIRE_GPU").is_some_and(|v| v == "1") => {
+            panic!("LOCKSTEP_REQUIRE_GPU=1 but no GPU: {e}")
+        }
+        Err((_, e)) => {
+            eprintln!("skipped: no GPU: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn the_tutorial_cnn_trained_on_a_gpu_reaches_the_cpus_accuracy() {
+    let Some(mut model) = on_gpu(cnn(0)) else {
+        return;
+    };
+    let mnist = Mnist::embedded().unwrap();
+    let accuracy = train(&mut model, &mnist.train, &mnist.test, 3, 32, false);
+    assert!(accuracy >= 0.96, "test accuracy {accuracy}");
+}
+
+#[test]
+fn a_step_on_a_gpu_gives_the_cpus_loss_and_gradients() {
+    let Some(gpu) = on_gpu(cnn(3)) else {
+        return;
+    };
+    let cpu = cnn(3);
+    let mnist = Mnist::embedded().unwrap();
+    let images = mnist.train.images_f32();
+    let x = to_tensor(
+        images.slice(ndarray::s![..64, .., .., ..]).to_owned(),
+        false,
+    );
+    let labels: Vec<usize> = mnist
+        .train
+        .labels
+        .iter()
+        .take(64)
+        .map(|&l| usize::from(l))
+        .collect();
+    let loss_fn = SparseCategoricalCrossentropy {
+        from_logits: true,
+        reduction: Reduction::SumOverBatchSize,
+    };
+    let step = |model: &Sequential| {
+        let forward = model.forward(&x, ForwardContext::default()).unwrap();
+        assert_eq!(forward.output.device(), model.device());
+        let loss = loss_fn.call(&forward.output, &labels).unwrap();
+        let mut grads = vec![0.0; model.parameters().len()];
+        model
+            .gradients(&forward, &loss.backward().unwrap(), &mut grads)
+            .unwrap();
+        (loss.item().unwrap(), grads)
+    };
+    let ((cpu_loss, cpu_grads), (gpu_loss, gpu_grads)) = (step(&cpu), step(&gpu));
+    assert!(
+        (cpu_loss - gpu_loss).abs() <= 1e-4 * cpu_loss.abs(),
+        "{cpu_loss} vs {gpu_loss}"
+    );
+    let scale = cpu_grads.iter().fold(1e-3_f32, |m, v| m.max(v.abs()));
+    for (i, (c, g)) in cpu_grads.iter().zip(&gpu_grads).enumerate() {
+        assert!(
+            (c - g).abs() <= 1e-3 * scale,
+            "gradient {i}: cpu {c} vs gpu {g}"
+        );
+    }
+}
+
+#[test]
+fn moving_a_model_to_a_missing_gpu_hands_it_back_with_the_reason() {
+    match cnn(0).to_device(Device::Cuda(0)) {
+        Ok(model) => assert_eq!(model.device(), Device::Cuda(0)),
+        Err((model, e)) => {
+            assert_eq!(model.device(), Device::Cpu);
+            assert!(e.to_string().contains("cuda:0"), "{e}");
+        }
+    }
 }
 
 #[test]

@@ -16,7 +16,8 @@
 //! # Ok::<(), lockstep_tensor::TensorError>(())
 //! ```
 //!
-//! - [`Tensor`]: immutable, cheaply cloned, row-major `f32`; its [`Device`] is part of the value.
+//! - [`Tensor`]: immutable, cheaply cloned, row-major `f32`; its [`Device`] (host memory or a
+//!   CUDA GPU) is part of the value, and operations run where their operands are.
 //! - [`ops`]: differentiable operations that check shapes and record backward rules only when
 //!   gradients are wanted.
 //! - [`kernels`]: the CPU kernels behind them (GEMM through the `gemm` crate; Winograd
@@ -29,7 +30,8 @@
 //! reaches about half); `ndarray` for conversions; `rayon` for parallel kernels; `wide` for the
 //! Winograd transforms' 8-lane SIMD values on stable Rust (arrays of `[f32; 8]` were copied
 //! through memory instead of staying in registers); `rand_pcg` for seeded dropout masks;
-//! `thiserror` for the error type.
+//! `thiserror` for the error type; `lockstep-cuda` for the GPU paths (loaded at run time, so
+//! the crate builds and runs on machines without CUDA).
 
 mod autograd;
 mod device;
