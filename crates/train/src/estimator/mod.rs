@@ -93,7 +93,7 @@ where
 ///         return Ok(EstimatorSpec::predict(logits));
 ///     }
 ///     let loss_fn = SparseCategoricalCrossentropy { from_logits: true, reduction: Reduction::Sum };
-///     let loss = lockstep_tensor::ops::scale(&loss_fn.call(&logits, labels.unwrap_or_default())?, 1.0 / 32.0);
+///     let loss = lockstep_tensor::ops::scale(&loss_fn.call(&logits, labels.unwrap_or_default())?, 1.0 / 32.0)?;
 ///     Ok(match mode {
 ///         ModeKeys::Train => EstimatorSpec::train(loss, Sgd::new(0.1)),
 ///         _ => EstimatorSpec::eval(loss),
