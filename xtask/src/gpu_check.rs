@@ -1,7 +1,7 @@
 //! `cargo xtask gpu-check`: builds, on this machine, what a GPU machine with no Rust toolchain
 //! needs to check the GPU paths: lockstep-cuda's test executables, lockstep-tensor's GPU-vs-CPU
-//! tests, lockstep-nn's training tests (the CNN trained on the GPU among them) and the
-//! `gpu_bench` example, in release, in one folder with a `run.sh` that runs the tests (a skip
+//! tests, lockstep-nn's training tests (the CNN trained on the GPU among them) and
+//! lockstep-nn's `gpu_bench` example, in release, in one folder with a `run.sh` that runs the tests (a skip
 //! for want of a GPU or of NVRTC counts as a failure there) and then the benchmark.
 
 use std::path::{Path, PathBuf};
@@ -12,8 +12,11 @@ use clap::Args;
 
 use crate::build_example::workspace_root;
 
-/// The package of the GPU kernels: all its tests, and the benchmark.
+/// The package of the GPU kernels: all its tests.
 const PACKAGE: &str = "lockstep-cuda";
+
+/// The package of the GPU benchmark (the CNN's training step needs the models).
+const BENCH_PACKAGE: &str = "lockstep-nn";
 
 /// Test targets of other packages that run their GPU paths: `(package, test target)`.
 const GPU_TESTS: &[(&str, &str)] = &[("lockstep-tensor", "gpu"), ("lockstep-nn", "training")];
@@ -89,7 +92,7 @@ pub(crate) fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
         "build",
         "--release",
         "--package",
-        PACKAGE,
+        BENCH_PACKAGE,
         "--example",
         "gpu_bench",
     ])?;

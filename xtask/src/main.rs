@@ -4,8 +4,8 @@
 //!   127.0.0.1, one process per task, each with its own `TF_CONFIG`.
 //! - `cargo xtask bench allreduce`: all-reduce bandwidth and latency between real processes
 //!   (the `allreduce_bench` example on clusters of 2 and 4 workers).
-//! - `cargo xtask gpu-check`: build lockstep-cuda's tests and GPU benchmark, in release,
-//!   into a folder with a runner for a GPU machine that has no Rust toolchain.
+//! - `cargo xtask gpu-check`: build the GPU tests and the GPU benchmark, in release, into a
+//!   folder with a runner for a GPU machine that has no Rust toolchain.
 //! - `cargo xtask deploy k8s|slurm`: write a JobSet, a Kubeflow TrainJob and TFJob, a
 //!   Containerfile, or an sbatch script, that run an example on those engines.
 //!

@@ -1,11 +1,13 @@
 //! `f32` values in a GPU's memory.
 
 use std::fmt;
+use std::ops::Range;
 
 use cudarc::driver::CudaSlice;
 
 use crate::device::CudaDevice;
 use crate::error::CudaError;
+use crate::transfers;
 
 /// `len` `f32` values on one device. Operations that take several buffers check that they
 /// share a device.
@@ -19,6 +21,7 @@ pub struct CudaBuffer {
 
 impl CudaBuffer {
     pub(crate) fn upload(device: &CudaDevice, values: &[f32]) -> Result<Self, CudaError> {
+        transfers::count_to_device();
         let stream = device.stream();
         let slice = if values.is_empty() {
             stream.alloc_zeros::<f32>(1)
@@ -69,6 +72,7 @@ impl CudaBuffer {
         if self.len == 0 {
             return Ok(Vec::new());
         }
+        transfers::count_to_host();
         let stream = self.device.stream();
         let values = stream
             .clone_dtoh(&self.slice)
@@ -91,6 +95,86 @@ impl CudaBuffer {
             .memcpy_dtod(&self.slice, &mut copy.slice)
             .map_err(CudaError::driver("copying on the device"))?;
         Ok(copy)
+    }
+
+    /// A copy of the values in `range`, on the same device (a variable cut out of a model's
+    /// flat parameter buffer).
+    ///
+    /// ```
+    /// # use lockstep_cuda::{CudaDevice, CudaError};
+    /// # let Ok(gpu) = CudaDevice::open(0) else { return Ok(()) };
+    /// let x = gpu.upload(&[1.0, 2.0, 3.0, 4.0])?;
+    /// assert_eq!(x.copy_range(1..3)?.to_host()?, [2.0, 3.0]);
+    /// # Ok::<(), CudaError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Invalid`] when `range` reaches past the end; the driver's error.
+    pub fn copy_range(&self, range: Range<usize>) -> Result<Self, CudaError> {
+        self.check_range("copy_range", &range)?;
+        let mut copy = Self::zeros(&self.device, range.len())?;
+        if !range.is_empty() {
+            self.device
+                .stream()
+                .memcpy_dtod(&self.slice.slice(range), &mut copy.slice)
+                .map_err(CudaError::driver("copying on the device"))?;
+        }
+        Ok(copy)
+    }
+
+    /// Copies every value of `source` into this buffer from `offset` on, on the device (a
+    /// variable's gradient into a model's flat gradient buffer).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Invalid`] when `source` is on another device or does not fit from
+    /// `offset` on; the driver's error.
+    pub fn write_at(&mut self, offset: usize, source: &CudaBuffer) -> Result<(), CudaError> {
+        if source.device != self.device {
+            return Err(CudaError::invalid(
+                "write_at",
+                "buffers on different devices",
+            ));
+        }
+        let range = offset..offset.saturating_add(source.len);
+        self.check_range("write_at", &range)?;
+        if range.is_empty() {
+            return Ok(());
+        }
+        self.device
+            .stream()
+            .memcpy_dtod(
+                &source.slice.slice(..source.len),
+                &mut self.slice.slice_mut(range),
+            )
+            .map_err(CudaError::driver("copying on the device"))
+    }
+
+    /// Sets every value to zero, on the device.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    pub fn fill_zero(&mut self) -> Result<(), CudaError> {
+        self.device
+            .stream()
+            .memset_zeros(&mut self.slice)
+            .map_err(CudaError::driver("zeroing on the device"))
+    }
+
+    fn check_range(&self, op: &'static str, range: &Range<usize>) -> Result<(), CudaError> {
+        if range.start <= range.end && range.end <= self.len {
+            Ok(())
+        } else {
+            Err(CudaError::invalid(
+                op,
+                format!(
+                    "values {}..{} of a buffer of {}",
+                    range.start, range.end, self.len
+                ),
+            ))
+        }
     }
 
     pub(crate) fn slice(&self) -> &CudaSlice<f32> {

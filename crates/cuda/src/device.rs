@@ -123,11 +123,16 @@ impl CudaDevice {
     }
 
     /// The cuBLAS handle, created on first use.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::MissingLibrary`] when cuBLAS is not found (checked on every call, so the
+    /// error keeps its kind); the handle's creation error.
     pub(crate) fn blas(&self) -> Result<&CudaBlas, CudaError> {
+        libraries::ensure(libraries::CUBLAS)?;
         self.shared
             .blas
             .get_or_init(|| {
-                libraries::ensure(libraries::CUBLAS).map_err(|e| e.to_string())?;
                 CudaBlas::new(Arc::clone(&self.shared.stream)).map_err(|e| e.to_string())
             })
             .as_ref()

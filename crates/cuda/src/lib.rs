@@ -17,7 +17,8 @@
 //! ```
 //!
 //! - [`CudaDevice`]: one GPU, opened once per process (one context, one stream).
-//! - [`CudaBuffer`]: `f32` values on a device; [`CudaBuffer::to_host`] is the only way back.
+//! - [`CudaBuffer`]: `f32` values on a device; [`CudaBuffer::to_host`] is the only way back,
+//!   and [`Transfers`] counts each thread's copies either way.
 //! - [`ops`]: element-wise, bias, relu, reductions, softmax cross-entropy, im2col/col2im, max
 //!   pooling, dropout and the SGD/Adam updates as NVRTC kernels; GEMM by cuBLAS. Each call
 //!   queues work on the device's stream and returns; nothing waits but reading back.
@@ -37,8 +38,10 @@ mod error;
 mod kernels;
 pub mod libraries;
 pub mod ops;
+mod transfers;
 
 pub use buffer::CudaBuffer;
 pub use device::{CudaDevice, device_count};
 pub use error::CudaError;
 pub use kernels::{SOURCE, compile_kernels};
+pub use transfers::Transfers;

@@ -296,6 +296,7 @@ pub fn sparse_softmax_cross_entropy(
         .collect::<Result<_, _>>()?;
     let device = logits.device();
     let stream = device.stream();
+    crate::transfers::count_to_device();
     let labels: CudaSlice<u32> = if labels.is_empty() {
         stream.alloc_zeros(1)
     } else {

@@ -14,7 +14,7 @@
 )]
 
 use lockstep_cuda::ops::{self, AdamStep, Binary, Geometry, MatRef};
-use lockstep_cuda::{CudaDevice, CudaError, device_count};
+use lockstep_cuda::{CudaDevice, CudaError, Transfers, device_count};
 use proptest::prelude::*;
 
 fn gpu() -> Option<CudaDevice> {
@@ -90,6 +90,32 @@ fn opening_a_device_never_panics_and_says_why_it_failed() {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    #[test]
+    fn ranges_copy_and_land_on_the_device_as_slices_do_on_the_host(values in values(0..300), a in 0..300_usize, b in 0..300_usize) {
+        let Some(gpu) = gpu() else { return Ok(()) };
+        let (start, end) = (a.min(b), a.max(b));
+        let buffer = gpu.upload(&values).unwrap();
+        let before = Transfers::on_this_thread();
+        let part = buffer.copy_range(start..end);
+        let mut target = gpu.upload(&vec![-1.0; values.len()]).unwrap();
+        if end > values.len() {
+            prop_assert!(part.is_err());
+            prop_assert!(target.write_at(start, &gpu.upload(&vec![0.0; end - start]).unwrap()).is_err());
+            return Ok(());
+        }
+        let part = part.unwrap();
+        target.write_at(start, &part).unwrap();
+        // One upload (the target), and no copy through the host.
+        prop_assert_eq!(Transfers::on_this_thread() - before, Transfers { to_device: 1, to_host: 0 });
+        prop_assert_eq!(part.to_host().unwrap(), &values[start..end]);
+        let mut want = vec![-1.0; values.len()];
+        want[start..end].copy_from_slice(&values[start..end]);
+        prop_assert_eq!(target.to_host().unwrap(), want);
+        prop_assert!(target.write_at(values.len() - (end - start) + 1, &part).is_err());
+        target.fill_zero().unwrap();
+        prop_assert_eq!(target.to_host().unwrap(), vec![0.0; values.len()]);
+    }
 
     #[test]
     fn element_wise_operations_equal_the_cpus(a in values(0..3000), b in values(3000..3001), factor in -3.0_f32..3.0) {

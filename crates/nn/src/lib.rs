@@ -43,9 +43,14 @@
 //! ([`LayerConfig`], [`SequentialConfig`], [`OptimizerConfig`]) that rebuilds them, as Keras'
 //! `get_config`, so a saved model can be loaded without its code.
 //!
-//! Dependencies: `lockstep-tensor` for tensors and autograd; `rand_pcg` for seeded
-//! initialisers; `rayon` for parallel optimizer updates; `serde` for the configurations;
-//! `thiserror` for errors.
+//! [`TrainingSession`] runs training steps of one model with one optimizer on the model's
+//! device; on a GPU the parameters, gradients and optimizer state stay there between steps.
+//!
+//! Dependencies: `lockstep-tensor` for tensors and autograd; `lockstep-cuda` for the GPU
+//! buffers and optimizer kernels of [`TrainingSession`]; `rand_pcg` for seeded initialisers;
+//! `rayon` for parallel optimizer updates; `serde` for the configurations; `thiserror` for
+//! errors; `tracing` for the one error that cannot be returned (a session dropped unfinished
+//! whose values cannot be copied back).
 
 mod error;
 mod initializers;
@@ -56,6 +61,7 @@ mod model;
 pub mod models;
 mod optimizers;
 mod params;
+mod session;
 
 pub use error::NnError;
 pub use initializers::Initializer;
@@ -68,3 +74,4 @@ pub use metrics::{Mean, Metric, SparseCategoricalAccuracy};
 pub use model::{Forward, Sequential, SequentialConfig};
 pub use optimizers::{Adam, Optimizer, OptimizerConfig, Sgd};
 pub use params::{ParamBuilder, ParamSpec, Parameters};
+pub use session::TrainingSession;

@@ -220,7 +220,7 @@ impl Sequential {
         }
     }
 
-    fn run(
+    pub(crate) fn run(
         &self,
         x: &Tensor,
         variables: &[Tensor],
@@ -248,7 +248,9 @@ impl Sequential {
         Ok(h)
     }
 
-    /// A forward pass whose variables record gradients, for training.
+    /// A forward pass whose variables record gradients, for training. On a GPU this uploads
+    /// the variables for the pass and [`Sequential::gradients`] reads the gradients back (what
+    /// a host-side all-reduce needs); [`Sequential::training`] keeps both on the GPU.
     ///
     /// # Errors
     ///

@@ -40,7 +40,8 @@ fn to_tensor(images: ndarray::Array4<f32>, flat: bool) -> Tensor {
 /// These tests use the first pair, model seed 0 with data seed 100.
 const DATA_SEED: u64 = 100;
 
-/// Trains with Adam and returns the test accuracy.
+/// Trains with Adam in a [`lockstep_nn::TrainingSession`] (on the model's device) and returns
+/// the test accuracy.
 fn train(
     model: &mut Sequential,
     split: &MnistSplit,
@@ -54,7 +55,7 @@ fn train(
         reduction: Reduction::SumOverBatchSize,
     };
     let mut adam = Adam::default();
-    let mut grads = vec![0.0; model.parameters().len()];
+    let mut session = model.training(&mut adam).unwrap();
     let data = split
         .dataset()
         .unwrap()
@@ -67,25 +68,20 @@ fn train(
         for item in data.iter_epoch(epoch).unwrap() {
             let (x, y) = item.unwrap();
             let labels: Vec<usize> = y.iter().map(|&l| usize::from(l)).collect();
-            let forward = model
-                .forward(
-                    &to_tensor(x.into_owned(), flat),
-                    ForwardContext {
-                        training: true,
-                        step,
-                        replica: 0,
-                    },
-                )
-                .unwrap();
-            let loss = loss_fn.call(&forward.output, &labels).unwrap();
-            model
-                .gradients(&forward, &loss.backward().unwrap(), &mut grads)
-                .unwrap();
-            adam.apply(model.parameters_mut().values_mut(), &grads)
+            let ctx = ForwardContext {
+                training: true,
+                step,
+                replica: 0,
+            };
+            session
+                .step(&to_tensor(x.into_owned(), flat), ctx, |logits| {
+                    loss_fn.call(logits, &labels)
+                })
                 .unwrap();
             step += 1;
         }
     }
+    session.finish().unwrap();
     evaluate(model, test, flat)
 }
 
@@ -329,5 +325,226 @@ fn a_convolution_and_the_pooling_after_it_run_fused_with_the_results_of_running_
                 "{what}[{i}]: fused {f} vs apart {a}"
             );
         }
+    }
+}
+
+/// The first `n` training images as a batch, with their labels.
+fn first_batch(n: usize) -> (Tensor, Vec<usize>) {
+    let mnist = Mnist::embedded().unwrap();
+    let images = mnist.train.images_f32();
+    let x = to_tensor(images.slice(ndarray::s![..n, .., .., ..]).to_owned(), false);
+    let labels = mnist
+        .train
+        .labels
+        .iter()
+        .take(n)
+        .map(|&l| usize::from(l))
+        .collect();
+    (x, labels)
+}
+
+const LOSS: SparseCategoricalCrossentropy = SparseCategoricalCrossentropy {
+    from_logits: true,
+    reduction: Reduction::SumOverBatchSize,
+};
+
+/// `steps` training steps of `model` with `optimizer` in a session on the model's device, on
+/// one batch; returns the losses.
+fn session_steps(
+    model: &mut Sequential,
+    optimizer: &mut dyn Optimizer,
+    (x, labels): &(Tensor, Vec<usize>),
+    steps: u64,
+) -> Vec<f32> {
+    let mut session = model.training(optimizer).unwrap();
+    let losses = (0..steps)
+        .map(|step| {
+            let ctx = ForwardContext {
+                training: true,
+                step,
+                replica: 0,
+            };
+            let loss = session
+                .step(x, ctx, |logits| LOSS.call(logits, labels))
+                .unwrap();
+            loss.item().unwrap()
+        })
+        .collect();
+    session.finish().unwrap();
+    losses
+}
+
+#[test]
+fn a_session_on_the_cpu_trains_bit_for_bit_as_the_hand_written_loop() {
+    let batch = first_batch(32);
+    let (mut by_session, mut by_hand) = (cnn(5), cnn(5));
+    let (mut adam_session, mut adam_hand) = (Adam::default(), Adam::default());
+    let losses = session_steps(&mut by_session, &mut adam_session, &batch, 3);
+    let mut grads = vec![0.0; by_hand.parameters().len()];
+    for (step, session_loss) in losses.iter().enumerate() {
+        let ctx = ForwardContext {
+            training: true,
+            step: step as u64,
+            replica: 0,
+        };
+        let forward = by_hand.forward(&batch.0, ctx).unwrap();
+        let loss = LOSS.call(&forward.output, &batch.1).unwrap();
+        by_hand
+            .gradients(&forward, &loss.backward().unwrap(), &mut grads)
+            .unwrap();
+        adam_hand
+            .apply(by_hand.parameters_mut().values_mut(), &grads)
+            .unwrap();
+        assert_eq!(loss.item().unwrap().to_bits(), session_loss.to_bits());
+    }
+    assert!(losses[2] < losses[0], "{losses:?}");
+    assert_eq!(by_session.parameters(), by_hand.parameters());
+    assert_eq!(adam_session.iterations(), 3);
+    assert_eq!(adam_session.slots(), adam_hand.slots());
+}
+
+/// The model on the GPU when there is one, else on the CPU: what holds on every device.
+fn on_any_device(model: Sequential) -> Sequential {
+    model
+        .to_device(Device::Cuda(0))
+        .unwrap_or_else(|(cpu, _)| cpu)
+}
+
+#[test]
+fn a_session_dropped_unfinished_still_writes_its_steps_back_on_every_device() {
+    let batch = first_batch(16);
+    let mut model = on_any_device(cnn(6));
+    let before = model.parameters().clone();
+    let mut adam = Adam::default();
+    {
+        let mut session = model.training(&mut adam).unwrap();
+        session
+            .step(&batch.0, ForwardContext::default(), |logits| {
+                LOSS.call(logits, &batch.1)
+            })
+            .unwrap();
+    }
+    assert_eq!(adam.iterations(), 1);
+    assert_ne!(model.parameters(), &before);
+    assert_eq!(model.parameters().len(), before.len());
+}
+
+#[test]
+fn a_session_predicts_with_its_latest_parameters_on_every_device() {
+    let batch = first_batch(16);
+    let mut model = on_any_device(cnn(7));
+    let mut sgd = lockstep_nn::Sgd::new(0.1);
+    let mut session = model.training(&mut sgd).unwrap();
+    let before = session.predict(&batch.0).unwrap().to_vec().unwrap();
+    session
+        .step(&batch.0, ForwardContext::default(), |logits| {
+            LOSS.call(logits, &batch.1)
+        })
+        .unwrap();
+    let during = session.predict(&batch.0).unwrap().to_vec().unwrap();
+    session.finish().unwrap();
+    let after = model.predict(&batch.0).unwrap().to_vec().unwrap();
+    assert_ne!(before, during);
+    for (d, a) in during.iter().zip(&after) {
+        assert!((d - a).abs() <= 1e-5 * a.abs().max(1.0), "{d} vs {a}");
+    }
+}
+
+#[test]
+fn a_session_on_a_gpu_reads_back_nothing_but_the_loss_it_is_asked_for() {
+    let Some(mut model) = on_gpu(cnn(8)) else {
+        return;
+    };
+    let (x, labels) = first_batch(64);
+    let mut adam = Adam::default();
+    let mut session = model.training(&mut adam).unwrap();
+    for step in 0..3 {
+        let ctx = ForwardContext {
+            training: true,
+            step,
+            replica: 0,
+        };
+        let before = lockstep_cuda::Transfers::on_this_thread();
+        let loss = session
+            .step(&x, ctx, |logits| LOSS.call(logits, &labels))
+            .unwrap();
+        let during = lockstep_cuda::Transfers::on_this_thread() - before;
+        // In: the batch and its labels. Out: nothing.
+        assert_eq!(
+            during,
+            lockstep_cuda::Transfers {
+                to_device: 2,
+                to_host: 0
+            }
+        );
+        assert!(loss.item().unwrap().is_finite());
+        let read = lockstep_cuda::Transfers::on_this_thread() - before;
+        assert_eq!(read.to_host, 1);
+    }
+    session.finish().unwrap();
+    assert_eq!(adam.iterations(), 3);
+}
+
+#[test]
+fn a_session_on_a_gpu_follows_the_cpu_with_sgd_momentum_and_with_adam() {
+    let Some(mut gpu) = on_gpu(cnn(9)) else {
+        return;
+    };
+    let mut cpu = cnn(9);
+    let batch = first_batch(64);
+    let steps = 4;
+    let nesterov = || lockstep_nn::Sgd::with_momentum(0.05, 0.9, true);
+    let (mut on_cpu, mut on_gpu_) = (nesterov(), nesterov());
+    let cpu_losses = session_steps(&mut cpu, &mut on_cpu, &batch, steps);
+    let gpu_losses = session_steps(&mut gpu, &mut on_gpu_, &batch, steps);
+    for (c, g) in cpu_losses.iter().zip(&gpu_losses) {
+        assert!(
+            (c - g).abs() <= 1e-3 * c.abs(),
+            "losses {cpu_losses:?} vs {gpu_losses:?}"
+        );
+    }
+    // Linear in the gradients: the parameters stay as close as the gradients are.
+    let scale = cpu
+        .parameters()
+        .values()
+        .iter()
+        .fold(1e-3_f32, |m, v| m.max(v.abs()));
+    let close = |a: &[f32], b: &[f32], tolerance: f32| {
+        a.iter().zip(b).all(|(a, b)| (a - b).abs() <= tolerance)
+    };
+    assert!(close(
+        cpu.parameters().values(),
+        gpu.parameters().values(),
+        1e-4 * scale
+    ));
+    assert!(close(
+        on_cpu.slots()[0].1,
+        on_gpu_.slots()[0].1,
+        1e-4 * scale
+    ));
+
+    // Adam moves each value by about its learning rate whatever the gradient's size, so a
+    // gradient near zero may move the two apart by up to twice that per step: most values
+    // agree closely, every value within that bound.
+    let (mut cpu, mut gpu) = (cnn(9), on_gpu(cnn(9)).unwrap());
+    let (mut on_cpu, mut on_gpu_) = (Adam::default(), Adam::default());
+    session_steps(&mut cpu, &mut on_cpu, &batch, steps);
+    session_steps(&mut gpu, &mut on_gpu_, &batch, steps);
+    assert_eq!(on_gpu_.iterations(), steps);
+    let (a, b) = (cpu.parameters().values(), gpu.parameters().values());
+    let bound = 2.0 * on_cpu.learning_rate() * steps as f32;
+    assert!(close(a, b, bound));
+    let apart = a
+        .iter()
+        .zip(b)
+        .filter(|(a, b)| (*a - *b).abs() > 1e-5)
+        .count();
+    assert!(
+        apart * 100 <= a.len(),
+        "{apart} of {} values differ by more than 1e-5",
+        a.len()
+    );
+    for ((name, c), (_, g)) in on_cpu.slots().iter().zip(on_gpu_.slots()) {
+        assert_eq!(c.len(), g.len(), "slot {name}");
     }
 }

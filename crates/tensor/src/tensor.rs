@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use lockstep_cuda::CudaBuffer;
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
 use crate::autograd::{Backward, GradFn};
@@ -141,6 +142,27 @@ impl Tensor {
         Ok(Self::build(data.into(), shape.to_vec(), Grad::Leaf))
     }
 
+    /// A constant whose values are `buffer`, on its GPU (no copy).
+    ///
+    /// # Errors
+    ///
+    /// When `buffer.len()` is not the product of `shape`.
+    pub fn from_cuda(buffer: CudaBuffer, shape: &[usize]) -> Result<Self, TensorError> {
+        check_len("from_cuda", buffer.len(), shape)?;
+        Ok(Self::build(buffer.into(), shape.to_vec(), Grad::None))
+    }
+
+    /// A trainable variable whose values are `buffer`, on its GPU (no copy): how a model whose
+    /// parameters live on a GPU between steps hands them to a forward pass.
+    ///
+    /// # Errors
+    ///
+    /// When `buffer.len()` is not the product of `shape`.
+    pub fn parameter_from_cuda(buffer: CudaBuffer, shape: &[usize]) -> Result<Self, TensorError> {
+        check_len("parameter_from_cuda", buffer.len(), shape)?;
+        Ok(Self::build(buffer.into(), shape.to_vec(), Grad::Leaf))
+    }
+
     /// A constant copied from an ndarray array of any layout.
     pub fn from_array(array: &ArrayViewD<'_, f32>) -> Self {
         let data: Vec<f32> = array.as_standard_layout().iter().copied().collect();
@@ -271,6 +293,15 @@ impl Tensor {
 
     pub(crate) fn storage(&self) -> &Storage {
         &self.inner.storage
+    }
+
+    /// The GPU buffer holding the values, when the tensor is on a GPU: for work outside the
+    /// operations, such as a gradient copied into a flat buffer on the device.
+    pub fn cuda_buffer(&self) -> Option<&CudaBuffer> {
+        match &self.inner.storage {
+            Storage::Cuda(buffer) => Some(buffer),
+            Storage::Cpu(_) => None,
+        }
     }
 
     /// The values of a tensor in host memory, for the CPU paths of operations, which run only
