@@ -21,11 +21,11 @@ pub struct CudaBuffer {
 
 impl CudaBuffer {
     pub(crate) fn upload(device: &CudaDevice, values: &[f32]) -> Result<Self, CudaError> {
-        transfers::count_to_device();
         let stream = device.stream();
         let slice = if values.is_empty() {
             stream.alloc_zeros::<f32>(1)
         } else {
+            transfers::count_to_device();
             stream.clone_htod(values)
         }
         .map_err(CudaError::driver("copying to the device"))?;

@@ -296,10 +296,10 @@ pub fn sparse_softmax_cross_entropy(
         .collect::<Result<_, _>>()?;
     let device = logits.device();
     let stream = device.stream();
-    crate::transfers::count_to_device();
     let labels: CudaSlice<u32> = if labels.is_empty() {
         stream.alloc_zeros(1)
     } else {
+        crate::transfers::count_to_device();
         stream.clone_htod(&labels)
     }
     .map_err(CudaError::driver("copying labels to the device"))?;
