@@ -152,27 +152,11 @@ fn a_step_on_a_gpu_gives_the_cpus_loss_and_gradients() {
         return;
     };
     let cpu = cnn(3);
-    let mnist = Mnist::embedded().unwrap();
-    let images = mnist.train.images_f32();
-    let x = to_tensor(
-        images.slice(ndarray::s![..64, .., .., ..]).to_owned(),
-        false,
-    );
-    let labels: Vec<usize> = mnist
-        .train
-        .labels
-        .iter()
-        .take(64)
-        .map(|&l| usize::from(l))
-        .collect();
-    let loss_fn = SparseCategoricalCrossentropy {
-        from_logits: true,
-        reduction: Reduction::SumOverBatchSize,
-    };
+    let (x, labels) = first_batch(64);
     let step = |model: &Sequential| {
         let forward = model.forward(&x, ForwardContext::default()).unwrap();
         assert_eq!(forward.output.device(), model.device());
-        let loss = loss_fn.call(&forward.output, &labels).unwrap();
+        let loss = LOSS.call(&forward.output, &labels).unwrap();
         let mut grads = vec![0.0; model.parameters().len()];
         model
             .gradients(&forward, &loss.backward().unwrap(), &mut grads)
