@@ -93,10 +93,22 @@ mod tests {
 
     #[test]
     fn ports_given_up_can_be_bound_again_for_a_restart() {
-        let bound = TaskListeners::bind(3).unwrap();
-        let ports = bound.ports().unwrap();
-        drop(bound);
-        let again = TaskListeners::rebind(&ports).unwrap();
+        // A port given up is free for anyone, and the other tests here bind ephemeral ports
+        // in parallel, so the kernel may hand one of ours to them in between (it did, in CI).
+        // A fresh set is tried then, a bounded number of times.
+        const ATTEMPTS: usize = 20;
+        let (ports, again) = (0..ATTEMPTS)
+            .find_map(|_| {
+                let bound = TaskListeners::bind(3).unwrap();
+                let ports = bound.ports().unwrap();
+                drop(bound);
+                match TaskListeners::rebind(&ports) {
+                    Ok(again) => Some((ports, again)),
+                    Err(e) if e.kind() == io::ErrorKind::AddrInUse => None,
+                    Err(e) => panic!("rebinding {ports:?}: {e}"),
+                }
+            })
+            .expect("some set of ports given up could be bound again");
         assert_eq!(again.ports().unwrap(), ports);
         let err = TaskListeners::rebind(&ports[..1]).unwrap_err();
         assert!(err.to_string().contains(&ports[0].to_string()), "{err}");
@@ -104,18 +116,24 @@ mod tests {
 
     #[test]
     fn a_handed_over_socket_is_descriptor_three_in_the_child() {
-        let bound = TaskListeners::bind(1).unwrap();
-        let port = bound.ports().unwrap()[0];
-        let mut command = Command::new("sh");
-        command.args([
-            "-c",
-            "test \"$LISTEN_FDS\" = 1 && readlink /proc/self/fd/3 | grep -q '^socket:'",
-        ]);
-        bound.hand_over([&mut command]).unwrap();
-        assert!(command.status().unwrap().success());
-        // The command still owns the socket: the port stays taken until it is dropped.
-        assert!(TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_err());
-        drop(command);
-        assert!(TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok());
+        // Once the command is dropped its port is free for anyone: a parallel test may take it
+        // before we bind it again, so a fresh socket is tried then, a bounded number of times.
+        const ATTEMPTS: usize = 20;
+        let freed = (0..ATTEMPTS).any(|_| {
+            let bound = TaskListeners::bind(1).unwrap();
+            let port = bound.ports().unwrap()[0];
+            let mut command = Command::new("sh");
+            command.args([
+                "-c",
+                "test \"$LISTEN_FDS\" = 1 && readlink /proc/self/fd/3 | grep -q '^socket:'",
+            ]);
+            bound.hand_over([&mut command]).unwrap();
+            assert!(command.status().unwrap().success());
+            // The command still owns the socket: the port stays taken until it is dropped.
+            assert!(TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_err());
+            drop(command);
+            TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+        });
+        assert!(freed, "the port stayed taken after the command was dropped");
     }
 }
