@@ -1,5 +1,5 @@
 //! Opening a GPU: one context and one stream per device and process, the kernels compiled
-//! once for its architecture, and its cuBLAS handle.
+//! once for its architecture, and its cuBLAS handle; freed memory stays in the device's pool.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -11,6 +11,7 @@ use crate::buffer::CudaBuffer;
 use crate::error::CudaError;
 use crate::kernels::Kernels;
 use crate::libraries;
+use crate::memory_pool;
 
 /// Devices opened so far, by ordinal: a device is opened once per process.
 static OPEN: Mutex<Vec<(usize, CudaDevice)>> = Mutex::new(Vec::new());
@@ -70,6 +71,10 @@ impl CudaDevice {
         let capability = context
             .compute_capability()
             .map_err(CudaError::driver("reading the compute capability"))?;
+        single_stream(&context);
+        if let Err(e) = memory_pool::keep_freed_memory(&context) {
+            tracing::warn!(ordinal, error = %e, "freed GPU memory goes back to the driver at each synchronisation");
+        }
         let stream = context
             .new_stream()
             .map_err(CudaError::driver("creating a stream"))?;
@@ -186,4 +191,17 @@ impl fmt::Debug for CudaDevice {
             .field("capability", &self.shared.capability)
             .finish_non_exhaustive()
     }
+}
+
+/// Turns off cudarc's per-buffer events, which order a buffer's uses across streams: they
+/// would add an event record and a stream wait to every launch, for every buffer it touches.
+#[allow(
+    unsafe_code,
+    reason = "cudarc marks turning its stream synchronisation off as unsafe; see the SAFETY comment"
+)]
+fn single_stream(context: &CudaContext) {
+    // SAFETY: every buffer of a device is allocated, used and freed on the device's one stream
+    // (`Shared::stream`), in queue order, and nothing has been allocated yet in this new
+    // context. A second stream (for collectives, say) must order its uses itself.
+    unsafe { context.disable_event_tracking() };
 }

@@ -37,6 +37,7 @@ mod device;
 mod error;
 mod kernels;
 pub mod libraries;
+mod memory_pool;
 pub mod ops;
 mod transfers;
 
