@@ -212,7 +212,14 @@ pub fn bias_add(x: &CudaBuffer, bias: &CudaBuffer, relu: bool) -> Result<CudaBuf
     Ok(out)
 }
 
-/// The sum of each column of `x` as a `[rows, cols]` matrix, rows in order.
+/// Rows summed into one partial sum by [`column_sums`]: lockstep-tensor's CPU kernel sums
+/// blocks of as many rows, then adds the block sums in order, so both give the same bits.
+pub const COLUMN_SUM_BLOCK_ROWS: usize = 256;
+
+/// The sum of each column of `x` as a `[rows, cols]` matrix: rows summed in order within
+/// blocks of [`COLUMN_SUM_BLOCK_ROWS`], then the block sums added in order. (One pass over
+/// all rows in order would leave one thread per column to sum a convolution's bias gradient,
+/// hundreds of thousands of rows.)
 ///
 /// # Errors
 ///
@@ -225,17 +232,32 @@ pub fn column_sums(x: &CudaBuffer, cols: usize) -> Result<CudaBuffer, CudaError>
         ));
     }
     let device = x.device();
-    let mut out = device.zeros(cols)?;
-    let f = device.kernels()?.get("column_sums_f32")?;
-    let rows_arg = count(x.len() / cols);
-    let cols_arg = count(cols);
+    let rows = x.len() / cols;
+    let blocks = rows.div_ceil(COLUMN_SUM_BLOCK_ROWS);
+    let mut partials = device.zeros(blocks * cols)?;
+    let f = device.kernels()?.get("column_block_sums_f32")?;
+    let (rows_arg, cols_arg, block_rows_arg) =
+        (count(rows), count(cols), count(COLUMN_SUM_BLOCK_ROWS));
     let mut launch = device.stream().launch_builder(f);
     launch
         .arg(x.slice())
-        .arg(out.slice_mut())
+        .arg(partials.slice_mut())
         .arg(&rows_arg)
+        .arg(&cols_arg)
+        .arg(&block_rows_arg);
+    // SAFETY: reads `rows · cols = x.len()` values and writes `ceil(rows / block_rows) · cols`,
+    // the length of `partials`; `block_rows` is not zero.
+    launched(unsafe { launch.launch(grid(blocks * cols)) }.map(drop))?;
+    let mut out = device.zeros(cols)?;
+    let f = device.kernels()?.get("column_sums_f32")?;
+    let blocks_arg = count(blocks);
+    let mut launch = device.stream().launch_builder(f);
+    launch
+        .arg(partials.slice())
+        .arg(out.slice_mut())
+        .arg(&blocks_arg)
         .arg(&cols_arg);
-    // SAFETY: reads `rows · cols = x.len()` values and writes `cols`.
+    // SAFETY: reads `blocks · cols = partials.len()` values and writes `cols`.
     launched(unsafe { launch.launch(grid(cols)) }.map(drop))?;
     Ok(out)
 }
@@ -509,9 +531,14 @@ pub struct Geometry {
 /// [`Geometry`] as the kernels take it (`struct Geometry` of `training.cu`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-struct KernelGeometry([u64; 12]);
+struct KernelGeometry([u32; 12]);
 
-// SAFETY: twelve `u64`s in `repr(C)`, the layout of the kernels' `struct Geometry`.
+/// The largest size, and buffer length, the geometry kernels take: they take positions apart
+/// with 32-bit arithmetic, and their sums of a position and a padding must not wrap. (cuDNN
+/// has the same limit, its sizes being `int`s.)
+const GEOMETRY_LIMIT: usize = i32::MAX as usize;
+
+// SAFETY: twelve `u32`s in `repr(C)`, the layout of the kernels' `struct Geometry`.
 unsafe impl DeviceRepr for KernelGeometry {}
 
 impl Geometry {
@@ -540,38 +567,44 @@ impl Geometry {
         .try_fold(1_usize, usize::checked_mul)
     }
 
-    /// Checked: strides are non-zero (the kernels divide by them) and every buffer's length
-    /// fits in `usize`. The kernels read input positions only inside the image and index rows
-    /// and windows only below the output's sizes, so with buffers of these lengths no index
-    /// leaves its buffer, whatever the sizes.
+    /// Checked: strides are non-zero (the kernels divide by them), and every size and every
+    /// buffer's length is at most [`GEOMETRY_LIMIT`]. The kernels read input positions only
+    /// inside the image and index rows and windows only below the output's sizes, so with
+    /// buffers of these lengths no index leaves its buffer, whatever the sizes.
     fn checked(&self, op: &'static str) -> Result<KernelGeometry, CudaError> {
-        if self.stride_h == 0
-            || self.stride_w == 0
-            || self.cols_len().is_none()
-            || self.input_len().is_none()
-            || self.output_len().is_none()
+        let sizes = [
+            self.batch,
+            self.height,
+            self.width,
+            self.channels,
+            self.kernel_h,
+            self.kernel_w,
+            self.stride_h,
+            self.stride_w,
+            self.pad_top,
+            self.pad_left,
+            self.out_h,
+            self.out_w,
+        ];
+        let within = |len: Option<usize>| len.is_some_and(|len| len <= GEOMETRY_LIMIT);
+        if self.stride_h == 0 || self.stride_w == 0 {
+            return Err(CudaError::invalid(
+                op,
+                format!("a stride of zero in {self:?}"),
+            ));
+        }
+        if !(within(self.cols_len())
+            && within(self.input_len())
+            && within(self.output_len())
+            && sizes.iter().all(|&size| size <= GEOMETRY_LIMIT))
         {
             return Err(CudaError::invalid(
                 op,
-                format!("inconsistent geometry {self:?}"),
+                format!("sizes or buffers beyond {GEOMETRY_LIMIT} values in {self:?}"),
             ));
         }
         Ok(KernelGeometry(
-            [
-                self.batch,
-                self.height,
-                self.width,
-                self.channels,
-                self.kernel_h,
-                self.kernel_w,
-                self.stride_h,
-                self.stride_w,
-                self.pad_top,
-                self.pad_left,
-                self.out_h,
-                self.out_w,
-            ]
-            .map(count),
+            sizes.map(|size| u32::try_from(size).unwrap_or(u32::MAX)),
         ))
     }
 }
@@ -949,4 +982,58 @@ pub fn matmul(a: MatRef<'_>, b: MatRef<'_>) -> Result<CudaBuffer, CudaError> {
         },
     )?;
     Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pooling() -> Geometry {
+        Geometry {
+            batch: 2,
+            height: 4,
+            width: 6,
+            channels: 3,
+            kernel_h: 2,
+            kernel_w: 2,
+            stride_h: 2,
+            stride_w: 2,
+            pad_top: 0,
+            pad_left: 1,
+            out_h: 2,
+            out_w: 4,
+        }
+    }
+
+    #[test]
+    fn a_geometry_reaches_the_kernels_field_by_field_in_their_order() {
+        let KernelGeometry(fields) = pooling().checked("max_pool").unwrap();
+        assert_eq!(fields, [2, 4, 6, 3, 2, 2, 2, 2, 0, 1, 2, 4]);
+    }
+
+    #[test]
+    fn a_geometry_the_kernels_cannot_index_is_an_error_naming_the_operation() {
+        let huge = 1 << 31;
+        for bad in [
+            Geometry {
+                stride_w: 0,
+                ..pooling()
+            },
+            Geometry {
+                pad_top: huge,
+                ..pooling()
+            },
+            Geometry {
+                batch: huge / 8,
+                ..pooling()
+            },
+            Geometry {
+                height: usize::MAX,
+                ..pooling()
+            },
+        ] {
+            let err = bad.checked("im2col").unwrap_err();
+            assert!(err.to_string().contains("im2col"), "{err}");
+        }
+    }
 }

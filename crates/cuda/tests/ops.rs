@@ -45,6 +45,24 @@ fn close(gpu: &[f32], cpu: &[f32], relative: f32) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Column sums as lockstep-tensor's CPU kernel adds them: rows in order within blocks of
+/// [`ops::COLUMN_SUM_BLOCK_ROWS`], then the block sums in order.
+fn column_sums_in_blocks(x: &[f32], cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0_f32; cols];
+    for block in x.chunks(ops::COLUMN_SUM_BLOCK_ROWS * cols) {
+        let mut partial = vec![0.0_f32; cols];
+        for row in block.chunks_exact(cols) {
+            for (p, v) in partial.iter_mut().zip(row) {
+                *p += v;
+            }
+        }
+        for (o, p) in out.iter_mut().zip(partial) {
+            *o += p;
+        }
+    }
+    out
+}
+
 /// A CPU reference of a binary operation.
 type Reference = fn(f32, f32) -> f32;
 
@@ -147,6 +165,15 @@ proptest! {
     }
 
     #[test]
+    fn column_sums_add_the_same_blocks_in_the_same_order_as_the_cpu(rows in 0..1200_usize, cols in 1..40_usize, x in values(48_000..48_001)) {
+        let Some(gpu) = gpu() else { return Ok(()) };
+        let x = &x[..rows * cols];
+        let got = ops::column_sums(&gpu.upload(x).unwrap(), cols).unwrap().to_host().unwrap();
+        close(&got, &column_sums_in_blocks(x, cols), 0.0)?;
+        prop_assert!(ops::column_sums(&gpu.upload(&[1.0; 7]).unwrap(), 2).is_err());
+    }
+
+    #[test]
     fn bias_softmax_and_cross_entropy_equal_the_cpus(rows in 1..40_usize, cols in 1..12_usize, x in values(480..481), seed: u64) {
         let Some(gpu) = gpu() else { return Ok(()) };
         let x = &x[..rows * cols];
@@ -159,8 +186,7 @@ proptest! {
             }).collect();
             close(&ops::bias_add(&gx, &gbias, relu).unwrap().to_host().unwrap(), &want, 0.0)?;
         }
-        let sums: Vec<f32> = (0..cols).map(|j| (0..rows).map(|r| x[r * cols + j]).sum()).collect();
-        close(&ops::column_sums(&gx, cols).unwrap().to_host().unwrap(), &sums, 1e-6)?;
+        close(&ops::column_sums(&gx, cols).unwrap().to_host().unwrap(), &column_sums_in_blocks(x, cols), 0.0)?;
         let labels: Vec<usize> = (0..rows).map(|r| ((seed as usize).wrapping_add(r * 7)) % cols).collect();
         let (mut loss, mut grad) = (Vec::new(), Vec::new());
         let mut probs = Vec::new();

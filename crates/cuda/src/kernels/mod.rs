@@ -28,6 +28,7 @@ pub(crate) const NAMES: &[&str] = &[
     "relu_f32",
     "relu_grad_f32",
     "bias_add_f32",
+    "column_block_sums_f32",
     "column_sums_f32",
     "sum_f32",
     "sparse_softmax_cross_entropy_f32",
@@ -118,5 +119,23 @@ impl Kernels {
             .find(|(n, _)| *n == name)
             .map(|(_, f)| f)
             .ok_or_else(|| CudaError::invalid("kernels", format!("no kernel named {name}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_in_the_source_is_loaded_by_name_and_no_other() {
+        let mut defined: Vec<&str> = SOURCE
+            .split("extern \"C\" __global__ void ")
+            .skip(1)
+            .filter_map(|rest| rest.split('(').next())
+            .collect();
+        let mut loaded = NAMES.to_vec();
+        defined.sort_unstable();
+        loaded.sort_unstable();
+        assert_eq!(defined, loaded);
     }
 }

@@ -5,6 +5,7 @@
 // sums in a fixed order (no atomics): results are the same from run to run. Compiled with
 // `--fmad=false`, so that `a * b + c` rounds as the CPU kernels round it.
 
+typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;
 
@@ -63,10 +64,31 @@ extern "C" __global__ void bias_add_f32(const float* x, const float* bias, float
     }
 }
 
-// The sum of each column of a `[rows, cols]` matrix, rows in order: a bias's gradient.
+// The sums of each column over blocks of `block_rows` rows, rows in order within a block:
+// `partials[b, j]` for block `b`. One thread per (block, column), so a bias gradient over a
+// convolution's hundreds of thousands of rows is spread over the whole GPU; neighbouring
+// threads read neighbouring columns.
+extern "C" __global__ void column_block_sums_f32(const float* x, float* partials, u64 rows,
+                                                 u64 cols, u64 block_rows) {
+    u64 blocks = (rows + block_rows - 1) / block_rows;
+    FOR_EACH(i, blocks * cols) {
+        u64 b = i / cols, j = i % cols;
+        u64 end = (b + 1) * block_rows < rows ? (b + 1) * block_rows : rows;
+        float sum = 0.0f;
+        for (u64 r = b * block_rows; r < end; ++r) {
+            sum += x[r * cols + j];
+        }
+        partials[i] = sum;
+    }
+}
+
+// The sum of each column of a `[rows, cols]` matrix, rows in order: the second pass over
+// `column_block_sums_f32`'s partials. Unrolled so that many loads are in flight while the
+// additions stay in order.
 extern "C" __global__ void column_sums_f32(const float* x, float* out, u64 rows, u64 cols) {
     FOR_EACH(j, cols) {
         float sum = 0.0f;
+#pragma unroll 16
         for (u64 r = 0; r < rows; ++r) {
             sum += x[r * cols + j];
         }
@@ -185,25 +207,28 @@ extern "C" __global__ void clip_grad_f32(const float* g, const float* x, float* 
 }
 
 // The sizes of a convolution or pooling window over NHWC input, as the host's `Geometry`.
+// The host checks that every size and every buffer length is below 2^31, so positions are
+// taken apart with 32-bit division (a 64-bit division is a long software routine on a GPU,
+// and these kernels do several per value), while sums that may go negative stay 64-bit.
 struct Geometry {
-    u64 batch, height, width, channels;
-    u64 kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left, out_h, out_w;
+    u32 batch, height, width, channels;
+    u32 kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left, out_h, out_w;
 };
 
 // Calls `visit(oy, ox, ky, kx)` for every window (output `oy`, `ox`) whose kernel offset
 // (`ky`, `kx`) reads input position (`y`, `x`), windows in order: the gathers that stand in for
 // scattering (col2im, max pooling's gradient) without atomics.
 template <typename Visit>
-__device__ void for_each_window_over(const Geometry& g, u64 y, u64 x, Visit visit) {
-    for (u64 ky = 0; ky < g.kernel_h; ++ky) {
-        i64 sy = (i64)(y + g.pad_top) - (i64)ky;
-        if (sy < 0 || sy % (i64)g.stride_h != 0) continue;
-        u64 oy = (u64)sy / g.stride_h;
+__device__ void for_each_window_over(const Geometry& g, u32 y, u32 x, Visit visit) {
+    for (u32 ky = 0; ky < g.kernel_h; ++ky) {
+        i64 sy = (i64)y + g.pad_top - ky;
+        if (sy < 0 || (u32)sy % g.stride_h != 0) continue;
+        u32 oy = (u32)sy / g.stride_h;
         if (oy >= g.out_h) continue;
-        for (u64 kx = 0; kx < g.kernel_w; ++kx) {
-            i64 sx = (i64)(x + g.pad_left) - (i64)kx;
-            if (sx < 0 || sx % (i64)g.stride_w != 0) continue;
-            u64 ox = (u64)sx / g.stride_w;
+        for (u32 kx = 0; kx < g.kernel_w; ++kx) {
+            i64 sx = (i64)x + g.pad_left - kx;
+            if (sx < 0 || (u32)sx % g.stride_w != 0) continue;
+            u32 ox = (u32)sx / g.stride_w;
             if (ox >= g.out_w) continue;
             visit(oy, ox, ky, kx);
         }
@@ -214,16 +239,17 @@ __device__ void for_each_window_over(const Geometry& g, u64 y, u64 x, Visit visi
 // zeros in the padding.
 extern "C" __global__ void im2col_f32(const float* input, float* cols, Geometry g, u64 n) {
     FOR_EACH(i, n) {
-        u64 c = i % g.channels, t = i / g.channels;
-        u64 kx = t % g.kernel_w; t /= g.kernel_w;
-        u64 ky = t % g.kernel_h; t /= g.kernel_h;
-        u64 ox = t % g.out_w; t /= g.out_w;
-        u64 oy = t % g.out_h;
-        u64 b = t / g.out_h;
-        i64 y = (i64)(oy * g.stride_h + ky) - (i64)g.pad_top;
-        i64 x = (i64)(ox * g.stride_w + kx) - (i64)g.pad_left;
+        u32 t = (u32)i;
+        u32 c = t % g.channels; t /= g.channels;
+        u32 kx = t % g.kernel_w; t /= g.kernel_w;
+        u32 ky = t % g.kernel_h; t /= g.kernel_h;
+        u32 ox = t % g.out_w; t /= g.out_w;
+        u32 oy = t % g.out_h;
+        u32 b = t / g.out_h;
+        i64 y = (i64)oy * g.stride_h + ky - g.pad_top;
+        i64 x = (i64)ox * g.stride_w + kx - g.pad_left;
         bool inside = y >= 0 && y < (i64)g.height && x >= 0 && x < (i64)g.width;
-        cols[i] = inside ? input[((b * g.height + y) * g.width + x) * g.channels + c] : 0.0f;
+        cols[i] = inside ? input[(((u64)b * g.height + y) * g.width + x) * g.channels + c] : 0.0f;
     }
 }
 
@@ -231,13 +257,14 @@ extern "C" __global__ void im2col_f32(const float* input, float* cols, Geometry 
 // in order (no atomics).
 extern "C" __global__ void col2im_f32(const float* cols, float* input, Geometry g, u64 n) {
     FOR_EACH(i, n) {
-        u64 c = i % g.channels, t = i / g.channels;
-        u64 x = t % g.width; t /= g.width;
-        u64 y = t % g.height;
-        u64 b = t / g.height;
+        u32 t = (u32)i;
+        u32 c = t % g.channels; t /= g.channels;
+        u32 x = t % g.width; t /= g.width;
+        u32 y = t % g.height;
+        u32 b = t / g.height;
         float sum = 0.0f;
-        for_each_window_over(g, y, x, [&](u64 oy, u64 ox, u64 ky, u64 kx) {
-            u64 row = (b * g.out_h + oy) * g.out_w + ox;
+        for_each_window_over(g, y, x, [&](u32 oy, u32 ox, u32 ky, u32 kx) {
+            u64 row = ((u64)b * g.out_h + oy) * g.out_w + ox;
             sum += cols[((row * g.kernel_h + ky) * g.kernel_w + kx) * g.channels + c];
         });
         input[i] = sum;
@@ -250,19 +277,20 @@ extern "C" __global__ void col2im_f32(const float* cols, float* input, Geometry 
 extern "C" __global__ void max_pool_f32(const float* input, float* out, u64* argmax, Geometry g,
                                         u64 n) {
     FOR_EACH(i, n) {
-        u64 c = i % g.channels, t = i / g.channels;
-        u64 ox = t % g.out_w; t /= g.out_w;
-        u64 oy = t % g.out_h;
-        u64 b = t / g.out_h;
+        u32 t = (u32)i;
+        u32 c = t % g.channels; t /= g.channels;
+        u32 ox = t % g.out_w; t /= g.out_w;
+        u32 oy = t % g.out_h;
+        u32 b = t / g.out_h;
         float best = NEG_INFINITY;
         u64 arg = NO_POSITION;
-        for (u64 ky = 0; ky < g.kernel_h; ++ky) {
-            i64 y = (i64)(oy * g.stride_h + ky) - (i64)g.pad_top;
+        for (u32 ky = 0; ky < g.kernel_h; ++ky) {
+            i64 y = (i64)oy * g.stride_h + ky - g.pad_top;
             if (y < 0 || y >= (i64)g.height) continue;
-            for (u64 kx = 0; kx < g.kernel_w; ++kx) {
-                i64 x = (i64)(ox * g.stride_w + kx) - (i64)g.pad_left;
+            for (u32 kx = 0; kx < g.kernel_w; ++kx) {
+                i64 x = (i64)ox * g.stride_w + kx - g.pad_left;
                 if (x < 0 || x >= (i64)g.width) continue;
-                u64 at = ((b * g.height + y) * g.width + x) * g.channels + c;
+                u64 at = (((u64)b * g.height + y) * g.width + x) * g.channels + c;
                 float v = input[at];
                 if (v > best || (isnan(v) && !isnan(best))) {
                     best = v;
@@ -280,13 +308,14 @@ extern "C" __global__ void max_pool_f32(const float* input, float* out, u64* arg
 extern "C" __global__ void max_pool_grad_f32(const float* dy, const u64* argmax, float* dx,
                                              Geometry g, u64 n) {
     FOR_EACH(i, n) {
-        u64 c = i % g.channels, t = i / g.channels;
-        u64 x = t % g.width; t /= g.width;
-        u64 y = t % g.height;
-        u64 b = t / g.height;
+        u32 t = (u32)i;
+        u32 c = t % g.channels; t /= g.channels;
+        u32 x = t % g.width; t /= g.width;
+        u32 y = t % g.height;
+        u32 b = t / g.height;
         float sum = 0.0f;
-        for_each_window_over(g, y, x, [&](u64 oy, u64 ox, u64, u64) {
-            u64 j = ((b * g.out_h + oy) * g.out_w + ox) * g.channels + c;
+        for_each_window_over(g, y, x, [&](u32 oy, u32 ox, u32, u32) {
+            u64 j = (((u64)b * g.out_h + oy) * g.out_w + ox) * g.channels + c;
             if (argmax[j] == i) sum += dy[j];
         });
         dx[i] = sum;

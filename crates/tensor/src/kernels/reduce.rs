@@ -7,6 +7,9 @@ use super::CHUNK;
 /// Rows summed by one task before partial sums are combined.
 const ROW_BLOCK: usize = 256;
 
+// The GPU's column sums take the same blocks, so a bias gradient has the same bits on both.
+const _: () = assert!(ROW_BLOCK == lockstep_cuda::ops::COLUMN_SUM_BLOCK_ROWS);
+
 /// Column sums of `x[rows×cols]`: `out[j] = Σ_i x[i][j]`.
 ///
 /// Rows are summed in blocks of [`ROW_BLOCK`] in parallel and the block sums added in block
