@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use lockstep_e2e::{example_binary, field, keras_epoch, xtask};
+use lockstep_e2e::{example_binary, field, keras_epoch, unused_ports, xtask};
 
 /// SLURM's `srun` on one node, as far as the script uses it. `FAKE_SRUN_KILL=TASK@STEP` makes
 /// task TASK of the first step SIGKILL itself after training step STEP.
@@ -51,18 +51,6 @@ for ((n = 0; n < SLURM_NTASKS; n++)); do
 done
 "#;
 
-/// A port whose successor is free too (the second task on the node listens one above).
-fn two_free_ports() -> u16 {
-    for _ in 0..100 {
-        let first = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = first.local_addr().unwrap().port();
-        if port < u16::MAX && TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no two consecutive free ports on 127.0.0.1");
-}
-
 /// Runs the generated script in `dir` as `sbatch` would on a node, with `fake_kill` passed to
 /// the stand-in `srun`: (stdout, stderr).
 fn sbatch(dir: &Path, fake_kill: Option<&str>) -> (Vec<u8>, String) {
@@ -86,7 +74,8 @@ fn sbatch(dir: &Path, fake_kill: Option<&str>) -> (Vec<u8>, String) {
         .env("SLURM_NTASKS", "2")
         .env("SLURM_SUBMIT_DIR", dir)
         .env("LOCKSTEP_BIN", example_binary("mnist_keras").unwrap())
-        .env("LOCKSTEP_PORT", two_free_ports().to_string())
+        // The second task on the node listens one above the first.
+        .env("LOCKSTEP_PORT", unused_ports(2).unwrap().to_string())
         .env_remove("TF_CONFIG");
     if let Some(kill) = fake_kill {
         command.env("FAKE_SRUN_KILL", kill);

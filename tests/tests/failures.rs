@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use command_fds::{CommandFdExt, FdMapping};
-use lockstep_e2e::example_binary;
+use lockstep_e2e::{example_binary, unused_ports};
 
 /// A listener on a port of 127.0.0.1 the kernel chose, and its address.
 fn listener() -> (TcpListener, String) {
@@ -26,9 +26,9 @@ fn listener() -> (TcpListener, String) {
     (listener, address)
 }
 
-/// An address of 127.0.0.1 on which nothing listens (a port the kernel gave and took back).
+/// An address of 127.0.0.1 on which nothing listens.
 fn closed_address() -> String {
-    listener().1
+    format!("127.0.0.1:{}", unused_ports(1).unwrap())
 }
 
 fn tf_config(workers: &[String], index: usize) -> String {
