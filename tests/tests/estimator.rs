@@ -1,5 +1,6 @@
-//! The Estimator tutorial across real processes: two workers and an evaluator task, and a
-//! cluster killed mid-run that resumes at its global step.
+//! The Estimator tutorial across real processes: two workers and an evaluator task, a
+//! cluster killed mid-run that resumes at its global step, and a chief killed while it writes
+//! a checkpoint.
 
 #![allow(
     clippy::unwrap_used,
@@ -129,6 +130,43 @@ fn a_killed_cluster_restarted_resumes_at_its_global_step() {
             .last()
             .unwrap()
             .ends_with(&format!("'global_step': {max_steps}}}")),
+        "{evaluator:?}"
+    );
+}
+
+#[test]
+fn a_chief_killed_while_writing_a_checkpoint_restarts_from_the_previous_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let model_dir = dir.path().to_str().unwrap();
+    let mut args = cluster_args(model_dir, "30");
+    args.splice(
+        1..1,
+        ["--restart-on-failure", "1", "--kill", "worker:0@save:20"],
+    );
+    let out = xtask(&args).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("LOCKSTEP_KILL_IN_SAVE: killing this process")
+            && stderr.contains("task worker:0 failed (signal: 9 (SIGKILL))"),
+        "{stderr}"
+    );
+    // Step 20's checkpoint was written but never published: the restart resumes from step 10's.
+    assert!(
+        stderr.contains("restored the newest checkpoint global_step=10"),
+        "{stderr}"
+    );
+    assert_eq!(checkpoints(dir.path()), [10, 20, 30]);
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let evaluator = task_lines(&out.stdout, "evaluator:0");
+    assert!(
+        evaluator.last().unwrap().ends_with("'global_step': 30}"),
         "{evaluator:?}"
     );
 }

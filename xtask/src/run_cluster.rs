@@ -54,8 +54,8 @@ pub(crate) struct RunClusterArgs {
     restart_on_failure: u32,
     /// SIGKILL a task once its training step STEP has ended, on its first start only
     /// (`worker:1@30`; repeatable): a crash on demand, for demonstrations and tests. With
-    /// `TASK@save:STEP` the task is killed while it writes the backup of step STEP (its files
-    /// written, the backup not yet published).
+    /// `TASK@save:STEP` the task is killed while it writes the backup (or the Estimator's
+    /// checkpoint) of step STEP: its files written, not yet published.
     #[arg(long, value_name = "TASK@[save:]STEP", value_parser = parse_kill)]
     kill: Vec<Kill>,
     /// Arguments passed to every task, after `--`.

@@ -9,13 +9,14 @@ use crate::error::TrainError;
 pub const KILL_AT_STEP: &str = "LOCKSTEP_KILL_AT_STEP";
 
 /// The environment variable that makes the chief SIGKILL itself in the middle of writing the
-/// `BackupAndRestore` backup of this step: its files written, the backup not yet published.
+/// `BackupAndRestore` backup (or the Estimator's checkpoint) of this step: its files written,
+/// not yet published.
 /// `cargo xtask run-cluster --kill TASK@save:STEP` sets it for one task's first start.
 pub const KILL_IN_SAVE: &str = "LOCKSTEP_KILL_IN_SAVE";
 
 /// `LOCKSTEP_KILL_AT_STEP=N` makes the process SIGKILL itself once its training step N (the
 /// optimizer's `iterations`, the Estimator's global step) has ended, callbacks and saves of
-/// that step included; `LOCKSTEP_KILL_IN_SAVE=N` while it writes step N's backup: a crash with
+/// that step included; `LOCKSTEP_KILL_IN_SAVE=N` while it writes step N's backup or checkpoint: a crash with
 /// no chance to clean up, at a chosen point.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct KillSwitch {

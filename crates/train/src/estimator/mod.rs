@@ -273,14 +273,14 @@ impl Estimator {
                 .save_checkpoints_steps
                 .is_some_and(|n| n > 0 && self.global_step.is_multiple_of(n));
             if due_by_steps || totals.save_requested {
-                self.save()?;
+                self.save(kill_switch)?;
                 saved_at = self.global_step;
                 loop_state.saved();
             }
             kill_switch.after_step(self.global_step);
         }
         if saved_at != self.global_step {
-            self.save()?;
+            self.save(kill_switch)?;
         }
         loop_state.finish()?;
         Ok(self.global_step)
@@ -550,7 +550,9 @@ impl Estimator {
     }
 
     /// The chief saves a checkpoint at the global step; every worker learns whether it could.
-    fn save(&mut self) -> Result<(), TrainError> {
+    /// Saves a checkpoint of the global step on the chief; `kill_switch` may kill the process
+    /// once its files are written and before it is published (`LOCKSTEP_KILL_IN_SAVE`).
+    fn save(&mut self, kill_switch: KillSwitch) -> Result<(), TrainError> {
         let workers = self.context.num_input_pipelines.max(1);
         let keep = self.config.keep_checkpoint_max;
         let dir = self.model_dir.clone();
@@ -566,7 +568,9 @@ impl Estimator {
         };
         context.chief_writes("Estimator", "a checkpoint", |context| {
             let manager = CheckpointManager::new(&dir, (keep > 0).then_some(keep))?;
-            let path = manager.save(&context.checkpoint()?)?;
+            let step = context.step();
+            let path =
+                manager.save_with_hook(&context.checkpoint()?, || kill_switch.in_save(step))?;
             tracing::info!(global_step = context.step(), path = %path.display(), "saved a checkpoint");
             Ok(())
         })
