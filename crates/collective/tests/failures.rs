@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use common::{Wire, free_addresses, fresh_cluster, listeners, run, tcp_group, transports};
 use lockstep_collective::{
-    CollectiveError, CommunicationOptions, Communicator, Implementation, Op, ReduceOp, TcpOptions,
-    TcpTransport,
+    CollectiveError, CommunicationOptions, Communicator, GrpcTransport, Implementation, Op,
+    ReduceOp, TcpOptions, TcpTransport,
 };
 
 fn quick(implementation: Implementation) -> CommunicationOptions {
@@ -212,6 +212,21 @@ fn a_rendezvous_that_does_not_complete_names_the_missing_ranks() {
         "{err}"
     );
     let err = TcpTransport::connect(0, &addresses, &options)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("could not reach rank 1"), "{err}");
+
+    // gRPC dials every higher rank at once and still names the lowest it could not reach.
+    let addresses = free_addresses(3);
+    let err = GrpcTransport::connect(2, &addresses, &options)
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string()
+            .contains("rank(s) [0, 1] did not open their streams"),
+        "{err}"
+    );
+    let err = GrpcTransport::connect(0, &addresses, &options)
         .err()
         .unwrap();
     assert!(err.to_string().contains("could not reach rank 1"), "{err}");

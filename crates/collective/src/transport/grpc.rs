@@ -157,8 +157,8 @@ impl Collective for Service {
 /// One rank of a group connected by gRPC.
 ///
 /// Every rank serves the `Collective` service on its address; rank `i` calls `Hello` on every
-/// higher rank (retrying until the rendezvous deadline, so processes may start in any order),
-/// then opens an `Exchange` stream that carries both directions of the pair. Callers from
+/// higher rank, all at once (each retrying until the rendezvous deadline, so processes may
+/// start in any order), then opens an `Exchange` stream that carries both directions of the pair. Callers from
 /// another cluster are refused with `PERMISSION_DENIED`.
 pub struct GrpcTransport {
     rank: usize,
@@ -252,8 +252,24 @@ impl GrpcTransport {
                 }),
         );
 
-        for (peer, address) in addresses.iter().enumerate().skip(rank + 1) {
-            let (out_tx, in_rx) = runtime.block_on(open(address, me, peer, deadline))?;
+        // Every higher rank is dialled at once; the first failure in rank order is reported
+        // (returning drops the runtime, which cancels the other dials).
+        let dials: Vec<_> = addresses
+            .iter()
+            .enumerate()
+            .skip(rank + 1)
+            .map(|(peer, address)| {
+                let address = address.clone();
+                (
+                    peer,
+                    runtime.spawn(async move { open(&address, me, peer, deadline).await }),
+                )
+            })
+            .collect();
+        for (peer, dial) in dials {
+            let (out_tx, in_rx) = runtime
+                .block_on(dial)
+                .map_err(|e| setup(format!("dialling rank {peer}: {e}")))??;
             outbound[peer] = Some(out_tx);
             inbox[peer] = Some(in_rx);
         }
