@@ -44,5 +44,5 @@ mod transfers;
 pub use buffer::CudaBuffer;
 pub use device::{CudaDevice, device_count};
 pub use error::CudaError;
-pub use kernels::{SOURCE, compile_kernels};
+pub use kernels::{SOURCE, compile_kernels, compile_kernels_to_cubin};
 pub use transfers::Transfers;

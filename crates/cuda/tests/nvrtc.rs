@@ -8,7 +8,7 @@
     reason = "a test that meets an error must fail loudly"
 )]
 
-use lockstep_cuda::{CudaError, SOURCE, compile_kernels};
+use lockstep_cuda::{CudaError, SOURCE, compile_kernels, compile_kernels_to_cubin};
 
 /// Whether NVRTC must be found (CI's setting).
 fn required() -> bool {
@@ -62,6 +62,32 @@ fn an_unknown_architecture_is_a_compile_error_with_the_compilers_words() {
             assert!(!log.is_empty());
         }
         Err(e @ CudaError::MissingLibrary { .. }) if !required() => eprintln!("skipped: {e}"),
+        other => panic!("expected a compile error, got {other:?}"),
+    }
+}
+
+#[test]
+fn every_kernel_compiles_to_machine_code_for_hopper_and_ampere() {
+    let kernels = defined_kernels();
+    for arch in ["sm_90", "sm_80"] {
+        let cubin = match compile_kernels_to_cubin(arch) {
+            Ok(cubin) => cubin,
+            Err(e @ CudaError::MissingLibrary { .. }) if !required() => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+            Err(e) => panic!("the kernels do not compile to machine code for {arch}: {e}"),
+        };
+        assert!(cubin.starts_with(b"\x7fELF"), "{arch}: not an ELF image");
+        for kernel in &kernels {
+            assert!(
+                cubin.windows(kernel.len()).any(|w| w == kernel.as_bytes()),
+                "{kernel} missing from the machine code for {arch}"
+            );
+        }
+    }
+    match compile_kernels_to_cubin("sm_1") {
+        Err(CudaError::Compile { arch, log }) => assert!(arch == "sm_1" && !log.is_empty()),
         other => panic!("expected a compile error, got {other:?}"),
     }
 }

@@ -3,13 +3,17 @@
 
 #![allow(
     unsafe_code,
-    reason = "asking NVRTC whether its library is present; see the SAFETY comment"
+    reason = "asking NVRTC whether its library is present, and NVRTC's CUBIN calls, which \
+              cudarc exposes only as unsafe functions; see the SAFETY comments"
 )]
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaStream};
-use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
+use std::ffi::CString;
+
+use cudarc::driver::sys::CUresult;
+use cudarc::driver::{CudaFunction, CudaStream, DriverError};
+use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
 
 use crate::error::CudaError;
 use crate::libraries;
@@ -64,15 +68,89 @@ pub fn compile_kernels(arch: &str) -> Result<String, CudaError> {
     Ok(compile(arch)?.to_src())
 }
 
-fn compile(arch: &str) -> Result<Ptx, CudaError> {
+/// Compiles [`SOURCE`] to machine code (a CUBIN) for `arch` (`sm_90` for an H100). The
+/// kernels are loaded from PTX; this is the fallback for a driver older than NVRTC, which
+/// refuses NVRTC's newer PTX but still loads its machine code.
+///
+/// ```no_run
+/// let cubin = lockstep_cuda::compile_kernels_to_cubin("sm_90")?;
+/// assert!(cubin.starts_with(b"\x7fELF"));
+/// # Ok::<(), lockstep_cuda::CudaError>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`compile_kernels`].
+pub fn compile_kernels_to_cubin(arch: &str) -> Result<Vec<u8>, CudaError> {
+    nvrtc_present()?;
+    let failed = |log: String| CudaError::Compile {
+        arch: arch.to_owned(),
+        log,
+    };
+    let source = CString::new(SOURCE).map_err(|e| failed(e.to_string()))?;
+    let program = Program(
+        nvrtc::result::create_program(&source, Some(c"training.cu"))
+            .map_err(|e| failed(e.to_string()))?,
+    );
+    let options = [
+        "--fmad=false".to_owned(),
+        format!("--gpu-architecture={arch}"),
+    ];
+    // SAFETY: `program` was created above and is destroyed only when dropped, after these
+    // calls; the CUBIN is copied into a buffer of the size NVRTC reports for it.
+    unsafe {
+        if let Err(e) = nvrtc::result::compile_program(program.0, &options) {
+            let log = nvrtc::result::get_program_log(program.0).map_or_else(
+                |_| e.to_string(),
+                |log| {
+                    let bytes: Vec<u8> = log.iter().map(|&c| c as u8).collect();
+                    String::from_utf8_lossy(&bytes)
+                        .trim_end_matches('\0')
+                        .to_owned()
+                },
+            );
+            return Err(failed(log));
+        }
+        let mut size = 0_usize;
+        nvrtc::sys::nvrtcGetCUBINSize(program.0, &raw mut size)
+            .result()
+            .map_err(|e| failed(e.to_string()))?;
+        let mut cubin = vec![0_u8; size];
+        nvrtc::sys::nvrtcGetCUBIN(program.0, cubin.as_mut_ptr().cast())
+            .result()
+            .map_err(|e| failed(e.to_string()))?;
+        Ok(cubin)
+    }
+}
+
+/// An NVRTC program, destroyed when dropped.
+struct Program(nvrtc::sys::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: the program was created by `create_program` and is destroyed once, here.
+        if let Err(e) = unsafe { nvrtc::result::destroy_program(self.0) } {
+            tracing::warn!(%e, "destroying an NVRTC program");
+        }
+    }
+}
+
+/// NVRTC's library, found and loadable.
+fn nvrtc_present() -> Result<(), CudaError> {
     libraries::ensure(libraries::NVRTC)?;
     // SAFETY: loads NVRTC's library, now found, as cudarc would.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(CudaError::MissingLibrary {
+    if unsafe { nvrtc::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(CudaError::MissingLibrary {
             library: libraries::NVRTC[0],
             searched: libraries::search_folders(),
-        });
+        })
     }
+}
+
+fn compile(arch: &str) -> Result<Ptx, CudaError> {
+    nvrtc_present()?;
     let options = CompileOptions {
         // Products and sums round apart, as on the CPU.
         fmad: Some(false),
@@ -80,7 +158,7 @@ fn compile(arch: &str) -> Result<Ptx, CudaError> {
         name: Some("training.cu".to_owned()),
         ..CompileOptions::default()
     };
-    cudarc::nvrtc::compile_ptx_with_opts(SOURCE, options).map_err(|e| CudaError::Compile {
+    nvrtc::compile_ptx_with_opts(SOURCE, options).map_err(|e| CudaError::Compile {
         arch: arch.to_owned(),
         log: match e {
             CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
@@ -95,12 +173,22 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
+    /// Loads the kernels for `arch` (`compute_90`) from PTX, or from machine code when the
+    /// driver is older than NVRTC and refuses its PTX.
     pub(crate) fn load(stream: &Arc<CudaStream>, arch: &str) -> Result<Self, CudaError> {
-        let ptx = compile(arch)?;
-        let module = stream
-            .context()
-            .load_module(ptx)
-            .map_err(CudaError::driver("loading the kernels"))?;
+        let context = stream.context();
+        let module = match context.load_module(compile(arch)?) {
+            Err(DriverError(CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION)) => {
+                let machine = arch.replacen("compute_", "sm_", 1);
+                tracing::info!(
+                    arch = %machine,
+                    "the driver is older than NVRTC: loading the kernels as machine code"
+                );
+                context.load_module(Ptx::from_binary(compile_kernels_to_cubin(&machine)?))
+            }
+            loaded => loaded,
+        }
+        .map_err(CudaError::driver("loading the kernels"))?;
         let functions = NAMES
             .iter()
             .map(|&name| {
