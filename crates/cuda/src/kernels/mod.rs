@@ -92,10 +92,7 @@ pub fn compile_kernels_to_cubin(arch: &str) -> Result<Vec<u8>, CudaError> {
         nvrtc::result::create_program(&source, Some(c"training.cu"))
             .map_err(|e| failed(e.to_string()))?,
     );
-    let options = [
-        "--fmad=false".to_owned(),
-        format!("--gpu-architecture={arch}"),
-    ];
+    let options = compile_options(arch);
     // SAFETY: `program` was created above and is destroyed only when dropped, after these
     // calls; the CUBIN is copied into a buffer of the size NVRTC reports for it.
     unsafe {
@@ -135,6 +132,15 @@ impl Drop for Program {
     }
 }
 
+/// NVRTC's options for `arch`, to PTX or to machine code alike.
+fn compile_options(arch: &str) -> [String; 2] {
+    [
+        // Products and sums round apart, as on the CPU.
+        "--fmad=false".to_owned(),
+        format!("--gpu-architecture={arch}"),
+    ]
+}
+
 /// NVRTC's library, found and loadable.
 fn nvrtc_present() -> Result<(), CudaError> {
     libraries::ensure(libraries::NVRTC)?;
@@ -152,9 +158,7 @@ fn nvrtc_present() -> Result<(), CudaError> {
 fn compile(arch: &str) -> Result<Ptx, CudaError> {
     nvrtc_present()?;
     let options = CompileOptions {
-        // Products and sums round apart, as on the CPU.
-        fmad: Some(false),
-        options: vec![format!("--gpu-architecture={arch}")],
+        options: compile_options(arch).to_vec(),
         name: Some("training.cu".to_owned()),
         ..CompileOptions::default()
     };
