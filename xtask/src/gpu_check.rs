@@ -1,9 +1,10 @@
 //! `cargo xtask gpu-check`: builds, on this machine, what a GPU machine with no Rust toolchain
-//! needs to check the GPU paths: lockstep-cuda's test executables, lockstep-tensor's GPU-vs-CPU
-//! tests, lockstep-nn's training tests (the CNN trained on the GPU among them) and
-//! lockstep-nn's `gpu_bench` example, in release, in one folder with a `run.sh` that runs the tests (a skip
-//! for want of a GPU or of NVRTC counts as a failure there) and then the benchmark.
+//! needs to check the GPU paths: the test executables that exercise them (lockstep-cuda's ops
+//! against the CPU, lockstep-tensor's GPU-vs-CPU tests, lockstep-nn's GPU training and session
+//! tests), lockstep-nn's `gpu_bench` example and PyTorch's reference script, in release and
+//! stripped, in one folder with a `run.sh` (see [`RUNNER`]).
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -12,31 +13,143 @@ use clap::Args;
 
 use crate::build_example::workspace_root;
 
-/// The package of the GPU kernels: all its tests.
-const PACKAGE: &str = "lockstep-cuda";
-
 /// The package of the GPU benchmark (the CNN's training step needs the models).
 const BENCH_PACKAGE: &str = "lockstep-nn";
 
-/// Test targets of other packages that run their GPU paths: `(package, test target)`.
-const GPU_TESTS: &[(&str, &str)] = &[("lockstep-tensor", "gpu"), ("lockstep-nn", "training")];
+/// A test executable that runs GPU paths, and the filters that pick its GPU tests (none: all
+/// of them). The CPU-only tests (NVRTC's compilation, the library search, the CPU training
+/// runs) are CI's and are left out.
+struct GpuTests {
+    package: &'static str,
+    target: &'static str,
+    filters: &'static [&'static str],
+}
 
-/// The runner written beside the executables.
+/// Every executable the GPU machine runs, in order: the kernels first, the models last.
+const GPU_TESTS: &[GpuTests] = &[
+    GpuTests {
+        package: "lockstep-cuda",
+        target: "ops",
+        filters: &[],
+    },
+    GpuTests {
+        package: "lockstep-tensor",
+        target: "gpu",
+        filters: &[],
+    },
+    GpuTests {
+        package: "lockstep-nn",
+        target: "training",
+        filters: &["gpu", "every_device"],
+    },
+];
+
+/// PyTorch's figures for the same benchmark, copied beside `gpu_bench`.
+const TORCH_REFERENCE: &str = "benches/torch_gpu_reference.py";
+
+/// The runner written beside the executables. `run.sh [LOG_DIR]`:
+/// 1. finds NVIDIA's libraries (asking `python3` where pip's `nvidia` package is, when
+///    `LOCKSTEP_CUDA_LIBRARY_PATH` is unset) and prints the environment: `nvidia-smi`, the
+///    driver, where each library was found;
+/// 2. runs each test executable on its GPU tests, under its own `timeout`, its log in
+///    `LOG_DIR` (default `logs` beside the script) as it goes, so a hang or a crash loses
+///    nothing; `LOCKSTEP_REQUIRE_GPU=1` (the default here) turns every skip into a failure;
+/// 3. runs `gpu_bench` and the PyTorch reference interleaved, `LOCKSTEP_BENCH_REPEATS` times
+///    each (default 3);
+/// 4. ends with one summary line per executable, the number of GPU tests that ran, and every
+///    benchmark table. It exits non-zero when a test failed, timed out or did not run.
 const RUNNER: &str = r#"#!/usr/bin/env bash
-# Written by `cargo xtask gpu-check`. Runs on a machine with a GPU and no Rust toolchain: the
-# GPU tests (a skip for want of a GPU or NVRTC fails them here), then the GPU benchmark.
-# NVIDIA's libraries are found on the loader's path, in LOCKSTEP_CUDA_LIBRARY_PATH, or in the
-# site-packages of pip's nvidia-* wheels (PyTorch's).
+# Written by `cargo xtask gpu-check`: the GPU checks for a machine with a GPU and no Rust.
+# Usage: run.sh [LOG_DIR]   (logs default to ./logs beside this script)
+# Environment: LOCKSTEP_TEST_TIMEOUT (seconds per test executable, default 900),
+# LOCKSTEP_BENCH_REPEATS (default 3; 0 skips the benchmark), LOCKSTEP_REQUIRE_GPU (default 1).
 set -uo pipefail
-cd "$(dirname "$0")"
-export LOCKSTEP_REQUIRE_GPU=1 LOCKSTEP_REQUIRE_NVRTC=1
+here="$(cd "$(dirname "$0")" && pwd)"
+logs="${1:-$here/logs}"
+mkdir -p "$logs" || exit 2
+cd "$here"
+export LOCKSTEP_REQUIRE_GPU="${LOCKSTEP_REQUIRE_GPU:-1}" LOCKSTEP_REQUIRE_NVRTC=1
+timeout_s="${LOCKSTEP_TEST_TIMEOUT:-900}"
+repeats="${LOCKSTEP_BENCH_REPEATS:-3}"
+if [ -z "${LOCKSTEP_CUDA_LIBRARY_PATH:-}" ] && command -v python3 >/dev/null; then
+    found="$(python3 -c '
+import os
+try:
+    import nvidia
+except ImportError:
+    raise SystemExit(0)
+folders = sorted({os.path.join(p, d, "lib") for p in nvidia.__path__ for d in os.listdir(p)})
+print(os.pathsep.join(f for f in folders if os.path.isdir(f)))
+' 2>/dev/null)"
+    if [ -n "$found" ]; then export LOCKSTEP_CUDA_LIBRARY_PATH="$found"; fi
+fi
+{
+    echo "== environment"
+    date -u
+    uname -srm
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
+        nvidia-smi
+    else
+        echo "nvidia-smi: not on PATH"
+    fi
+    echo "python3: $(command -v python3 || echo none)"
+    echo "LOCKSTEP_CUDA_LIBRARY_PATH=${LOCKSTEP_CUDA_LIBRARY_PATH:-}"
+    ./gpu_bench --libraries
+} 2>&1 | tee "$logs/environment.log"
+
 status=0
-for test in tests/*; do
-    echo "== $test"
-    "$test" --test-threads 1 || status=1
+summary=()
+ran=0
+while IFS='|' read -r name filters; do
+    [ -n "$name" ] || continue
+    log="$logs/$name.log"
+    echo "== $name ${filters:+(tests matching: $filters)}"
+    # shellcheck disable=SC2086 # the filters are words
+    timeout --kill-after=10 "$timeout_s" "tests/$name" --test-threads 1 $filters >"$log" 2>&1
+    rc=$?
+    tail -n 3 "$log"
+    result="$(grep -E '^test result:' "$log" | tail -n 1)"
+    passed="$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<<"$result")"
+    failed="$(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<<"$result")"
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        line="$name: TIMED OUT after ${timeout_s}s (log: $log)"
+        status=1
+    elif [ -z "$result" ]; then
+        line="$name: NO RESULT, exit $rc (log: $log)"
+        status=1
+    else
+        line="$name: ${passed:-0} passed, ${failed:-0} failed (exit $rc)"
+        ran=$((ran + ${passed:-0}))
+        [ "$rc" -eq 0 ] || status=1
+    fi
+    summary+=("$line")
+done <tests/list
+
+for ((r = 1; r <= repeats; r++)); do
+    echo "== benchmark, repetition $r of $repeats"
+    timeout --kill-after=10 "$timeout_s" ./gpu_bench >"$logs/gpu_bench.$r.log" 2>&1 || status=1
+    cat "$logs/gpu_bench.$r.log"
+    if command -v python3 >/dev/null && python3 -c 'import torch' 2>/dev/null; then
+        timeout --kill-after=10 "$timeout_s" python3 torch_gpu_reference.py \
+            >"$logs/torch.$r.log" 2>&1 || status=1
+        cat "$logs/torch.$r.log"
+    else
+        echo "PyTorch reference skipped: no python3 with torch"
+    fi
 done
-echo "== gpu_bench"
-./gpu_bench || status=1
+
+echo "== summary"
+printf '%s\n' "${summary[@]}"
+if [ "$LOCKSTEP_REQUIRE_GPU" = 1 ]; then
+    echo "GPU tests run: $ran (LOCKSTEP_REQUIRE_GPU=1: a test that found no GPU failed)"
+else
+    echo "tests passed: $ran (LOCKSTEP_REQUIRE_GPU=$LOCKSTEP_REQUIRE_GPU: those without a GPU skipped)"
+fi
+for ((r = 1; r <= repeats; r++)); do
+    echo "-- benchmark, repetition $r"
+    grep -h -E '^(\||device)' "$logs/gpu_bench.$r.log" "$logs/torch.$r.log" 2>/dev/null
+done
 exit $status
 "#;
 
@@ -56,38 +169,26 @@ pub(crate) fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(out.join("tests"))
         .with_context(|| format!("creating {}", out.display()))?;
-    let tests: Vec<_> =
-        cargo_executables(&["test", "--no-run", "--release", "--package", PACKAGE])?
-            .into_iter()
-            .filter(|artifact| artifact.test)
-            .collect();
-    if tests.is_empty() {
-        bail!("cargo built no test executable of {PACKAGE}");
-    }
-    for artifact in &tests {
-        copy_executable(&artifact.path, &out.join("tests").join(&artifact.name))?;
-    }
-    let mut count = tests.len();
-    for &(package, target) in GPU_TESTS {
+    for tests in GPU_TESTS {
         let built = cargo_executables(&[
             "test",
             "--no-run",
             "--release",
             "--package",
-            package,
+            tests.package,
             "--test",
-            target,
+            tests.target,
         ])?;
         let artifact = built
             .iter()
-            .find(|artifact| artifact.test && artifact.name == target)
-            .with_context(|| format!("cargo built no test {target} of {package}"))?;
-        copy_executable(
-            &artifact.path,
-            &out.join("tests").join(format!("{package}-{target}")),
-        )?;
-        count += 1;
+            .find(|artifact| artifact.test && artifact.name == tests.target)
+            .with_context(|| {
+                format!("cargo built no test {} of {}", tests.target, tests.package)
+            })?;
+        copy_executable(&artifact.path, &out.join("tests").join(tests.file_name()))?;
     }
+    let list = out.join("tests/list");
+    std::fs::write(&list, test_list()).with_context(|| format!("writing {}", list.display()))?;
     let bench = cargo_executables(&[
         "build",
         "--release",
@@ -101,16 +202,53 @@ pub(crate) fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
         .find(|artifact| artifact.name == "gpu_bench")
         .context("cargo built no gpu_bench executable")?;
     copy_executable(&bench.path, &out.join("gpu_bench"))?;
+    let reference = out.join("torch_gpu_reference.py");
+    std::fs::copy(root.join(TORCH_REFERENCE), &reference)
+        .with_context(|| format!("copying {TORCH_REFERENCE}"))?;
     let runner = out.join("run.sh");
     std::fs::write(&runner, RUNNER).with_context(|| format!("writing {}", runner.display()))?;
     make_executable(&runner)?;
     println!(
-        "wrote {} ({} test executables and gpu_bench); on the GPU machine run {}/run.sh",
+        "wrote {} ({} test executables, gpu_bench, {} MiB); on the GPU machine run {}/run.sh [LOG_DIR]",
         out.display(),
-        count,
+        GPU_TESTS.len(),
+        folder_size(&out)? >> 20,
         args.out.display()
     );
     Ok(())
+}
+
+impl GpuTests {
+    /// The executable's name in the artefact's `tests/`.
+    fn file_name(&self) -> String {
+        format!("{}-{}", self.package, self.target)
+    }
+}
+
+/// `tests/list`: a line per executable, `name|filters`, which `run.sh` reads.
+fn test_list() -> String {
+    let mut list = String::new();
+    for tests in GPU_TESTS {
+        let _ = writeln!(list, "{}|{}", tests.file_name(), tests.filters.join(" "));
+    }
+    list
+}
+
+/// The bytes of the files directly in `folder` and its sub-folders.
+fn folder_size(folder: &Path) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for entry in
+        std::fs::read_dir(folder).with_context(|| format!("reading {}", folder.display()))?
+    {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() {
+            folder_size(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
 }
 
 /// An executable cargo built.
@@ -165,9 +303,10 @@ fn executables(messages: &str) -> Vec<Artifact> {
 fn copy_executable(from: &Path, to: &Path) -> anyhow::Result<()> {
     std::fs::copy(from, to)
         .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
-    // Debug sections are most of a release test binary's size; the copy travels to the GPU
-    // machine. Without `strip` the copy is left whole.
-    let _ = Command::new("strip").arg("--strip-debug").arg(to).status();
+    // Symbols and debug sections are most of a release test binary's size, and the copy
+    // travels to the GPU machine (a panic's message and location survive stripping). Without
+    // `strip` the copy is left whole.
+    let _ = Command::new("strip").arg("--strip-all").arg(to).status();
     make_executable(to)
 }
 
@@ -180,6 +319,83 @@ fn make_executable(path: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runner_reads_one_line_per_executable_with_its_filters() {
+        let list = test_list();
+        let lines: Vec<&str> = list.lines().collect();
+        assert_eq!(lines.len(), GPU_TESTS.len());
+        assert_eq!(lines[0], "lockstep-cuda-ops|");
+        assert!(
+            lines.contains(&"lockstep-nn-training|gpu every_device"),
+            "{list}"
+        );
+        assert!(RUNNER.contains("done <tests/list"));
+    }
+
+    #[test]
+    fn the_runner_logs_each_executable_and_sums_up_passes_failures_and_hangs() {
+        if Command::new("timeout").arg("--version").output().is_err() {
+            eprintln!("skipped: no timeout(1)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let script = |path: &Path, body: &str| {
+            std::fs::write(path, format!("#!/usr/bin/env bash\n{body}\n")).unwrap();
+            make_executable(path).unwrap();
+        };
+        std::fs::create_dir(dir.path().join("tests")).unwrap();
+        script(&dir.path().join("run.sh"), RUNNER);
+        std::fs::write(dir.path().join("tests/list"), "good|\nbad|gpu\nhangs|\n").unwrap();
+        script(
+            &dir.path().join("tests/good"),
+            "echo 'test result: ok. 3 passed; 0 failed; 0 ignored'",
+        );
+        script(
+            &dir.path().join("tests/bad"),
+            "echo \"filters: $*\"; echo 'test result: FAILED. 1 passed; 2 failed; 0 ignored'; exit 101",
+        );
+        script(&dir.path().join("tests/hangs"), "sleep 30");
+        script(
+            &dir.path().join("gpu_bench"),
+            "if [ \"$1\" = --libraries ]; then echo 'libcuda.so.1: not found'; else echo '| step | 512 | 1 ms |'; fi",
+        );
+        let logs = dir.path().join("logs");
+        let output = Command::new("bash")
+            .arg(dir.path().join("run.sh"))
+            .arg(&logs)
+            .env("LOCKSTEP_TEST_TIMEOUT", "1")
+            .env("LOCKSTEP_BENCH_REPEATS", "1")
+            .env("LOCKSTEP_REQUIRE_GPU", "1")
+            .env("LOCKSTEP_CUDA_LIBRARY_PATH", "/nowhere")
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(!output.status.success(), "{stdout}");
+        for want in [
+            "good: 3 passed, 0 failed (exit 0)",
+            "bad: 1 passed, 2 failed (exit 101)",
+            "hangs: TIMED OUT after 1s",
+            "GPU tests run: 4",
+            "libcuda.so.1: not found",
+            "| step | 512 | 1 ms |",
+        ] {
+            assert!(stdout.contains(want), "{want:?} missing from:\n{stdout}");
+        }
+        let bad = std::fs::read_to_string(logs.join("bad.log")).unwrap();
+        assert!(bad.contains("filters: --test-threads 1 gpu"), "{bad}");
+        assert!(logs.join("environment.log").is_file() && logs.join("hangs.log").is_file());
+    }
+
+    #[test]
+    fn the_runner_is_valid_bash() {
+        let Ok(status) = Command::new("bash").args(["-n", "-c", RUNNER]).status() else {
+            eprintln!("skipped: no bash");
+            return;
+        };
+        assert!(status.success());
+    }
 
     #[test]
     fn executables_are_named_after_their_targets_and_tests_are_told_apart() {

@@ -44,7 +44,7 @@ struct Shared {
     name: String,
     capability: (i32, i32),
     stream: Arc<CudaStream>,
-    kernels: OnceLock<Result<Kernels, String>>,
+    kernels: OnceLock<Result<Kernels, CudaError>>,
     blas: OnceLock<Result<CudaBlas, String>>,
 }
 
@@ -113,18 +113,12 @@ impl CudaDevice {
         &self.shared.stream
     }
 
-    /// The training kernels, compiled by NVRTC on first use.
+    /// The training kernels, compiled by NVRTC on first use; a failure is kept and returned
+    /// again as the same error (a missing NVRTC stays [`CudaError::MissingLibrary`]).
     pub(crate) fn kernels(&self) -> Result<&Kernels, CudaError> {
-        let (major, minor) = self.shared.capability;
-        let arch = format!("compute_{major}{minor}");
-        self.shared
-            .kernels
-            .get_or_init(|| Kernels::load(&self.shared.stream, &arch).map_err(|e| e.to_string()))
-            .as_ref()
-            .map_err(|log| CudaError::Compile {
-                arch: arch.clone(),
-                log: log.clone(),
-            })
+        cached(&self.shared.kernels, || {
+            Kernels::load(&self.shared.stream, self.shared.capability)
+        })
     }
 
     /// The cuBLAS handle, created on first use.
@@ -193,6 +187,15 @@ impl fmt::Debug for CudaDevice {
     }
 }
 
+/// The value in `cell`, made by `init` on first use; an error is kept and each caller gets a
+/// copy of it, of the same kind.
+fn cached<T>(
+    cell: &OnceLock<Result<T, CudaError>>,
+    init: impl FnOnce() -> Result<T, CudaError>,
+) -> Result<&T, CudaError> {
+    cell.get_or_init(init).as_ref().map_err(CudaError::clone)
+}
+
 /// Turns off cudarc's per-buffer events, which order a buffer's uses across streams: they
 /// would add an event record and a stream wait to every launch, for every buffer it touches.
 #[allow(
@@ -204,4 +207,28 @@ fn single_stream(context: &CudaContext) {
     // (`Shared::stream`), in queue order, and nothing has been allocated yet in this new
     // context. A second stream (for collectives, say) must order its uses itself.
     unsafe { context.disable_event_tracking() };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cached_missing_library_stays_a_missing_library() {
+        let cell: OnceLock<Result<u32, CudaError>> = OnceLock::new();
+        let missing = || CudaError::MissingLibrary {
+            library: "libnvrtc.so.13",
+            searched: vec!["/nowhere".into()],
+        };
+        for _ in 0..2 {
+            let err = cached(&cell, || Err(missing())).unwrap_err();
+            assert!(
+                matches!(&err, CudaError::MissingLibrary { library, .. } if *library == "libnvrtc.so.13"),
+                "{err:?}"
+            );
+        }
+        let ok: OnceLock<Result<u32, CudaError>> = OnceLock::new();
+        assert_eq!(cached(&ok, || Ok(7)).unwrap(), &7);
+        assert_eq!(cached(&ok, || Err(missing())).unwrap(), &7);
+    }
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 /// An error from finding, opening or using a CUDA device.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum CudaError {
     /// The CUDA driver library (`libcuda.so.1`) is not installed: no NVIDIA driver on this

@@ -9,7 +9,9 @@
 //!
 //! Folders searched, in order, after the loader's own path: those in
 //! `LOCKSTEP_CUDA_LIBRARY_PATH` (separated by `:`), then `nvidia/*/lib` under the
-//! `site-packages` folders of the active virtual environment (`VIRTUAL_ENV`), of the user
+//! `site-packages` folders of the active virtual environment (`VIRTUAL_ENV`), of every
+//! `python3` on `PATH` (a virtual environment's `bin/python3` is found there even when it is
+//! not activated, as on machines whose PyTorch lives in `/opt/…/.venv`), of the user
 //! (`~/.local`) and of the system Pythons (`/usr/local/lib`, `/usr/lib`), then
 //! `/usr/local/cuda/lib64`.
 
@@ -46,10 +48,17 @@ pub fn search_folders() -> Vec<PathBuf> {
     if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
         prefixes.push(PathBuf::from(venv).join("lib"));
     }
+    prefixes.extend(python_prefixes(std::env::var_os("PATH").as_deref()));
     if let Some(home) = std::env::var_os("HOME") {
         prefixes.push(PathBuf::from(home).join(".local/lib"));
     }
     prefixes.extend(["/usr/local/lib", "/usr/lib"].map(PathBuf::from));
+    let mut seen = Vec::new();
+    prefixes.retain(|prefix| {
+        let new = !seen.contains(prefix);
+        seen.push(prefix.clone());
+        new
+    });
     for prefix in prefixes {
         for python in sorted_entries(&prefix, |name| name.starts_with("python3")) {
             for packages in ["site-packages", "dist-packages"] {
@@ -63,6 +72,37 @@ pub fn search_folders() -> Vec<PathBuf> {
     folders.push(PathBuf::from("/usr/local/cuda/lib64"));
     folders.retain(|folder| folder.is_dir());
     folders
+}
+
+/// The `lib` folders beside each `python3` on `path` (a `PATH` value): `bin/python3`'s
+/// `../lib`, as the folder holds it (a virtual environment's `python3` is a link to the base
+/// interpreter, whose own prefix comes second, from the link's target).
+fn python_prefixes(path: Option<&std::ffi::OsStr>) -> Vec<PathBuf> {
+    let Some(path) = path else {
+        return Vec::new();
+    };
+    let mut prefixes = Vec::new();
+    for folder in std::env::split_paths(path) {
+        let python = folder.join("python3");
+        if !python.is_file() {
+            continue;
+        }
+        let mut lib_beside = |bin: &Path| {
+            if let Some(lib) = bin.parent().map(|prefix| prefix.join("lib"))
+                && !prefixes.contains(&lib)
+            {
+                prefixes.push(lib);
+            }
+        };
+        lib_beside(&folder);
+        if let Some(bin) = std::fs::canonicalize(&python)
+            .ok()
+            .and_then(|target| target.parent().map(Path::to_path_buf))
+        {
+            lib_beside(&bin);
+        }
+    }
+    prefixes
 }
 
 /// The entries of `folder` whose names pass `keep`, sorted; none when it cannot be read.
@@ -131,6 +171,52 @@ pub(crate) fn ensure(libraries: &[&'static str]) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// Where one library would be loaded from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// The loader finds it by name (`LD_LIBRARY_PATH`, the system's folders).
+    LoaderPath,
+    /// Found in this folder of [`search_folders`].
+    File(PathBuf),
+    /// Found nowhere.
+    Missing,
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::LoaderPath => f.write_str("on the loader's path"),
+            Self::File(path) => write!(f, "{}", path.display()),
+            Self::Missing => f.write_str("not found"),
+        }
+    }
+}
+
+/// Where each CUDA library this crate uses would be loaded from, the driver's first: what a
+/// GPU machine's log prints before its tests. Opens nothing that [`ensure`] would not.
+pub fn locations() -> Vec<(&'static str, Location)> {
+    let folders = search_folders();
+    let mut found = vec![(
+        "libcuda.so.1",
+        if driver_present() {
+            Location::LoaderPath
+        } else {
+            Location::Missing
+        },
+    )];
+    for &library in NVRTC.iter().chain(CUBLAS) {
+        // SAFETY: as in `ensure`: NVIDIA's libraries, which cudarc opens anyway.
+        let by_name = unsafe { Library::open(Some(library), RTLD_NOW | RTLD_GLOBAL) }.is_ok();
+        let location = if by_name {
+            Location::LoaderPath
+        } else {
+            find(library, &folders).map_or(Location::Missing, Location::File)
+        };
+        found.push((library, location));
+    }
+    found
+}
+
 /// Whether the CUDA driver library can be loaded: cudarc panics when it is asked for the
 /// driver and there is none, so this is checked first.
 pub(crate) fn driver_present() -> bool {
@@ -159,6 +245,33 @@ mod tests {
         );
         assert_eq!(find("libcublas.so.13", &folders), None);
         assert_eq!(find("libnvrtc", &folders), None);
+    }
+
+    #[test]
+    fn the_site_packages_beside_every_python3_on_the_path_are_searched() {
+        let temp = tempfile::tempdir().unwrap();
+        let venv = temp.path().join("opt/torch/.venv");
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        std::fs::write(venv.join("bin/python3"), b"").unwrap();
+        let lib = venv.join("lib/python3.12/site-packages/nvidia/cu13/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        let no_python = temp.path().join("usr/bin");
+        std::fs::create_dir_all(&no_python).unwrap();
+        let path = std::env::join_paths([no_python, venv.join("bin")]).unwrap();
+        let prefixes = python_prefixes(Some(&path));
+        assert_eq!(prefixes.first(), Some(&venv.join("lib")), "{prefixes:?}");
+        assert!(python_prefixes(None).is_empty());
+    }
+
+    #[test]
+    fn every_library_has_a_location_that_says_where_or_that_it_is_missing() {
+        let locations = locations();
+        let names: Vec<&str> = locations.iter().map(|(name, _)| *name).collect();
+        assert_eq!(names[0], "libcuda.so.1");
+        assert!(names.contains(&"libnvrtc.so.13") && names.contains(&"libcublas.so.13"));
+        for (name, location) in locations {
+            assert!(!location.to_string().is_empty(), "{name}");
+        }
     }
 
     #[test]

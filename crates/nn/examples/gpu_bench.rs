@@ -6,7 +6,8 @@
 //!
 //! Each figure is the median of 5 runs of back-to-back operations after a warm-up, timed from
 //! one device synchronisation to the next. Run on a machine with a GPU:
-//! `cargo run --release -p lockstep-nn --example gpu_bench`.
+//! `cargo run --release -p lockstep-nn --example gpu_bench`. With `--libraries` it prints
+//! only where each CUDA library would be loaded from (the GPU runner's environment report).
 
 use std::time::Instant;
 
@@ -114,6 +115,12 @@ fn cnn_step(device: &CudaDevice, mnist: &Mnist, batch: usize) -> anyhow::Result<
 }
 
 fn main() -> anyhow::Result<()> {
+    if std::env::args().skip(1).any(|arg| arg == "--libraries") {
+        for (library, location) in lockstep_cuda::libraries::locations() {
+            println!("{library}: {location}");
+        }
+        return Ok(());
+    }
     let device = CudaDevice::open(0)?;
     let (major, minor) = device.compute_capability();
     println!(

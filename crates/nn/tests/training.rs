@@ -38,7 +38,16 @@ fn to_tensor(images: ndarray::Array4<f32>, flat: bool) -> Tensor {
 ///   (mean 0.964, seeds 0–3).
 ///
 /// These tests use the first pair, model seed 0 with data seed 100.
+///
+/// The CNN at batch 32 over model seeds 0–3 × data seeds 100–102 (12 CPU runs, 2026-11):
+/// 0.9581–0.9691, mean 0.965; the lowest, 0.9581, at model seed 3, data seed 101.
 const DATA_SEED: u64 = 100;
+
+/// The accuracy bar of the CNN trained on a GPU. Its sums add in other orders than the CPU's
+/// (cuBLAS, the loss), so its run is a new draw from the seed-to-seed spread above rather than
+/// a copy of the CPU's run: the bar sits below every CPU run tried (0.9581). The CPU's own
+/// test keeps 0.96: its run (0.9661) is the same on every machine.
+const GPU_CNN_ACCURACY_BAR: f64 = 0.95;
 
 /// Trains with Adam in a [`lockstep_nn::TrainingSession`] (on the model's device) and returns
 /// the test accuracy.
@@ -143,7 +152,10 @@ fn the_tutorial_cnn_trained_on_a_gpu_reaches_the_cpus_accuracy() {
     };
     let mnist = Mnist::embedded().unwrap();
     let accuracy = train(&mut model, &mnist.train, &mnist.test, 3, 32, false);
-    assert!(accuracy >= 0.96, "test accuracy {accuracy}");
+    assert!(
+        accuracy >= GPU_CNN_ACCURACY_BAR,
+        "test accuracy {accuracy} below {GPU_CNN_ACCURACY_BAR}"
+    );
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! The training kernels' CUDA source (`training.cu`), compiled by NVRTC once per device and
-//! process for the device's architecture.
+//! process for the device's architecture: to its machine code first (nothing left for the
+//! driver to compile, and loadable whatever the driver's age beside NVRTC's), to PTX when the
+//! driver will not load that.
 
 #![allow(
     unsafe_code,
@@ -11,8 +13,7 @@ use std::sync::Arc;
 
 use std::ffi::CString;
 
-use cudarc::driver::sys::CUresult;
-use cudarc::driver::{CudaFunction, CudaStream, DriverError};
+use cudarc::driver::{CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
 
 use crate::error::CudaError;
@@ -40,6 +41,7 @@ pub(crate) const NAMES: &[&str] = &[
     "softmax_grad_f32",
     "scale_rows_f32",
     "log_f32",
+    "exp_f32",
     "clip_f32",
     "clip_grad_f32",
     "im2col_f32",
@@ -68,9 +70,9 @@ pub fn compile_kernels(arch: &str) -> Result<String, CudaError> {
     Ok(compile(arch)?.to_src())
 }
 
-/// Compiles [`SOURCE`] to machine code (a CUBIN) for `arch` (`sm_90` for an H100). The
-/// kernels are loaded from PTX; this is the fallback for a driver older than NVRTC, which
-/// refuses NVRTC's newer PTX but still loads its machine code.
+/// Compiles [`SOURCE`] to machine code (a CUBIN) for `arch` (`sm_90` for an H100): the form
+/// the kernels are loaded in. Unlike PTX, a driver older than NVRTC loads it, and it has no
+/// JIT compilation left to do at start.
 ///
 /// ```no_run
 /// let cubin = lockstep_cuda::compile_kernels_to_cubin("sm_90")?;
@@ -177,22 +179,45 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
-    /// Loads the kernels for `arch` (`compute_90`) from PTX, or from machine code when the
-    /// driver is older than NVRTC and refuses its PTX.
-    pub(crate) fn load(stream: &Arc<CudaStream>, arch: &str) -> Result<Self, CudaError> {
+    /// Loads the kernels for compute capability `(major, minor)`: as machine code for
+    /// `sm_XY`, or, when that fails to compile or load (an architecture NVRTC cannot target,
+    /// a driver that refuses the image), from PTX for `compute_XY`, which the driver compiles.
+    /// The log says which form was loaded.
+    pub(crate) fn load(
+        stream: &Arc<CudaStream>,
+        (major, minor): (i32, i32),
+    ) -> Result<Self, CudaError> {
         let context = stream.context();
-        let module = match context.load_module(compile(arch)?) {
-            Err(DriverError(CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION)) => {
-                let machine = arch.replacen("compute_", "sm_", 1);
-                tracing::info!(
-                    arch = %machine,
-                    "the driver is older than NVRTC: loading the kernels as machine code"
-                );
-                context.load_module(Ptx::from_binary(compile_kernels_to_cubin(&machine)?))
+        let (machine, virtual_arch) = (
+            format!("sm_{major}{minor}"),
+            format!("compute_{major}{minor}"),
+        );
+        let cubin = compile_kernels_to_cubin(&machine).and_then(|cubin| {
+            context
+                .load_module(Ptx::from_binary(cubin))
+                .map_err(CudaError::driver("loading the kernels' machine code"))
+        });
+        let module = match cubin {
+            Ok(module) => {
+                tracing::info!(arch = %machine, "loaded the kernels as machine code");
+                module
             }
-            loaded => loaded,
-        }
-        .map_err(CudaError::driver("loading the kernels"))?;
+            Err(CudaError::MissingLibrary { library, searched }) => {
+                return Err(CudaError::MissingLibrary { library, searched });
+            }
+            Err(e) => {
+                tracing::warn!(arch = %machine, error = %e, "the kernels' machine code did not load: loading PTX");
+                let module = context
+                    .load_module(compile(&virtual_arch)?)
+                    .map_err(CudaError::driver("loading the kernels' PTX"))?;
+                tracing::info!(arch = %virtual_arch, "loaded the kernels as PTX");
+                module
+            }
+        };
+        Self::from_module(&module)
+    }
+
+    fn from_module(module: &Arc<CudaModule>) -> Result<Self, CudaError> {
         let functions = NAMES
             .iter()
             .map(|&name| {

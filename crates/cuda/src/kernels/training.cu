@@ -192,6 +192,10 @@ extern "C" __global__ void log_f32(const float* x, float* out, u64 n) {
     FOR_EACH(i, n) { out[i] = logf(x[i]); }
 }
 
+extern "C" __global__ void exp_f32(const float* x, float* out, u64 n) {
+    FOR_EACH(i, n) { out[i] = expf(x[i]); }
+}
+
 // Values limited to `[lo, hi]`, NaN kept, as `f32::clamp` does.
 extern "C" __global__ void clip_f32(const float* x, float* out, float lo, float hi, u64 n) {
     FOR_EACH(i, n) {
@@ -216,16 +220,18 @@ struct Geometry {
 };
 
 // Calls `visit(oy, ox, ky, kx)` for every window (output `oy`, `ox`) whose kernel offset
-// (`ky`, `kx`) reads input position (`y`, `x`), windows in order: the gathers that stand in for
-// scattering (col2im, max pooling's gradient) without atomics.
+// (`ky`, `kx`) reads input position (`y`, `x`): the gathers that stand in for scattering
+// (col2im, max pooling's gradient) without atomics. Windows come in the CPU's order, `oy` then
+// `ox` ascending (the CPU scatters the windows in that order), so the sums have its bits: a
+// larger kernel offset reads from an earlier window, hence the offsets count down.
 template <typename Visit>
 __device__ void for_each_window_over(const Geometry& g, u32 y, u32 x, Visit visit) {
-    for (u32 ky = 0; ky < g.kernel_h; ++ky) {
+    for (u32 ky = g.kernel_h; ky-- > 0;) {
         i64 sy = (i64)y + g.pad_top - ky;
         if (sy < 0 || (u32)sy % g.stride_h != 0) continue;
         u32 oy = (u32)sy / g.stride_h;
         if (oy >= g.out_h) continue;
-        for (u32 kx = 0; kx < g.kernel_w; ++kx) {
+        for (u32 kx = g.kernel_w; kx-- > 0;) {
             i64 sx = (i64)x + g.pad_left - kx;
             if (sx < 0 || (u32)sx % g.stride_w != 0) continue;
             u32 ox = (u32)sx / g.stride_w;
