@@ -69,7 +69,10 @@ pub use layers::{
     Activation, ActivationLayer, ActivationName, Conv2D, Dense, Dropout, Flatten, ForwardContext,
     Layer, LayerConfig, MaxPooling2D, PaddingName, Reshape,
 };
-pub use loss::{Reduction, SparseCategoricalCrossentropy};
+pub use loss::{
+    BinaryCrossentropy, CategoricalCrossentropy, FnLoss, Huber, Loss, MeanAbsoluteError,
+    MeanSquaredError, Reduction, SparseCategoricalCrossentropy, Targets,
+};
 pub use metrics::{Mean, Metric, SparseCategoricalAccuracy};
 pub use model::{Forward, Sequential, SequentialConfig};
 pub use optimizers::{Adam, Optimizer, OptimizerConfig, Sgd};

@@ -198,6 +198,8 @@ proptest! {
         let positive: Vec<f32> = x[..m * n].iter().map(|v| v.abs() + 0.5).collect();
         check(&[(positive, vec![m, n])], &|t| ops::log(&t[0]))?;
         check(&inputs[..1], &|t| ops::clip(&t[0], -0.05, 0.05))?;
+        check(&inputs[..1], &|t| ops::exp(&t[0]))?;
+        check(&inputs[..1], &|t| ops::abs(&t[0]))?;
     }
 
     #[test]

@@ -55,6 +55,33 @@ pub fn log(x: &Tensor) -> Result<Tensor, TensorError> {
     ))
 }
 
+/// `e` to the power of each value.
+///
+/// # Errors
+///
+/// The GPU's error, when `x` is on one.
+pub fn exp(x: &Tensor) -> Result<Tensor, TensorError> {
+    if let On::Cuda(buffers) = on("exp", &[x])? {
+        return gpu::exp(x, &buffers);
+    }
+    let out = elementwise::map(x.host(), f32::exp);
+    Ok(Tensor::from_op(out, x.shape().to_vec(), &[x], |g, y| {
+        Ok(vec![Some(Tensor::raw(
+            elementwise::zip(g.host(), y.host(), |g, e| g * e),
+            y.shape().to_vec(),
+        ))])
+    }))
+}
+
+/// `|x|`, as `relu(x) + relu(−x)`: on every device, with the gradient `sign(x)` (0 at 0).
+///
+/// # Errors
+///
+/// The GPU's error, when `x` is on one.
+pub fn abs(x: &Tensor) -> Result<Tensor, TensorError> {
+    super::add(&relu(x)?, &relu(&super::scale(x, -1.0)?)?)
+}
+
 /// Values limited to `[min, max]`; the gradient passes where the value was inside.
 ///
 /// # Errors

@@ -208,6 +208,23 @@ pub(crate) fn log(x: &Tensor, buffers: &[&CudaBuffer]) -> Result<Tensor, TensorE
     ))
 }
 
+/// `e` to the power of each value; its gradient is `g · exp(x)`, the output itself.
+pub(crate) fn exp(x: &Tensor, buffers: &[&CudaBuffer]) -> Result<Tensor, TensorError> {
+    const OP: &str = "exp";
+    let input = first(OP, buffers)?;
+    let out = cuda::exp(input).map_err(failed(OP, input))?;
+    Ok(Tensor::from_op(
+        out,
+        x.shape().to_vec(),
+        &[x],
+        move |g, y| {
+            let (d, e) = (buffer(OP, g)?, buffer(OP, y)?);
+            let dx = cuda::binary(Binary::Mul, d, e).map_err(failed(OP, d))?;
+            Ok(vec![Some(Tensor::raw(dx, y.shape().to_vec()))])
+        },
+    ))
+}
+
 /// Values limited to `[min, max]`.
 pub(crate) fn clip(
     x: &Tensor,

@@ -14,7 +14,7 @@ mod matmul;
 mod reduce;
 mod reshape;
 
-pub use activation::{clip, log, relu, softmax};
+pub use activation::{abs, clip, exp, log, relu, softmax};
 pub use arith::{add, bias_add, div, mul, scale, sub};
 pub use conv::{Padding, conv2d, max_pool2d};
 pub use dropout::dropout;
