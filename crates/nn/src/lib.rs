@@ -53,28 +53,32 @@
 //! whose values cannot be copied back).
 
 mod error;
+pub mod functional;
 mod initializers;
 pub mod layers;
 mod loss;
 mod metrics;
 mod model;
 pub mod models;
+mod network;
 mod optimizers;
 mod params;
 mod session;
 
 pub use error::NnError;
+pub use functional::{Input, LayerCall, ModelConfig, SymbolicTensor};
 pub use initializers::Initializer;
 pub use layers::{
-    Activation, ActivationLayer, ActivationName, Conv2D, Dense, Dropout, Flatten, ForwardContext,
-    Layer, LayerConfig, MaxPooling2D, PaddingName, Reshape,
+    Activation, ActivationLayer, ActivationName, Add, Concatenate, Conv2D, Dense, Dropout, Flatten,
+    ForwardContext, Layer, LayerConfig, MaxPooling2D, Multiply, PaddingName, Reshape,
 };
 pub use loss::{
     BinaryCrossentropy, CategoricalCrossentropy, FnLoss, Huber, Loss, MeanAbsoluteError,
     MeanSquaredError, Reduction, SparseCategoricalCrossentropy, Targets,
 };
 pub use metrics::{Mean, Metric, SparseCategoricalAccuracy};
-pub use model::{Forward, Sequential, SequentialConfig};
+pub use model::{Sequential, SequentialConfig};
+pub use network::{Forward, Network};
 pub use optimizers::{Adam, Optimizer, OptimizerConfig, Sgd};
 pub use params::{ParamBuilder, ParamSpec, Parameters};
 pub use session::TrainingSession;

@@ -137,6 +137,9 @@ impl Parameters {
 pub struct ParamBuilder {
     params: Parameters,
     seed: u64,
+    /// Declarations only, no values: a layer built to learn its output shape (a functional
+    /// graph's layer called on a symbolic tensor).
+    shapes_only: bool,
 }
 
 impl ParamBuilder {
@@ -144,6 +147,15 @@ impl ParamBuilder {
         Self {
             params: Parameters::default(),
             seed,
+            shapes_only: false,
+        }
+    }
+
+    /// A builder that records declarations without drawing any value.
+    pub(crate) fn shapes_only() -> Self {
+        Self {
+            shapes_only: true,
+            ..Self::new(0)
         }
     }
 
@@ -161,6 +173,15 @@ impl ParamBuilder {
         init: Initializer,
     ) -> Result<usize, NnError> {
         let len = count_values(&name, &shape)?;
+        if self.shapes_only {
+            let index = self.params.specs.len();
+            self.params.specs.push(ParamSpec {
+                name,
+                shape,
+                offset: 0,
+            });
+            return Ok(index);
+        }
         self.params
             .values
             .try_reserve(len)

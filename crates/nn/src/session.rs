@@ -17,7 +17,7 @@ use lockstep_tensor::{Device, Tensor, TensorError};
 
 use crate::error::{InLayer, NnError};
 use crate::layers::ForwardContext;
-use crate::model::Sequential;
+use crate::network::Network;
 use crate::optimizers::{Optimizer, OptimizerConfig};
 
 /// Training steps of one model with one optimizer on the model's device, as a framework's
@@ -54,7 +54,7 @@ use crate::optimizers::{Optimizer, OptimizerConfig};
 /// # Ok::<(), lockstep_nn::NnError>(())
 /// ```
 pub struct TrainingSession<'m> {
-    model: &'m mut Sequential,
+    model: &'m mut Network,
     optimizer: &'m mut dyn Optimizer,
     state: State,
 }
@@ -120,7 +120,7 @@ fn on_gpu(device: Device, what: &'static str) -> impl Fn(CudaError) -> NnError {
     }
 }
 
-impl Sequential {
+impl Network {
     /// Starts training steps on the model's device with `optimizer` (see [`TrainingSession`]).
     ///
     /// # Errors
@@ -247,7 +247,7 @@ impl TrainingSession<'_> {
     ///
     /// # Errors
     ///
-    /// As [`Sequential::predict`].
+    /// As [`Network::predict`].
     pub fn predict(&self, x: &Tensor) -> Result<Tensor, NnError> {
         match &self.state {
             State::Cuda(resident) => {
@@ -319,7 +319,7 @@ impl Resident {
     /// The model's variables cut out of the parameter buffer, made tensors by `make`.
     fn variables(
         &self,
-        model: &Sequential,
+        model: &Network,
         make: fn(CudaBuffer, &[usize]) -> Result<Tensor, TensorError>,
     ) -> Result<Vec<Tensor>, NnError> {
         model
@@ -339,7 +339,7 @@ impl Resident {
     /// The forward and backward passes, leaving the gradients in the gradient buffer.
     fn gradients(
         &mut self,
-        model: &Sequential,
+        model: &Network,
         x: &Tensor,
         ctx: ForwardContext,
         loss: impl FnOnce(&Tensor) -> Result<Tensor, NnError>,

@@ -199,6 +199,9 @@ proptest! {
         check(&[(positive, vec![m, n])], &|t| ops::log(&t[0]))?;
         check(&inputs[..1], &|t| ops::clip(&t[0], -0.05, 0.05))?;
         check(&inputs[..1], &|t| ops::exp(&t[0]))?;
+        let other = [(b[..m].to_vec(), vec![m, 1]), (x[..m * n].to_vec(), vec![m, n])];
+        check(&other, &|t| ops::concat(&[&t[0], &t[1]], 1))?;
+        check(&[(x[..m * n].to_vec(), vec![m, n]), (b[..n].to_vec(), vec![1, n])], &|t| ops::concat(&[&t[0], &t[1]], 0))?;
         check(&inputs[..1], &|t| ops::abs(&t[0]))?;
     }
 

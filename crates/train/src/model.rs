@@ -1,4 +1,4 @@
-//! `Model`: a `Sequential` network replicated under a strategy, Keras-style.
+//! `Model`: a network (`Sequential` or functional) replicated under a strategy, Keras-style.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,7 +9,7 @@ use lockstep_checkpoint::{
 };
 use lockstep_collective::ReduceOp;
 use lockstep_data::{AutoShardPolicy, Batchable, Dataset, InputContext, distribute};
-use lockstep_nn::{NnError, Optimizer, ParamSpec, Sequential, SparseCategoricalCrossentropy};
+use lockstep_nn::{Network, NnError, Optimizer, ParamSpec, SparseCategoricalCrossentropy};
 use lockstep_tensor::Tensor;
 
 use crate::batch::LabeledBatch;
@@ -84,21 +84,22 @@ pub struct Model {
 
 impl Model {
     /// Builds the network once per replica of this process with `build` (which must give the
-    /// same architecture each time), then gives every replica the variables of replica 0 of
-    /// the chief, as TensorFlow does when a model is created under a strategy.
+    /// same architecture each time: a [`Sequential`](lockstep_nn::Sequential) model or a
+    /// functional [`Network`]), then gives every replica the variables of replica 0 of the
+    /// chief, as TensorFlow does when a model is created under a strategy.
     ///
     /// # Errors
     ///
     /// When `build` fails, builds different architectures, or the broadcast fails.
-    pub fn new(
+    pub fn new<N: Into<Network>>(
         mut strategy: impl Strategy,
-        build: impl Fn() -> Result<Sequential, NnError>,
+        build: impl Fn() -> Result<N, NnError>,
     ) -> Result<Self, TrainError> {
         let links = strategy.take_replicas()?;
         let nets = links
             .iter()
-            .map(|_| build())
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|_| build().map(Into::into))
+            .collect::<Result<Vec<Network>, _>>()?;
         Self::assemble(&strategy, links, nets)
     }
 
@@ -108,7 +109,7 @@ impl Model {
     pub(crate) fn assemble(
         strategy: &dyn Strategy,
         links: Vec<ReplicaLink>,
-        nets: Vec<Sequential>,
+        nets: Vec<Network>,
     ) -> Result<Self, TrainError> {
         if links.is_empty() {
             return Err(TrainError::invalid(
@@ -290,7 +291,7 @@ impl Model {
             .latest()?
             .ok_or_else(not_found)?;
         let meta = meta_of(&checkpoint)?;
-        let mut model = Self::new(strategy, || Sequential::from_config(&meta.architecture, 0))?;
+        let mut model = Self::new(strategy, || Network::from_config(&meta.architecture, 0))?;
         let optimizers = model
             .replicas
             .iter()
@@ -331,7 +332,7 @@ impl Model {
     /// # Panics
     ///
     /// Never: a model has at least one replica.
-    pub fn network(&self) -> &Sequential {
+    pub fn network(&self) -> &Network {
         #[allow(
             clippy::indexing_slicing,
             reason = "Model::new makes at least one replica"

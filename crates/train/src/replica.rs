@@ -3,7 +3,7 @@
 
 use lockstep_collective::ReduceOp;
 use lockstep_nn::{
-    ForwardContext, Metric, Optimizer, Reduction, Sequential, SparseCategoricalAccuracy,
+    ForwardContext, Metric, Network, Optimizer, Reduction, SparseCategoricalAccuracy,
     SparseCategoricalCrossentropy,
 };
 use lockstep_tensor::Tensor;
@@ -36,14 +36,14 @@ const TOTALS: usize = 3;
 
 pub(crate) struct Replica {
     pub(crate) link: ReplicaLink,
-    pub(crate) net: Sequential,
+    pub(crate) net: Network,
     pub(crate) optimizer: Option<Box<dyn Optimizer>>,
     /// Gradients, then the step's totals.
     pub(crate) buffer: Vec<f32>,
 }
 
 impl Replica {
-    pub(crate) fn new(link: ReplicaLink, net: Sequential) -> Self {
+    pub(crate) fn new(link: ReplicaLink, net: Network) -> Self {
         Self {
             link,
             net,

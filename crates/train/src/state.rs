@@ -3,7 +3,7 @@
 
 use lockstep_checkpoint::{Checkpoint, NamedTensor, Progress};
 use lockstep_collective::ReduceOp;
-use lockstep_nn::{OptimizerConfig, SequentialConfig};
+use lockstep_nn::{ModelConfig, OptimizerConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::error::TrainError;
@@ -61,7 +61,7 @@ pub(crate) struct Meta {
     learning_rate: f32,
     position: Position,
     /// What rebuilds the model and compiles it: a checkpoint is also a whole-model save.
-    pub(crate) architecture: SequentialConfig,
+    pub(crate) architecture: ModelConfig,
     pub(crate) optimizer_config: OptimizerConfig,
     pub(crate) from_logits: bool,
     pub(crate) metrics: Vec<String>,

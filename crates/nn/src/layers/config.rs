@@ -4,7 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Activation, ActivationLayer, Conv2D, Dense, Dropout, Flatten, Layer, MaxPooling2D, Reshape,
+    Activation, ActivationLayer, Add, Concatenate, Conv2D, Dense, Dropout, Flatten, Layer,
+    MaxPooling2D, Multiply, Reshape,
 };
 use lockstep_tensor::ops::Padding;
 
@@ -73,6 +74,12 @@ pub enum LayerConfig {
         /// The function.
         activation: ActivationName,
     },
+    /// [`Add`].
+    Add,
+    /// [`Multiply`].
+    Multiply,
+    /// [`Concatenate`] (along the last axis).
+    Concatenate,
 }
 
 /// An activation by its Keras name.
@@ -180,6 +187,9 @@ impl LayerConfig {
             Self::Reshape { target_shape } => Box::new(Reshape::new(&target_shape)),
             Self::Dropout { rate, seed } => Box::new(Dropout::new(rate, seed)),
             Self::Activation { activation } => Box::new(ActivationLayer(activation.into())),
+            Self::Add => Box::new(Add),
+            Self::Multiply => Box::new(Multiply),
+            Self::Concatenate => Box::new(Concatenate),
         }
     }
 }

@@ -1,11 +1,14 @@
 //! Keras layers. A layer declares its variables when the model is built (knowing its input
-//! shape) and maps a batch to a batch in `forward`.
+//! shape) and maps a batch to a batch in `forward`; a merge layer ([`Add`], [`Multiply`],
+//! [`Concatenate`]) takes several inputs through [`Layer::build_inputs`] and
+//! [`Layer::forward_inputs`].
 
 mod activation;
 mod config;
 mod conv;
 mod dense;
 mod dropout;
+mod merge;
 mod pooling;
 mod reshape;
 
@@ -14,6 +17,7 @@ pub use config::{ActivationName, LayerConfig, PaddingName};
 pub use conv::Conv2D;
 pub use dense::Dense;
 pub use dropout::Dropout;
+pub use merge::{Add, Concatenate, Multiply};
 pub use pooling::MaxPooling2D;
 pub use reshape::{Flatten, Reshape};
 
@@ -35,7 +39,8 @@ pub struct ForwardContext {
     pub replica: usize,
 }
 
-/// One layer of a [`Sequential`](crate::Sequential) model.
+/// One layer of a [`Network`](crate::Network): a [`Sequential`](crate::Sequential) model's
+/// step, or a node of a functional graph.
 pub trait Layer: Send + Sync {
     /// The Keras class name, for `summary()`: `Dense`, `Conv2D`, …
     fn kind(&self) -> &'static str;
@@ -72,6 +77,53 @@ pub trait Layer: Send + Sync {
         params: &[Tensor],
         ctx: ForwardContext,
     ) -> Result<Tensor, NnError>;
+
+    /// [`Layer::build`] for a layer called on several inputs (a merge layer overrides it):
+    /// by default exactly one input is taken.
+    ///
+    /// # Errors
+    ///
+    /// Another number of inputs than the layer takes; as [`Layer::build`].
+    fn build_inputs(
+        &mut self,
+        name: &str,
+        input_shapes: &[Vec<usize>],
+        params: &mut ParamBuilder,
+    ) -> Result<Vec<usize>, NnError> {
+        match input_shapes {
+            [shape] => self.build(name, shape, params),
+            _ => Err(NnError::InvalidConfig {
+                layer: name.to_owned(),
+                why: format!(
+                    "{} takes one input, not {}",
+                    self.kind(),
+                    input_shapes.len()
+                ),
+            }),
+        }
+    }
+
+    /// [`Layer::forward`] on several inputs (a merge layer overrides it): by default exactly
+    /// one input is taken.
+    ///
+    /// # Errors
+    ///
+    /// Another number of inputs than the layer takes; as [`Layer::forward`].
+    fn forward_inputs(
+        &self,
+        name: &str,
+        xs: &[Tensor],
+        params: &[Tensor],
+        ctx: ForwardContext,
+    ) -> Result<Tensor, NnError> {
+        match xs {
+            [x] => self.forward(name, x, params, ctx),
+            _ => Err(NnError::InvalidConfig {
+                layer: name.to_owned(),
+                why: format!("{} takes one input, not {}", self.kind(), xs.len()),
+            }),
+        }
+    }
 
     /// The pooling this layer does, when it is max pooling: a layer before it may then compute
     /// both in one pass ([`Layer::forward_then_max_pool`]).

@@ -5,6 +5,7 @@
 mod activation;
 mod arith;
 mod broadcast;
+mod concat;
 mod conv;
 mod dropout;
 mod fused;
@@ -16,6 +17,7 @@ mod reshape;
 
 pub use activation::{abs, clip, exp, log, relu, softmax};
 pub use arith::{add, bias_add, div, mul, scale, sub};
+pub use concat::concat;
 pub use conv::{Padding, conv2d, max_pool2d};
 pub use dropout::dropout;
 pub use fused::{MaxPool, conv2d_bias_relu, conv2d_bias_relu_max_pool, dense};

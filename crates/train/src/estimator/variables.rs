@@ -1,6 +1,6 @@
 //! The variables a `model_fn` creates: its network, built on the first call and kept.
 
-use lockstep_nn::{Forward, ForwardContext, NnError, Sequential};
+use lockstep_nn::{Forward, ForwardContext, Network, NnError};
 use lockstep_tensor::Tensor;
 
 use crate::error::TrainError;
@@ -10,7 +10,7 @@ use crate::error::TrainError;
 /// network on every later call. In training the application is recorded, so the loss's
 /// gradients reach the variables.
 pub struct Variables<'a> {
-    network: Network<'a>,
+    network: Held<'a>,
     context: ForwardContext,
     record: bool,
     random_seed: u64,
@@ -18,16 +18,17 @@ pub struct Variables<'a> {
     forward: Option<Forward>,
 }
 
-enum Network<'a> {
-    Built(&'a Sequential),
-    ToBuild(Option<Sequential>),
+/// The network a call applies: the model's, or the one the first call builds.
+enum Held<'a> {
+    Built(&'a Network),
+    ToBuild(Option<Network>),
 }
 
 impl<'a> Variables<'a> {
     /// For the first call: `apply` builds the network.
     pub(crate) fn to_build(context: ForwardContext, random_seed: u64) -> Self {
         Self {
-            network: Network::ToBuild(None),
+            network: Held::ToBuild(None),
             context,
             record: false,
             random_seed,
@@ -38,13 +39,13 @@ impl<'a> Variables<'a> {
 
     /// For a call on `network`, recorded for gradients when `record`.
     pub(crate) fn of(
-        network: &'a Sequential,
+        network: &'a Network,
         context: ForwardContext,
         record: bool,
         random_seed: u64,
     ) -> Self {
         Self {
-            network: Network::Built(network),
+            network: Held::Built(network),
             context,
             record,
             random_seed,
@@ -60,17 +61,17 @@ impl<'a> Variables<'a> {
     ///
     /// When `build` fails, `x` does not fit the network, or the network was applied already
     /// in this call.
-    pub fn apply(
+    pub fn apply<N: Into<Network>>(
         &mut self,
-        build: impl FnOnce() -> Result<Sequential, NnError>,
+        build: impl FnOnce() -> Result<N, NnError>,
         x: &Tensor,
     ) -> Result<Tensor, TrainError> {
-        if let Network::ToBuild(network @ None) = &mut self.network {
-            *network = Some(build()?);
+        if let Held::ToBuild(network @ None) = &mut self.network {
+            *network = Some(build()?.into());
         }
         let network = match &self.network {
-            Network::Built(network) => *network,
-            Network::ToBuild(network) => network.as_ref().ok_or_else(|| {
+            Held::Built(network) => *network,
+            Held::ToBuild(network) => network.as_ref().ok_or_else(|| {
                 TrainError::invalid("Variables::apply", "the network was not built")
             })?,
         };
@@ -100,10 +101,10 @@ impl<'a> Variables<'a> {
     }
 
     /// The network `apply` built, after a first call.
-    pub(crate) fn into_built(self) -> Option<Sequential> {
+    pub(crate) fn into_built(self) -> Option<Network> {
         match self.network {
-            Network::ToBuild(network) => network,
-            Network::Built(_) => None,
+            Held::ToBuild(network) => network,
+            Held::Built(_) => None,
         }
     }
 

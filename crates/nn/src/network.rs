@@ -1,0 +1,570 @@
+//! `Network`: layers in a directed acyclic graph from inputs to outputs, built from input
+//! shapes, with every variable in one buffer. A [`Sequential`](crate::Sequential) model is
+//! the chain case; a functional model ([`crate::functional`]) any graph.
+//!
+//! Nodes are kept in a topological order (each node after the nodes it reads), the order in
+//! which their layers were called. Building declares each layer's variables in that order, so
+//! the same graph and seed give the same values, and a chain gives the values of the
+//! `Sequential` model with the same layers.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::ops::Range;
+
+use lockstep_tensor::{Device, Gradients, Tensor};
+use rayon::prelude::*;
+
+use crate::error::{InLayer, NnError};
+use crate::layers::{ForwardContext, Layer};
+use crate::params::{ParamBuilder, Parameters};
+
+/// Values per task when gradients are copied into the flat buffer.
+const COPY_CHUNK: usize = 1 << 15;
+
+/// Where a node's input comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The network's input of this index.
+    Input(usize),
+    /// The output of the node of this index.
+    Node(usize),
+}
+
+/// A layer to place in a network, before it is built.
+pub(crate) struct Planned {
+    /// Its name; `None` takes Keras' default (`dense`, `dense_1`, …).
+    pub(crate) name: Option<String>,
+    pub(crate) layer: Box<dyn Layer>,
+    pub(crate) inputs: Vec<Source>,
+}
+
+struct Node {
+    name: String,
+    layer: Box<dyn Layer>,
+    inputs: Vec<Source>,
+    params: Range<usize>,
+    output_shape: Vec<usize>,
+    /// How many node inputs and network outputs read this node.
+    readers: usize,
+}
+
+/// What kind of model a network was made as: it names the model in `summary()`, and the
+/// configuration that rebuilds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Sequential,
+    Functional,
+}
+
+/// Layers in a graph from inputs to outputs, with their variables in one flat buffer: the
+/// model type every strategy, checkpoint and training session works with. Made by
+/// [`Sequential::new`](crate::Sequential::new) (a chain) or
+/// [`Network::new`](crate::Network::new) from a functional graph.
+pub struct Network {
+    kind: Kind,
+    inputs: Vec<(String, Vec<usize>)>,
+    nodes: Vec<Node>,
+    outputs: Vec<Source>,
+    params: Parameters,
+    device: Device,
+}
+
+/// The result of a forward pass that will be differentiated: the outputs, and the variable
+/// tensors whose gradients [`Network::gradients`] collects.
+pub struct Forward {
+    /// The model's (first) output for the batch.
+    pub output: Tensor,
+    /// Every output, in the order the model's outputs were given.
+    pub outputs: Vec<Tensor>,
+    variables: Vec<Tensor>,
+}
+
+pub(crate) fn shape_text(shape: &[usize]) -> String {
+    let dims: Vec<String> = std::iter::once("None".to_owned())
+        .chain(shape.iter().map(ToString::to_string))
+        .collect();
+    format!("({})", dims.join(", "))
+}
+
+impl Network {
+    /// Builds `planned` (in topological order) for `inputs` (name and shape of one example
+    /// each), with variables initialised from `seed`.
+    pub(crate) fn build(
+        kind: Kind,
+        inputs: Vec<(String, Vec<usize>)>,
+        planned: Vec<Planned>,
+        outputs: Vec<Source>,
+        seed: u64,
+    ) -> Result<Self, NnError> {
+        let mut builder = ParamBuilder::new(seed);
+        let mut counts: HashMap<&'static str, usize> = HashMap::new();
+        let mut nodes: Vec<Node> = Vec::with_capacity(planned.len());
+        for (
+            index,
+            Planned {
+                name,
+                mut layer,
+                inputs: sources,
+            },
+        ) in planned.into_iter().enumerate()
+        {
+            let count = counts.entry(layer.stem()).or_insert(0);
+            let name = name.unwrap_or_else(|| {
+                if *count == 0 {
+                    layer.stem().to_owned()
+                } else {
+                    format!("{}_{count}", layer.stem())
+                }
+            });
+            *count += 1;
+            let shapes = sources
+                .iter()
+                .map(|&source| match source {
+                    Source::Input(i) if i < inputs.len() => Ok(inputs[i].1.clone()),
+                    Source::Node(j) if j < index => Ok(nodes[j].output_shape.clone()),
+                    _ => Err(NnError::InvalidConfig {
+                        layer: name.clone(),
+                        why: format!("reads {source:?}, which is not before it in the graph"),
+                    }),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let first = builder.count();
+            let output_shape = layer.build_inputs(&name, &shapes, &mut builder)?;
+            for source in &sources {
+                if let Source::Node(j) = source {
+                    nodes[*j].readers += 1;
+                }
+            }
+            nodes.push(Node {
+                name,
+                layer,
+                inputs: sources,
+                params: first..builder.count(),
+                output_shape,
+                readers: 0,
+            });
+        }
+        for output in &outputs {
+            match *output {
+                Source::Node(j) if j < nodes.len() => nodes[j].readers += 1,
+                Source::Input(i) if i < inputs.len() => {}
+                other => {
+                    return Err(NnError::InvalidConfig {
+                        layer: "outputs".to_owned(),
+                        why: format!("{other:?} is not in the graph"),
+                    });
+                }
+            }
+        }
+        if outputs.is_empty() {
+            return Err(NnError::InvalidConfig {
+                layer: "outputs".to_owned(),
+                why: "a model needs at least one output".to_owned(),
+            });
+        }
+        let mut names: Vec<&str> = inputs.iter().map(|(n, _)| n.as_str()).collect();
+        names.extend(nodes.iter().map(|n| n.name.as_str()));
+        names.sort_unstable();
+        if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(NnError::InvalidConfig {
+                layer: pair[0].to_owned(),
+                why: "two layers of the model have this name".to_owned(),
+            });
+        }
+        Ok(Self {
+            kind,
+            inputs,
+            nodes,
+            outputs,
+            params: builder.finish(),
+            device: Device::Cpu,
+        })
+    }
+
+    pub(crate) fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The layers, in topological order, with their names and the sources they read.
+    pub(crate) fn layers(&self) -> impl Iterator<Item = (&str, &dyn Layer, &[Source])> {
+        self.nodes
+            .iter()
+            .map(|n| (n.name.as_str(), n.layer.as_ref(), n.inputs.as_slice()))
+    }
+
+    /// The inputs' names and shapes.
+    pub(crate) fn inputs(&self) -> &[(String, Vec<usize>)] {
+        &self.inputs
+    }
+
+    /// The sources of the outputs.
+    pub(crate) fn output_sources(&self) -> &[Source] {
+        &self.outputs
+    }
+
+    /// The name of what `source` is.
+    pub(crate) fn source_name(&self, source: Source) -> &str {
+        match source {
+            Source::Input(i) => &self.inputs[i].0,
+            Source::Node(j) => &self.nodes[j].name,
+        }
+    }
+
+    /// The model with its forward and backward passes on `device`, as a torch module's
+    /// `model.to(device)` puts it there: each pass puts the variables and the batch there, every
+    /// layer runs there, and the gradients come back into the flat gradient buffer that the
+    /// optimizers and the collectives work on.
+    ///
+    /// ```
+    /// use lockstep_nn::models;
+    /// use lockstep_tensor::Device;
+    ///
+    /// let model = models::mnist_cnn(0)?;
+    /// let model = match model.to_device(Device::Cuda(0)) {
+    ///     Ok(on_gpu) => on_gpu,
+    ///     Err((model, why)) => {
+    ///         eprintln!("training on the CPU: {why}");
+    ///         model
+    ///     }
+    /// };
+    /// # let _ = model;
+    /// # Ok::<(), lockstep_nn::NnError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// When the device cannot be used (no driver, no such GPU, no NVRTC): the error, with the
+    /// model handed back unchanged so that the caller can stay on the CPU.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the model is handed back on failure, as the caller's fallback"
+    )]
+    pub fn to_device(mut self, device: Device) -> Result<Self, (Self, NnError)> {
+        if let Err(e) = Tensor::scalar(0.0).to_device(device).in_layer("to_device") {
+            return Err((self, e));
+        }
+        self.device = device;
+        Ok(self)
+    }
+
+    /// Where the forward and backward passes run.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The shape of one example of the (first) input.
+    pub fn input_shape(&self) -> &[usize] {
+        self.inputs.first().map_or(&[], |(_, shape)| shape)
+    }
+
+    /// The shape of one example of each input.
+    pub fn input_shapes(&self) -> Vec<&[usize]> {
+        self.inputs.iter().map(|(_, s)| s.as_slice()).collect()
+    }
+
+    /// The shape of one (first) output.
+    pub fn output_shape(&self) -> &[usize] {
+        self.shape_of(self.outputs[0])
+    }
+
+    /// The shape of one example of each output.
+    pub fn output_shapes(&self) -> Vec<&[usize]> {
+        self.outputs.iter().map(|&o| self.shape_of(o)).collect()
+    }
+
+    fn shape_of(&self, source: Source) -> &[usize] {
+        match source {
+            Source::Input(i) => &self.inputs[i].1,
+            Source::Node(j) => &self.nodes[j].output_shape,
+        }
+    }
+
+    /// The trainable variables.
+    pub fn parameters(&self) -> &Parameters {
+        &self.params
+    }
+
+    /// The trainable variables, for optimizers and checkpoint restores.
+    pub fn parameters_mut(&mut self) -> &mut Parameters {
+        &mut self.params
+    }
+
+    fn check_inputs(&self, xs: &[Tensor]) -> Result<(), NnError> {
+        if xs.len() != self.inputs.len() {
+            return Err(NnError::Length {
+                what: "model inputs and tensors given",
+                left: self.inputs.len(),
+                right: xs.len(),
+            });
+        }
+        for (x, (name, shape)) in xs.iter().zip(&self.inputs) {
+            if !(x.rank() == shape.len() + 1 && x.shape()[1..] == shape[..]) {
+                return Err(NnError::Shape {
+                    what: if self.inputs.len() == 1 {
+                        "model input".into()
+                    } else {
+                        format!("model input {name}")
+                    },
+                    expected: shape_text(shape),
+                    got: x.shape().to_vec(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The outputs for inputs `xs` with the variables `variables` (in declaration order).
+    pub(crate) fn run_inputs(
+        &self,
+        xs: &[Tensor],
+        variables: &[Tensor],
+        ctx: ForwardContext,
+    ) -> Result<Vec<Tensor>, NnError> {
+        self.check_inputs(xs)?;
+        let mut values: Vec<Option<Tensor>> = vec![None; self.nodes.len()];
+        let value = |values: &[Option<Tensor>], source: Source| -> Result<Tensor, NnError> {
+            match source {
+                Source::Input(i) => Ok(xs[i].clone()),
+                Source::Node(j) => values[j].clone().ok_or_else(|| NnError::InvalidConfig {
+                    layer: self.nodes[j].name.clone(),
+                    why: "its output was read before it was computed".to_owned(),
+                }),
+            }
+        };
+        let mut index = 0;
+        while index < self.nodes.len() {
+            let node = &self.nodes[index];
+            let params = &variables[node.params.clone()];
+            let inputs = node
+                .inputs
+                .iter()
+                .map(|&s| value(&values, s))
+                .collect::<Result<Vec<_>, _>>()?;
+            // A layer read only by the max pooling right after it runs fused with it.
+            let next = self.nodes.get(index + 1).filter(|next| {
+                node.readers == 1 && next.inputs == [Source::Node(index)] && inputs.len() == 1
+            });
+            let fused = next.and_then(|next| {
+                let pool = next.layer.as_max_pool()?;
+                node.layer
+                    .forward_then_max_pool(&node.name, &inputs[0], params, pool, ctx)
+            });
+            if let Some(pooled) = fused {
+                values[index + 1] = Some(pooled?);
+                index += 2;
+                continue;
+            }
+            values[index] = Some(
+                node.layer
+                    .forward_inputs(&node.name, &inputs, params, ctx)?,
+            );
+            index += 1;
+        }
+        self.outputs.iter().map(|&o| value(&values, o)).collect()
+    }
+
+    /// The (first) output for a single-input model.
+    pub(crate) fn run(
+        &self,
+        x: &Tensor,
+        variables: &[Tensor],
+        ctx: ForwardContext,
+    ) -> Result<Tensor, NnError> {
+        let mut outputs = self.run_inputs(std::slice::from_ref(x), variables, ctx)?;
+        Ok(outputs.swap_remove(0))
+    }
+
+    /// A forward pass whose variables record gradients, for training. On a GPU this uploads
+    /// the variables for the pass and [`Network::gradients`] reads the gradients back (what
+    /// a host-side all-reduce needs); [`Network::training`] keeps both on the GPU.
+    ///
+    /// # Errors
+    ///
+    /// When `x` is not a batch of the input shape (or the model has several inputs), or a
+    /// layer fails.
+    pub fn forward(&self, x: &Tensor, ctx: ForwardContext) -> Result<Forward, NnError> {
+        self.forward_inputs(std::slice::from_ref(x), ctx)
+    }
+
+    /// [`Network::forward`] with one tensor per input of the model.
+    ///
+    /// # Errors
+    ///
+    /// When the tensors do not match the inputs, or a layer fails.
+    pub fn forward_inputs(&self, xs: &[Tensor], ctx: ForwardContext) -> Result<Forward, NnError> {
+        let variables = self.on_device(self.params.tensors()?)?;
+        let xs = self.inputs_on_device(xs)?;
+        let outputs = self.run_inputs(&xs, &variables, ctx)?;
+        Ok(Forward {
+            output: outputs[0].clone(),
+            outputs,
+            variables,
+        })
+    }
+
+    /// Inference: no gradients recorded, dropout off; the (first) output.
+    ///
+    /// # Errors
+    ///
+    /// When `x` is not a batch of the input shape, or a layer fails.
+    pub fn predict(&self, x: &Tensor) -> Result<Tensor, NnError> {
+        let mut outputs = self.predict_inputs(std::slice::from_ref(x))?;
+        Ok(outputs.swap_remove(0))
+    }
+
+    /// Inference with one tensor per input: every output.
+    ///
+    /// # Errors
+    ///
+    /// When the tensors do not match the inputs, or a layer fails.
+    pub fn predict_inputs(&self, xs: &[Tensor]) -> Result<Vec<Tensor>, NnError> {
+        let variables = self.on_device(self.params.constants()?)?;
+        let xs = self.inputs_on_device(xs)?;
+        self.run_inputs(&xs, &variables, ForwardContext::default())
+    }
+
+    fn inputs_on_device(&self, xs: &[Tensor]) -> Result<Vec<Tensor>, NnError> {
+        xs.iter()
+            .map(|x| x.to_device(self.device).in_layer("input"))
+            .collect()
+    }
+
+    /// `variables` moved to the model's device (the same tensors on the CPU).
+    fn on_device(&self, variables: Vec<Tensor>) -> Result<Vec<Tensor>, NnError> {
+        if self.device == Device::Cpu {
+            return Ok(variables);
+        }
+        variables
+            .iter()
+            .zip(self.params.specs())
+            .map(|(v, spec)| v.to_device(self.device).in_layer(&spec.name))
+            .collect()
+    }
+
+    /// Copies the gradients of a forward pass into `out`, laid out like the parameters (zero
+    /// for variables the loss does not depend on).
+    ///
+    /// # Errors
+    ///
+    /// When `out` is not as long as the parameters.
+    pub fn gradients(
+        &self,
+        forward: &Forward,
+        grads: &Gradients,
+        out: &mut [f32],
+    ) -> Result<(), NnError> {
+        if out.len() != self.params.len() {
+            return Err(NnError::Length {
+                what: "gradient buffer and parameters",
+                left: out.len(),
+                right: self.params.len(),
+            });
+        }
+        for (spec, variable) in self.params.specs().iter().zip(&forward.variables) {
+            let slot = &mut out[spec.range()];
+            // In parallel, as the variables are copied in `Parameters::tensors`.
+            let Some(g) = grads.get(variable) else {
+                slot.fill(0.0);
+                continue;
+            };
+            // A gradient computed on a GPU is copied to the host here, where the flat
+            // gradient buffer the collectives reduce lives.
+            let copied;
+            let values = if let Ok(values) = g.host_data() {
+                values
+            } else {
+                copied = g.to_vec().in_layer("gradients")?;
+                &copied
+            };
+            slot.par_chunks_mut(COPY_CHUNK)
+                .zip(values.par_chunks(COPY_CHUNK))
+                .for_each(|(slot, g)| slot.copy_from_slice(g));
+        }
+        Ok(())
+    }
+
+    /// A table of layers, output shapes and parameter counts, like Keras' `model.summary()`;
+    /// a functional model's also lists its inputs and what each layer is connected to.
+    pub fn summary(&self) -> String {
+        let functional = self.kind == Kind::Functional;
+        let mut rows: Vec<[String; 4]> = Vec::new();
+        if functional {
+            for (name, shape) in &self.inputs {
+                rows.push([
+                    format!("{name} (InputLayer)"),
+                    shape_text(shape),
+                    "0".to_owned(),
+                    "-".to_owned(),
+                ]);
+            }
+        }
+        for node in &self.nodes {
+            let count: usize = self.params.specs()[node.params.clone()]
+                .iter()
+                .map(crate::params::ParamSpec::len)
+                .sum();
+            let connected: Vec<String> = node
+                .inputs
+                .iter()
+                .map(|&s| format!("{}[0][0]", self.source_name(s)))
+                .collect();
+            rows.push([
+                format!("{} ({})", node.name, node.layer.kind()),
+                shape_text(&node.output_shape),
+                count.to_string(),
+                connected.join(", "),
+            ]);
+        }
+        let headers = ["Layer (type)", "Output Shape", "Param #", "Connected to"];
+        let columns = if functional { 4 } else { 3 };
+        let widths: Vec<usize> = (0..columns)
+            .map(|c| {
+                rows.iter()
+                    .map(|r| r[c].chars().count())
+                    .chain([headers[c].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |cells: &[&str]| -> String {
+            let mut text = String::new();
+            for (c, cell) in cells.iter().enumerate().take(columns) {
+                let pad = widths[c].saturating_sub(cell.chars().count());
+                if c > 0 {
+                    text.push_str("   ");
+                }
+                if c == 2 {
+                    text.push_str(&" ".repeat(pad));
+                    text.push_str(cell);
+                } else {
+                    text.push_str(cell);
+                    if c + 1 < columns {
+                        text.push_str(&" ".repeat(pad));
+                    }
+                }
+            }
+            text
+        };
+        let rule = "─".repeat(widths.iter().sum::<usize>() + 3 * (columns - 1));
+        let mut out = format!(
+            "Model: \"{}\"\n",
+            if functional {
+                "functional"
+            } else {
+                "sequential"
+            }
+        );
+        let _ = writeln!(out, "{rule}\n{}\n{rule}", line(&headers));
+        for row in &rows {
+            let cells: Vec<&str> = row.iter().map(String::as_str).collect();
+            let _ = writeln!(out, "{}", line(&cells));
+        }
+        let _ = writeln!(
+            out,
+            "{rule}\nTotal params: {}\nTrainable params: {}\nNon-trainable params: 0",
+            self.params.len(),
+            self.params.len()
+        );
+        out
+    }
+}
