@@ -422,7 +422,7 @@ impl Network {
                 .collect::<Result<Vec<_>, _>>()?;
             planned.push(Planned {
                 name: Some(node.name.clone()),
-                layer: node.layer.build(),
+                layer: node.layer.build()?,
                 inputs: reads,
             });
             defined.push(&node.name);

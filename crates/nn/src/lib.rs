@@ -69,8 +69,9 @@ pub use error::NnError;
 pub use functional::{Input, LayerCall, ModelConfig, SymbolicTensor};
 pub use initializers::Initializer;
 pub use layers::{
-    Activation, ActivationLayer, ActivationName, Add, Concatenate, Conv2D, Dense, Dropout, Flatten,
-    ForwardContext, Layer, LayerConfig, MaxPooling2D, Multiply, PaddingName, Reshape,
+    Activation, ActivationLayer, ActivationName, Add, BuiltinLayerConfig, Concatenate, Conv2D,
+    CustomLayerConfig, Dense, Dropout, Flatten, ForwardContext, Layer, LayerConfig, LayerFactory,
+    MaxPooling2D, Multiply, PaddingName, Reshape, register_layer,
 };
 pub use loss::{
     BinaryCrossentropy, CategoricalCrossentropy, FnLoss, Huber, Loss, MeanAbsoluteError,

@@ -124,7 +124,11 @@ impl Sequential {
     ///
     /// As [`Sequential::new`].
     pub fn from_config(config: &SequentialConfig, seed: u64) -> Result<Self, NnError> {
-        let layers = config.layers.iter().map(LayerConfig::build).collect();
+        let layers = config
+            .layers
+            .iter()
+            .map(LayerConfig::build)
+            .collect::<Result<_, _>>()?;
         Self::new(&config.input_shape, layers, seed)
     }
 

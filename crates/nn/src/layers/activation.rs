@@ -1,6 +1,6 @@
 use lockstep_tensor::{Tensor, ops};
 
-use super::config::LayerConfig;
+use super::config::{BuiltinLayerConfig, LayerConfig};
 use super::{ForwardContext, Layer};
 use crate::error::{InLayer, NnError};
 use crate::params::ParamBuilder;
@@ -33,9 +33,10 @@ pub struct ActivationLayer(pub Activation);
 
 impl Layer for ActivationLayer {
     fn config(&self) -> LayerConfig {
-        LayerConfig::Activation {
+        BuiltinLayerConfig::Activation {
             activation: self.0.into(),
         }
+        .into()
     }
 
     fn kind(&self) -> &'static str {

@@ -1,4 +1,4 @@
-use super::config::LayerConfig;
+use super::config::{BuiltinLayerConfig, LayerConfig};
 use lockstep_tensor::Tensor;
 use lockstep_tensor::ops::{self, MaxPool, Padding};
 
@@ -23,6 +23,8 @@ pub struct Conv2D {
     padding: Padding,
     activation: Activation,
     use_bias: bool,
+    kernel_initializer: Initializer,
+    bias_initializer: Initializer,
 }
 
 impl Conv2D {
@@ -35,7 +37,23 @@ impl Conv2D {
             padding: Padding::Valid,
             activation: Activation::Linear,
             use_bias: true,
+            kernel_initializer: Initializer::GlorotUniform,
+            bias_initializer: Initializer::Zeros,
         }
+    }
+
+    /// Sets how the kernel's initial values are drawn (Keras' `kernel_initializer`).
+    #[must_use]
+    pub fn kernel_initializer(mut self, initializer: Initializer) -> Self {
+        self.kernel_initializer = initializer;
+        self
+    }
+
+    /// Sets how the bias's initial values are drawn (Keras' `bias_initializer`).
+    #[must_use]
+    pub fn bias_initializer(mut self, initializer: Initializer) -> Self {
+        self.bias_initializer = initializer;
+        self
     }
 
     /// Sets the strides.
@@ -85,14 +103,17 @@ pub(crate) fn spatial_out(
 
 impl Layer for Conv2D {
     fn config(&self) -> LayerConfig {
-        LayerConfig::Conv2D {
+        BuiltinLayerConfig::Conv2D {
             filters: self.filters,
             kernel_size: self.kernel_size,
             strides: self.strides,
             padding: self.padding.into(),
             activation: self.activation.into(),
             use_bias: self.use_bias,
+            kernel_initializer: self.kernel_initializer,
+            bias_initializer: self.bias_initializer,
         }
+        .into()
     }
 
     fn kind(&self) -> &'static str {
@@ -135,13 +156,13 @@ impl Layer for Conv2D {
         params.add(
             format!("{name}/kernel"),
             vec![kh, kw, c, self.filters],
-            Initializer::GlorotUniform,
+            self.kernel_initializer,
         )?;
         if self.use_bias {
             params.add(
                 format!("{name}/bias"),
                 vec![self.filters],
-                Initializer::Zeros,
+                self.bias_initializer,
             )?;
         }
         Ok(vec![oh, ow, self.filters])

@@ -1,6 +1,6 @@
 use lockstep_tensor::{Tensor, ops};
 
-use super::config::LayerConfig;
+use super::config::{BuiltinLayerConfig, LayerConfig};
 use super::{Activation, ForwardContext, Layer};
 use crate::error::{InLayer, NnError};
 use crate::initializers::Initializer;
@@ -20,6 +20,8 @@ pub struct Dense {
     units: usize,
     activation: Activation,
     use_bias: bool,
+    kernel_initializer: Initializer,
+    bias_initializer: Initializer,
     input_dim: usize,
 }
 
@@ -30,8 +32,24 @@ impl Dense {
             units,
             activation: Activation::Linear,
             use_bias: true,
+            kernel_initializer: Initializer::GlorotUniform,
+            bias_initializer: Initializer::Zeros,
             input_dim: 0,
         }
+    }
+
+    /// Sets how the kernel's initial values are drawn (Keras' `kernel_initializer`).
+    #[must_use]
+    pub fn kernel_initializer(mut self, initializer: Initializer) -> Self {
+        self.kernel_initializer = initializer;
+        self
+    }
+
+    /// Sets how the bias's initial values are drawn (Keras' `bias_initializer`).
+    #[must_use]
+    pub fn bias_initializer(mut self, initializer: Initializer) -> Self {
+        self.bias_initializer = initializer;
+        self
     }
 
     /// Sets the activation.
@@ -51,11 +69,14 @@ impl Dense {
 
 impl Layer for Dense {
     fn config(&self) -> LayerConfig {
-        LayerConfig::Dense {
+        BuiltinLayerConfig::Dense {
             units: self.units,
             activation: self.activation.into(),
             use_bias: self.use_bias,
+            kernel_initializer: self.kernel_initializer,
+            bias_initializer: self.bias_initializer,
         }
+        .into()
     }
 
     fn kind(&self) -> &'static str {
@@ -88,10 +109,14 @@ impl Layer for Dense {
         params.add(
             format!("{name}/kernel"),
             vec![input_dim, self.units],
-            Initializer::GlorotUniform,
+            self.kernel_initializer,
         )?;
         if self.use_bias {
-            params.add(format!("{name}/bias"), vec![self.units], Initializer::Zeros)?;
+            params.add(
+                format!("{name}/bias"),
+                vec![self.units],
+                self.bias_initializer,
+            )?;
         }
         Ok(leading.iter().copied().chain([self.units]).collect())
     }

@@ -1,6 +1,6 @@
 use lockstep_tensor::{Tensor, ops};
 
-use super::config::LayerConfig;
+use super::config::{BuiltinLayerConfig, LayerConfig};
 use super::{ForwardContext, Layer};
 use crate::error::{InLayer, NnError};
 use crate::params::ParamBuilder;
@@ -22,10 +22,11 @@ impl Dropout {
 
 impl Layer for Dropout {
     fn config(&self) -> LayerConfig {
-        LayerConfig::Dropout {
+        BuiltinLayerConfig::Dropout {
             rate: self.rate,
             seed: self.seed,
         }
+        .into()
     }
 
     fn kind(&self) -> &'static str {

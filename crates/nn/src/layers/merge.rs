@@ -3,7 +3,7 @@
 
 use lockstep_tensor::{Tensor, ops};
 
-use super::{ForwardContext, Layer, LayerConfig};
+use super::{BuiltinLayerConfig, ForwardContext, Layer, LayerConfig};
 use crate::error::{InLayer, NnError};
 use crate::params::ParamBuilder;
 
@@ -54,7 +54,7 @@ macro_rules! elementwise_merge {
             }
 
             fn config(&self) -> LayerConfig {
-                LayerConfig::$layer
+                BuiltinLayerConfig::$layer.into()
             }
 
             fn build(
@@ -124,7 +124,7 @@ impl Layer for Concatenate {
     }
 
     fn config(&self) -> LayerConfig {
-        LayerConfig::Concatenate
+        BuiltinLayerConfig::Concatenate.into()
     }
 
     fn build(

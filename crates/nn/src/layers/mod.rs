@@ -13,7 +13,10 @@ mod pooling;
 mod reshape;
 
 pub use activation::{Activation, ActivationLayer};
-pub use config::{ActivationName, LayerConfig, PaddingName};
+pub use config::{
+    ActivationName, BuiltinLayerConfig, CustomLayerConfig, LayerConfig, LayerFactory, PaddingName,
+    register_layer,
+};
 pub use conv::Conv2D;
 pub use dense::Dense;
 pub use dropout::Dropout;

@@ -1,4 +1,4 @@
-use super::config::LayerConfig;
+use super::config::{BuiltinLayerConfig, LayerConfig};
 use lockstep_tensor::Tensor;
 use lockstep_tensor::ops::{self, MaxPool, Padding};
 
@@ -53,11 +53,12 @@ impl MaxPooling2D {
 
 impl Layer for MaxPooling2D {
     fn config(&self) -> LayerConfig {
-        LayerConfig::MaxPooling2D {
+        BuiltinLayerConfig::MaxPooling2D {
             pool_size: self.pool_size,
             strides: self.strides,
             padding: self.padding.into(),
         }
+        .into()
     }
 
     fn kind(&self) -> &'static str {

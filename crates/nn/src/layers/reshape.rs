@@ -1,6 +1,6 @@
 use lockstep_tensor::{Tensor, ops};
 
-use super::config::LayerConfig;
+use super::config::{BuiltinLayerConfig, LayerConfig};
 use super::{ForwardContext, Layer};
 use crate::error::{InLayer, NnError, count_values};
 use crate::params::ParamBuilder;
@@ -11,7 +11,7 @@ pub struct Flatten;
 
 impl Layer for Flatten {
     fn config(&self) -> LayerConfig {
-        LayerConfig::Flatten
+        BuiltinLayerConfig::Flatten.into()
     }
 
     fn kind(&self) -> &'static str {
@@ -59,9 +59,10 @@ impl Reshape {
 
 impl Layer for Reshape {
     fn config(&self) -> LayerConfig {
-        LayerConfig::Reshape {
+        BuiltinLayerConfig::Reshape {
             target_shape: self.target.clone(),
         }
+        .into()
     }
 
     fn kind(&self) -> &'static str {
