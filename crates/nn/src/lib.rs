@@ -57,7 +57,7 @@ pub mod functional;
 mod initializers;
 pub mod layers;
 mod loss;
-mod metrics;
+pub mod metrics;
 mod model;
 pub mod models;
 mod network;
@@ -77,7 +77,9 @@ pub use loss::{
     BinaryCrossentropy, CategoricalCrossentropy, FnLoss, Huber, Loss, MeanAbsoluteError,
     MeanSquaredError, Reduction, SparseCategoricalCrossentropy, Targets,
 };
-pub use metrics::{Mean, Metric, SparseCategoricalAccuracy};
+pub use metrics::{
+    METRIC_NAMES, Mean, Metric, PredictionMetric, SparseCategoricalAccuracy, metric_by_name,
+};
 pub use model::{Sequential, SequentialConfig};
 pub use network::{Forward, Network};
 pub use optimizers::{Adam, Optimizer, OptimizerConfig, Sgd};
