@@ -74,8 +74,9 @@ pub use layers::{
     MaxPooling2D, Multiply, PaddingName, Reshape, register_layer,
 };
 pub use loss::{
-    BinaryCrossentropy, CategoricalCrossentropy, FnLoss, Huber, Loss, MeanAbsoluteError,
-    MeanSquaredError, Reduction, SparseCategoricalCrossentropy, Targets,
+    BinaryCrossentropy, CategoricalCrossentropy, FnLoss, Huber, Loss, LossConfig,
+    MeanAbsoluteError, MeanSquaredError, Reduction, SparseCategoricalCrossentropy, Targets,
+    reduce_loss,
 };
 pub use metrics::{
     METRIC_NAMES, Mean, Metric, PredictionMetric, SparseCategoricalAccuracy, metric_by_name,

@@ -150,6 +150,7 @@ proptest! {
         same_on_both(&[(positive, vec![6, 10])], &|t| ops::log(&t[0]))?;
         same_on_both(&one, &|t| ops::exp(&t[0]))?;
         same_on_both(&one, &|t| ops::abs(&t[0]))?;
+        same_on_both(&one, &|t| ops::sigmoid(&t[0]))?;
         same_on_both(&[(a.clone(), vec![6, 10]), (b[..10].to_vec(), vec![10])], &|t| ops::bias_add(&t[0], &t[1]))?;
         same_on_both(&one, &|t| ops::mean(&t[0], &[0], false))?;
         same_on_both(&one, &|t| ops::sum(&t[0], &[0, 1], true))?;

@@ -203,6 +203,7 @@ proptest! {
         check(&other, &|t| ops::concat(&[&t[0], &t[1]], 1))?;
         check(&[(x[..m * n].to_vec(), vec![m, n]), (b[..n].to_vec(), vec![1, n])], &|t| ops::concat(&[&t[0], &t[1]], 0))?;
         check(&inputs[..1], &|t| ops::abs(&t[0]))?;
+        check(&inputs[..1], &|t| ops::sigmoid(&t[0]))?;
     }
 
     #[test]

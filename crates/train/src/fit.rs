@@ -170,16 +170,16 @@ where
                 let here: usize = inputs
                     .iter()
                     .flatten()
-                    .map(|(_, labels)| labels.len())
+                    .map(|parts| parts.targets.len())
                     .sum();
-                let (loss, step) = (compiled.loss, ctx.position.step);
+                let (objective, step) = (compiled.objective(), ctx.position.step);
                 let totals = on_replicas(&mut ctx.model.replicas, inputs, |r, batch| {
-                    r.train_step(batch, loss, step)
+                    r.train_step(batch, objective, step)
                 })?;
                 if totals.examples == 0.0 {
                     break;
                 }
-                ctx.position.add(totals);
+                ctx.position.add(&totals);
                 history.steps += 1;
                 history.examples += totals.examples as u64;
                 history.local_examples += here as u64;

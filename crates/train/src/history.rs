@@ -2,7 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::MetricKind;
+use lockstep_nn::PredictionMetric;
+
 use crate::replica::StepTotals;
 
 /// Named values of a step, an epoch or an evaluation, as Keras' `logs` dict: `loss`,
@@ -11,7 +12,11 @@ use crate::replica::StepTotals;
 pub struct Logs(pub BTreeMap<String, f64>);
 
 impl Logs {
-    pub(crate) fn from_totals(totals: &StepTotals, metrics: &[MetricKind], prefix: &str) -> Self {
+    pub(crate) fn from_totals(
+        totals: &StepTotals,
+        metrics: &[Box<dyn PredictionMetric>],
+        prefix: &str,
+    ) -> Self {
         let mean = |sum: f64| {
             if totals.examples > 0.0 {
                 sum / totals.examples
@@ -21,11 +26,17 @@ impl Logs {
         };
         let mut logs = BTreeMap::new();
         logs.insert(format!("{prefix}loss"), mean(totals.loss_sum));
-        for metric in metrics {
-            let value = match metric {
-                MetricKind::Accuracy => mean(totals.correct),
-            };
-            logs.insert(format!("{prefix}{}", metric.name()), value);
+        let mut at = 0;
+        for template in metrics {
+            let mut metric = template.fresh();
+            let len = metric.state().len();
+            // Before any step (an empty epoch) the totals hold no state: the fresh metric's.
+            if let Some(state) = totals.metrics.get(at..at + len) {
+                // The slice has the state's length: setting it cannot fail.
+                let _ = metric.set_state(state);
+            }
+            at += len;
+            logs.insert(format!("{prefix}{}", metric.name()), metric.result());
         }
         Self(logs)
     }

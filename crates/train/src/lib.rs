@@ -48,7 +48,7 @@ mod state;
 mod strategy;
 mod tensorboard;
 
-pub use batch::LabeledBatch;
+pub use batch::{BatchTargets, Label, LabeledBatch, LabeledParts};
 pub use callbacks::{
     BackupAndRestore, Callback, CsvLogger, EarlyStopping, LearningRateScheduler, Mode,
     ModelCheckpoint, SaveFreq, TrainingContext,
@@ -61,7 +61,7 @@ pub use estimator::{
 pub use fit::Fit;
 pub use history::{History, Logs};
 pub use kill_switch::{KILL_AT_STEP, KILL_IN_SAVE};
-pub use model::{MetricKind, Model};
+pub use model::Model;
 pub use sidecar_evaluator::{Evaluation, SidecarEvaluator};
 pub use strategy::{
     MirroredStrategy, MultiWorkerMirroredStrategy, OneDeviceStrategy, ReplicaLink, Strategy,

@@ -9,54 +9,70 @@ use lockstep_checkpoint::{
 };
 use lockstep_collective::ReduceOp;
 use lockstep_data::{AutoShardPolicy, Batchable, Dataset, InputContext, distribute};
-use lockstep_nn::{Network, NnError, Optimizer, ParamSpec, SparseCategoricalCrossentropy};
+use std::sync::Arc;
+
+use lockstep_nn::{
+    Loss, METRIC_NAMES, Network, NnError, Optimizer, ParamSpec, PredictionMetric,
+    SparseCategoricalCrossentropy, metric_by_name,
+};
 use lockstep_tensor::Tensor;
 
 use crate::batch::LabeledBatch;
 use crate::error::TrainError;
 use crate::history::Logs;
-use crate::replica::{Replica, ReplicaBatch, StepTotals, not_compiled, on_replicas};
+use crate::replica::{Objective, Replica, ReplicaBatch, StepTotals, not_compiled, on_replicas};
 use crate::state::{Position, checkpoint_of, meta_of, restore_into};
 use crate::strategy::{ReplicaLink, Strategy};
 
 /// The metadata key of a weights file that holds the optimizer's step count.
 pub(crate) const ITERATIONS: &str = "iterations";
 
-/// The metrics `compile` knows, by their Keras names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MetricKind {
-    /// `accuracy` (sparse categorical accuracy).
-    Accuracy,
-}
-
-impl MetricKind {
-    /// Parses a Keras metric name: `accuracy`, `acc`, `sparse_categorical_accuracy`.
-    ///
-    /// # Errors
-    ///
-    /// When the name is not one of those.
-    pub fn from_name(name: &str) -> Result<Self, TrainError> {
-        match name {
-            "accuracy" | "acc" | "sparse_categorical_accuracy" => Ok(Self::Accuracy),
-            other => Err(TrainError::invalid(
-                "compile",
-                format!("unknown metric {other:?}; known: accuracy"),
-            )),
-        }
-    }
-
-    /// The name Keras logs it under.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Accuracy => "accuracy",
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
+/// What `compile` set: the loss, shared by the replicas, and the metrics (each replica
+/// measures a fresh copy of each per batch; the states meet in the step's all-reduce).
 pub(crate) struct Compiled {
-    pub(crate) loss: SparseCategoricalCrossentropy,
-    pub(crate) metrics: Vec<MetricKind>,
+    pub(crate) loss: Arc<dyn Loss>,
+    pub(crate) metrics: Vec<Box<dyn PredictionMetric>>,
+}
+
+impl Clone for Compiled {
+    fn clone(&self) -> Self {
+        Self {
+            loss: Arc::clone(&self.loss),
+            metrics: self.metrics.iter().map(|m| m.fresh()).collect(),
+        }
+    }
+}
+
+impl Compiled {
+    pub(crate) fn objective(&self) -> Objective<'_> {
+        Objective {
+            loss: self.loss.as_ref(),
+            metrics: &self.metrics,
+        }
+    }
+
+    /// The metrics' names, in the order they were given.
+    pub(crate) fn metric_names(&self) -> Vec<String> {
+        self.metrics.iter().map(|m| m.name().to_owned()).collect()
+    }
+}
+
+/// The metrics of `names` ([`metric_by_name`]).
+fn metrics_named(names: &[&str]) -> Result<Vec<Box<dyn PredictionMetric>>, TrainError> {
+    names
+        .iter()
+        .map(|name| {
+            metric_by_name(name).ok_or_else(|| {
+                TrainError::invalid(
+                    "compile",
+                    format!(
+                        "unknown metric {name:?}; known: {}",
+                        METRIC_NAMES.join(", ")
+                    ),
+                )
+            })
+        })
+        .collect()
 }
 
 /// A model replicated under a [`Strategy`], as a Keras model built in `strategy.scope()`.
@@ -183,40 +199,43 @@ impl Model {
         ))
     }
 
-    /// Sets the optimizer (each replica gets a copy), the loss, and the metrics by Keras name.
+    /// Sets the optimizer (each replica gets a copy), the loss (any [`Loss`]: Keras' with
+    /// their names, or a user's), and the metrics by Keras name ([`METRIC_NAMES`]; each is
+    /// logged under its name, `accuracy` as `accuracy`).
     ///
     /// Under any strategy the loss is computed as `tf.distribute` prescribes: each replica sums
-    /// its examples' losses and the total is divided by the number of examples in the global
-    /// step, whatever `loss.reduction` says.
+    /// its examples' losses (times their sample weights) and the total is divided by the
+    /// number of examples in the global step, whatever `loss.reduction()` says.
     ///
     /// # Errors
     ///
     /// When a metric name is unknown.
-    pub fn compile<O: Optimizer + Clone + 'static>(
+    pub fn compile<O, L>(
         &mut self,
         optimizer: O,
-        loss: SparseCategoricalCrossentropy,
+        loss: L,
         metrics: &[&str],
-    ) -> Result<(), TrainError> {
+    ) -> Result<(), TrainError>
+    where
+        O: Optimizer + Clone + 'static,
+        L: Loss + 'static,
+    {
         let mut copies: Vec<Box<dyn Optimizer>> = Vec::with_capacity(self.replicas.len());
         while copies.len() + 1 < self.replicas.len() {
             copies.push(Box::new(optimizer.clone()));
         }
         copies.push(Box::new(optimizer));
-        self.compile_with(copies, loss, metrics)
+        self.compile_with(copies, Arc::new(loss), metrics)
     }
 
     /// `compile` with one optimizer per replica, made already.
     fn compile_with(
         &mut self,
         optimizers: Vec<Box<dyn Optimizer>>,
-        loss: SparseCategoricalCrossentropy,
+        loss: Arc<dyn Loss>,
         metrics: &[&str],
     ) -> Result<(), TrainError> {
-        let metrics = metrics
-            .iter()
-            .map(|m| MetricKind::from_name(m))
-            .collect::<Result<Vec<_>, _>>()?;
+        let metrics = metrics_named(metrics)?;
         for (replica, optimizer) in self.replicas.iter_mut().zip(optimizers) {
             replica.optimizer = Some(optimizer);
         }
@@ -298,9 +317,22 @@ impl Model {
             .map(|_| meta.optimizer_config.build())
             .collect();
         let metrics: Vec<&str> = meta.metrics.iter().map(String::as_str).collect();
-        let loss = SparseCategoricalCrossentropy {
-            from_logits: meta.from_logits,
-            ..SparseCategoricalCrossentropy::default()
+        let loss: Arc<dyn Loss> = match meta.loss {
+            Some(config) => Arc::from(config.build()),
+            // Saved before losses were recorded: the sparse cross-entropy was the only one.
+            None if meta.loss_name.is_none() => Arc::new(SparseCategoricalCrossentropy {
+                from_logits: meta.from_logits,
+                ..SparseCategoricalCrossentropy::default()
+            }),
+            None => {
+                return Err(TrainError::invalid(
+                    "Model::load",
+                    format!(
+                        "the model was compiled with the loss {:?}, which has no saved configuration (a user's loss); build the model with Model::new, restore its weights and compile it again",
+                        meta.loss_name.unwrap_or_default()
+                    ),
+                ));
+            }
         };
         model.compile_with(optimizers, loss, &metrics)?;
         restore_into(&mut model, &checkpoint)?;
@@ -403,19 +435,19 @@ impl Model {
         let compiled = self.compiled.clone().ok_or_else(not_compiled)?;
         let mut totals = StepTotals::default();
         let mut batches = data.iter_epoch(0)?;
+        let objective = compiled.objective();
         loop {
             // A worker out of data takes empty batches until every worker is: the step's
             // totals say when no replica had any.
             let inputs = next_step(&mut batches, self.replicas.len())?
                 .unwrap_or_else(|| (0..self.replicas.len()).map(|_| None).collect());
-            let loss = compiled.loss;
             let step = on_replicas(&mut self.replicas, inputs, |r, batch| {
-                r.evaluate_batch(batch, loss)
+                r.evaluate_batch(batch, objective)
             })?;
             if step.examples == 0.0 {
                 break;
             }
-            totals.add(step);
+            totals.add(&step);
         }
         Ok(Logs::from_totals(&totals, &compiled.metrics, ""))
     }

@@ -2,37 +2,89 @@
 //! does in a step. Replicas of one process run on threads of their own for each step.
 
 use lockstep_collective::ReduceOp;
-use lockstep_nn::{
-    ForwardContext, Metric, Network, Optimizer, Reduction, SparseCategoricalAccuracy,
-    SparseCategoricalCrossentropy,
-};
-use lockstep_tensor::Tensor;
+use lockstep_nn::{ForwardContext, Loss, Network, Optimizer, PredictionMetric};
 
+use crate::batch::LabeledParts;
 use crate::error::TrainError;
 use crate::strategy::ReplicaLink;
 
-/// Statistics of one step (or evaluation batch) summed over every replica in sync.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// Statistics of one step (or evaluation batch) summed over every replica in sync: the
+/// weighted loss, the examples, and each compiled metric's state, one after another.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct StepTotals {
     pub(crate) loss_sum: f64,
     pub(crate) examples: f64,
-    pub(crate) correct: f64,
+    pub(crate) metrics: Vec<f64>,
 }
 
 impl StepTotals {
-    pub(crate) fn add(&mut self, other: StepTotals) {
+    pub(crate) fn add(&mut self, other: &StepTotals) {
         self.loss_sum += other.loss_sum;
         self.examples += other.examples;
-        self.correct += other.correct;
+        if self.metrics.len() < other.metrics.len() {
+            self.metrics.resize(other.metrics.len(), 0.0);
+        }
+        for (a, b) in self.metrics.iter_mut().zip(&other.metrics) {
+            *a += b;
+        }
     }
 }
 
-/// One replica's part of a step: inputs and labels, or nothing once its data has run out.
-pub(crate) type ReplicaBatch = Option<(Tensor, Vec<usize>)>;
+/// One replica's part of a step: inputs, targets and weights, or nothing once its data has
+/// run out.
+pub(crate) type ReplicaBatch = Option<LabeledParts>;
 
-/// Values appended to the gradient buffer so that one all-reduce also sums the step's loss,
-/// example count and correct predictions.
-const TOTALS: usize = 3;
+/// What a step computes besides the gradients: the loss and the metrics, as compiled.
+#[derive(Clone, Copy)]
+pub(crate) struct Objective<'a> {
+    pub(crate) loss: &'a dyn Loss,
+    pub(crate) metrics: &'a [Box<dyn PredictionMetric>],
+}
+
+impl Objective<'_> {
+    /// The values appended to a step's all-reduce: the loss, the examples, every metric's
+    /// state.
+    fn totals_len(&self) -> usize {
+        2 + self.metrics.iter().map(|m| m.state().len()).sum::<usize>()
+    }
+
+    /// The summed loss of a batch (per-example losses times their weights), with its
+    /// gradient recorded, and the batch's totals.
+    fn measure(
+        &self,
+        output: &lockstep_tensor::Tensor,
+        parts: &LabeledParts,
+    ) -> Result<(lockstep_tensor::Tensor, Vec<f64>), TrainError> {
+        let targets = parts.targets.as_targets();
+        let weights = parts.sample_weight.as_deref();
+        let per_example = self.loss.per_example(output, targets)?;
+        let summed = lockstep_nn::reduce_loss(
+            self.loss.name(),
+            &per_example,
+            weights,
+            lockstep_nn::Reduction::Sum,
+        )?;
+        let mut totals = vec![f64::from(summed.item()?), parts.targets.len() as f64];
+        for template in self.metrics {
+            let mut metric = template.fresh();
+            metric.update_state(output, targets, weights)?;
+            totals.extend(metric.state());
+        }
+        Ok((summed, totals))
+    }
+}
+
+impl StepTotals {
+    /// Totals from the all-reduced values `measure` laid out.
+    fn from_values(values: impl Iterator<Item = f64>) -> Self {
+        let values: Vec<f64> = values.collect();
+        Self {
+            loss_sum: values.first().copied().unwrap_or(0.0),
+            examples: values.get(1).copied().unwrap_or(0.0),
+            metrics: values.get(2..).map(<[f64]>::to_vec).unwrap_or_default(),
+        }
+    }
+}
 
 pub(crate) struct Replica {
     pub(crate) link: ReplicaLink,
@@ -55,43 +107,36 @@ impl Replica {
     /// Forward and backward on this replica's batch (none when it has run out of data), the
     /// all-reduce of gradients and totals, and the update every replica applies alike.
     ///
-    /// Losses are summed per replica and the summed gradients divided by the number of
-    /// examples in the whole step, so the update is the gradient of the mean loss over the
-    /// global batch, exactly, also for a last batch that is short or missing on some
-    /// replicas.
+    /// Losses are summed per replica (each example's weighted by its sample weight) and the
+    /// summed gradients divided by the number of examples in the whole step, so the update is
+    /// the gradient of the mean loss over the global batch (Keras' `sum_over_batch_size`),
+    /// exactly, also for a last batch that is short or missing on some replicas. The metrics'
+    /// states travel in the same all-reduce.
     pub(crate) fn train_step(
         &mut self,
         batch: ReplicaBatch,
-        loss: SparseCategoricalCrossentropy,
+        objective: Objective<'_>,
         step: u64,
     ) -> Result<StepTotals, TrainError> {
         let n = self.net.parameters().len();
         self.buffer.clear();
-        self.buffer.resize(n + TOTALS, 0.0);
-        if let Some((x, labels)) = batch.filter(|(_, labels)| !labels.is_empty()) {
+        self.buffer.resize(n + objective.totals_len(), 0.0);
+        if let Some(parts) = batch.filter(|parts| !parts.targets.is_empty()) {
             let ctx = ForwardContext {
                 training: true,
                 step,
                 replica: self.link.replica_id(),
             };
-            let forward = self.net.forward(&x, ctx)?;
-            let loss_fn = SparseCategoricalCrossentropy {
-                reduction: Reduction::Sum,
-                ..loss
-            };
-            let value = loss_fn.call(&forward.output, &labels)?;
+            let forward = self.net.forward(&parts.inputs, ctx)?;
+            let (value, totals) = objective.measure(&forward.output, &parts)?;
             self.net
                 .gradients(&forward, &value.backward()?, &mut self.buffer[..n])?;
-            self.buffer[n] = value.item()?;
-            self.buffer[n + 1] = labels.len() as f32;
-            self.buffer[n + 2] = correct(&forward.output, &labels)?;
+            for (slot, total) in self.buffer[n..].iter_mut().zip(totals) {
+                *slot = total as f32;
+            }
         }
         self.link.all_reduce(&mut self.buffer, ReduceOp::Sum)?;
-        let totals = StepTotals {
-            loss_sum: f64::from(self.buffer[n]),
-            examples: f64::from(self.buffer[n + 1]),
-            correct: f64::from(self.buffer[n + 2]),
-        };
+        let totals = StepTotals::from_values(self.buffer[n..].iter().map(|&v| f64::from(v)));
         if totals.examples > 0.0 {
             let scale = (1.0 / totals.examples) as f32;
             for g in &mut self.buffer[..n] {
@@ -103,38 +148,20 @@ impl Replica {
         Ok(totals)
     }
 
-    /// Loss and correct predictions of this replica's batch, summed over every replica.
+    /// Loss and metrics of this replica's batch, summed over every replica.
     pub(crate) fn evaluate_batch(
         &mut self,
         batch: ReplicaBatch,
-        loss: SparseCategoricalCrossentropy,
+        objective: Objective<'_>,
     ) -> Result<StepTotals, TrainError> {
-        let mut totals = [0.0_f64; TOTALS];
-        if let Some((x, labels)) = batch.filter(|(_, labels)| !labels.is_empty()) {
-            let output = self.net.predict(&x)?;
-            let loss_fn = SparseCategoricalCrossentropy {
-                reduction: Reduction::Sum,
-                ..loss
-            };
-            totals = [
-                f64::from(loss_fn.call(&output, &labels)?.item()?),
-                labels.len() as f64,
-                f64::from(correct(&output, &labels)?),
-            ];
+        let mut totals = vec![0.0_f64; objective.totals_len()];
+        if let Some(parts) = batch.filter(|parts| !parts.targets.is_empty()) {
+            let output = self.net.predict(&parts.inputs)?;
+            totals = objective.measure(&output, &parts)?.1;
         }
         self.link.all_reduce(&mut totals, ReduceOp::Sum)?;
-        Ok(StepTotals {
-            loss_sum: totals[0],
-            examples: totals[1],
-            correct: totals[2],
-        })
+        Ok(StepTotals::from_values(totals.into_iter()))
     }
-}
-
-fn correct(output: &Tensor, labels: &[usize]) -> Result<f32, TrainError> {
-    let mut accuracy = SparseCategoricalAccuracy::default();
-    accuracy.update(output, labels)?;
-    Ok(accuracy.state().first().copied().unwrap_or(0.0) as f32)
 }
 
 pub(crate) fn not_compiled() -> TrainError {

@@ -3,7 +3,7 @@
 
 use lockstep_checkpoint::{Checkpoint, NamedTensor, Progress};
 use lockstep_collective::ReduceOp;
-use lockstep_nn::{ModelConfig, OptimizerConfig};
+use lockstep_nn::{LossConfig, ModelConfig, OptimizerConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::error::TrainError;
@@ -11,7 +11,7 @@ use crate::model::Model;
 use crate::replica::{StepTotals, not_compiled, on_replicas};
 
 /// The position of training: what a resumed run needs besides weights and optimizer state.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Position {
     /// Optimizer steps taken.
     pub(crate) step: u64,
@@ -23,7 +23,9 @@ pub(crate) struct Position {
     /// The epoch's totals so far, so a resumed epoch logs what an uninterrupted one would.
     pub(crate) loss_sum: f64,
     pub(crate) examples: f64,
-    pub(crate) correct: f64,
+    /// The compiled metrics' states, one after another.
+    #[serde(default)]
+    pub(crate) metrics: Vec<f64>,
 }
 
 impl Position {
@@ -31,16 +33,18 @@ impl Position {
         StepTotals {
             loss_sum: self.loss_sum,
             examples: self.examples,
-            correct: self.correct,
+            metrics: self.metrics.clone(),
         }
     }
 
-    pub(crate) fn add(&mut self, step: StepTotals) {
+    pub(crate) fn add(&mut self, step: &StepTotals) {
         self.step += 1;
         self.steps_into_epoch += 1;
-        self.loss_sum += step.loss_sum;
-        self.examples += step.examples;
-        self.correct += step.correct;
+        let mut totals = self.totals();
+        totals.add(step);
+        self.loss_sum = totals.loss_sum;
+        self.examples = totals.examples;
+        self.metrics = totals.metrics;
     }
 
     pub(crate) fn next_epoch(&mut self) {
@@ -63,7 +67,15 @@ pub(crate) struct Meta {
     /// What rebuilds the model and compiles it: a checkpoint is also a whole-model save.
     pub(crate) architecture: ModelConfig,
     pub(crate) optimizer_config: OptimizerConfig,
+    /// The sparse cross-entropy's setting, as the first versions saved the loss.
+    #[serde(default)]
     pub(crate) from_logits: bool,
+    /// The loss's settings; `None` for a user's loss (named in `loss_name`), or in a
+    /// checkpoint of a version that saved only `from_logits`.
+    #[serde(default)]
+    pub(crate) loss: Option<LossConfig>,
+    #[serde(default)]
+    pub(crate) loss_name: Option<String>,
     pub(crate) metrics: Vec<String>,
 }
 
@@ -121,9 +133,14 @@ pub(crate) fn checkpoint_of(
         position,
         architecture: net.config(),
         optimizer_config: optimizer.config(),
-        from_logits: compiled.is_some_and(|c| c.loss.from_logits),
+        from_logits: matches!(
+            compiled.and_then(|c| c.loss.config()),
+            Some(LossConfig::SparseCategoricalCrossentropy { from_logits: true })
+        ),
+        loss: compiled.and_then(|c| c.loss.config()),
+        loss_name: compiled.map(|c| c.loss.name().to_owned()),
         metrics: compiled
-            .map(|c| c.metrics.iter().map(|m| m.name().to_owned()).collect())
+            .map(super::model::Compiled::metric_names)
             .unwrap_or_default(),
     })
     .map_err(|e| TrainError::invalid("checkpoint", e.to_string()))?;
@@ -288,7 +305,7 @@ impl TrainingContext<'_> {
     ///
     /// When the model is not compiled.
     pub fn checkpoint(&self) -> Result<Checkpoint, TrainError> {
-        checkpoint_of(self.model, self.position, self.workers)
+        checkpoint_of(self.model, self.position.clone(), self.workers)
     }
 
     /// Restores a checkpoint into this process's replicas and moves training to where it
@@ -363,26 +380,34 @@ impl TrainingContext<'_> {
                 optimizer.learning_rate(),
             )
         };
-        let p = self.position;
-        let mut header = [
+        // Every worker compiled the same metrics, so their states have one length everywhere.
+        let metric_len: usize = self
+            .model
+            .compiled
+            .as_ref()
+            .map_or(0, |c| c.metrics.iter().map(|m| m.state().len()).sum());
+        let p = &self.position;
+        let mut header = vec![
             p.step as f64,
             p.epoch as f64,
             p.steps_into_epoch as f64,
             p.loss_sum,
             p.examples,
-            p.correct,
             iterations as f64,
             f64::from(u8::from(slots_ready)),
             f64::from(learning_rate),
         ];
+        let mut metrics = p.metrics.clone();
+        metrics.resize(metric_len, 0.0);
+        header.extend(metrics);
         let replicas = self.model.replicas.len();
         on_replicas(&mut self.model.replicas, vec![(); replicas], |r, ()| {
-            let mut header = header;
+            let mut header = header.clone();
             r.link.broadcast(&mut header)?;
             r.link.broadcast(r.net.parameters_mut().values_mut())?;
             let optimizer = r.optimizer.as_mut().ok_or_else(not_compiled)?;
-            optimizer.set_learning_rate(header[8] as f32);
-            if header[7] == 1.0 {
+            optimizer.set_learning_rate(header[7] as f32);
+            if header[6] == 1.0 {
                 let mut flat: Vec<f32> = optimizer
                     .slots()
                     .iter()
@@ -395,9 +420,9 @@ impl TrainingContext<'_> {
                     .zip(flat.chunks(n.max(1)))
                     .map(|(name, values)| (*name, values))
                     .collect();
-                optimizer.restore(header[6] as u64, &view)?;
+                optimizer.restore(header[5] as u64, &view)?;
             } else {
-                optimizer.restore(header[6] as u64, &[])?;
+                optimizer.restore(header[5] as u64, &[])?;
             }
             Ok(header)
         })
@@ -408,7 +433,7 @@ impl TrainingContext<'_> {
             steps_into_epoch: header[2] as u64,
             loss_sum: header[3],
             examples: header[4],
-            correct: header[5],
+            metrics: header[8..].to_vec(),
         };
         Ok(())
     }

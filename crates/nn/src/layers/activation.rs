@@ -15,6 +15,8 @@ pub enum Activation {
     Relu,
     /// Softmax over the last axis.
     Softmax,
+    /// The logistic function, for binary outputs.
+    Sigmoid,
 }
 
 impl Activation {
@@ -23,6 +25,7 @@ impl Activation {
             Self::Linear => Ok(x),
             Self::Relu => ops::relu(&x).in_layer(layer),
             Self::Softmax => ops::softmax(&x).in_layer(layer),
+            Self::Sigmoid => ops::sigmoid(&x).in_layer(layer),
         }
     }
 }

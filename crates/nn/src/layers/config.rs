@@ -132,6 +132,8 @@ pub enum ActivationName {
     Relu,
     /// Softmax over the last axis.
     Softmax,
+    /// The logistic function.
+    Sigmoid,
 }
 
 impl From<Activation> for ActivationName {
@@ -140,6 +142,7 @@ impl From<Activation> for ActivationName {
             Activation::Linear => Self::Linear,
             Activation::Relu => Self::Relu,
             Activation::Softmax => Self::Softmax,
+            Activation::Sigmoid => Self::Sigmoid,
         }
     }
 }
@@ -150,6 +153,7 @@ impl From<ActivationName> for Activation {
             ActivationName::Linear => Self::Linear,
             ActivationName::Relu => Self::Relu,
             ActivationName::Softmax => Self::Softmax,
+            ActivationName::Sigmoid => Self::Sigmoid,
         }
     }
 }

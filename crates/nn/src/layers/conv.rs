@@ -197,7 +197,7 @@ impl Layer for Conv2D {
         let relu = match self.activation {
             Activation::Relu => true,
             Activation::Linear => false,
-            Activation::Softmax => return None,
+            Activation::Softmax | Activation::Sigmoid => return None,
         };
         let bias = self.use_bias.then(|| &params[1]);
         Some(

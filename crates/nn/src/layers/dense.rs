@@ -153,7 +153,7 @@ impl Layer for Dense {
                 ops::dense(&flat, &params[0], bias, self.activation == Activation::Relu)
                     .in_layer(name)?
             }
-            other @ Activation::Softmax => other.apply(
+            other @ (Activation::Softmax | Activation::Sigmoid) => other.apply(
                 ops::dense(&flat, &params[0], bias, false).in_layer(name)?,
                 name,
             )?,

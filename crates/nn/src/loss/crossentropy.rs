@@ -4,7 +4,7 @@
 use lockstep_tensor::{Device, Tensor, ops};
 
 use super::sparse::EPSILON;
-use super::{Loss, Reduction, Targets, constant_like, dense_targets, mean_last_axis};
+use super::{Loss, LossConfig, Reduction, Targets, constant_like, dense_targets, mean_last_axis};
 use crate::error::{InLayer, NnError};
 
 /// Cross-entropy between label distributions (one-hot or soft) and predicted class scores
@@ -44,6 +44,13 @@ impl Loss for CategoricalCrossentropy {
 
     fn reduction(&self) -> Reduction {
         self.reduction
+    }
+
+    fn config(&self) -> Option<LossConfig> {
+        Some(LossConfig::CategoricalCrossentropy {
+            from_logits: self.from_logits,
+            label_smoothing: self.label_smoothing,
+        })
     }
 
     fn per_example(&self, predictions: &Tensor, targets: Targets<'_>) -> Result<Tensor, NnError> {
@@ -131,6 +138,13 @@ impl Loss for BinaryCrossentropy {
 
     fn reduction(&self) -> Reduction {
         self.reduction
+    }
+
+    fn config(&self) -> Option<LossConfig> {
+        Some(LossConfig::BinaryCrossentropy {
+            from_logits: self.from_logits,
+            label_smoothing: self.label_smoothing,
+        })
     }
 
     fn per_example(&self, predictions: &Tensor, targets: Targets<'_>) -> Result<Tensor, NnError> {

@@ -17,6 +17,7 @@ mod sparse;
 use std::fmt;
 
 use lockstep_tensor::{Device, Tensor, ops};
+use serde::{Deserialize, Serialize};
 
 pub use crossentropy::{BinaryCrossentropy, CategoricalCrossentropy};
 pub use regression::{Huber, MeanAbsoluteError, MeanSquaredError};
@@ -59,6 +60,12 @@ pub trait Loss: fmt::Debug + Send + Sync {
     /// How the per-example losses are combined.
     fn reduction(&self) -> Reduction;
 
+    /// The settings that rebuild this loss ([`LossConfig::build`]), saved with a compiled
+    /// model; `None` for a user's loss, which a loaded model cannot rebuild.
+    fn config(&self) -> Option<LossConfig> {
+        None
+    }
+
     /// One loss per example, `[batch]`, with its gradient recorded.
     ///
     /// # Errors
@@ -79,12 +86,18 @@ pub trait Loss: fmt::Debug + Send + Sync {
         sample_weight: Option<&[f32]>,
     ) -> Result<Tensor, NnError> {
         let per_example = self.per_example(predictions, targets)?;
-        reduce(self.name(), &per_example, sample_weight, self.reduction())
+        reduce_loss(self.name(), &per_example, sample_weight, self.reduction())
     }
 }
 
-/// Weights per-example losses `[batch]` and reduces them.
-pub(crate) fn reduce(
+/// Weights per-example losses `[batch]` (from [`Loss::per_example`]) by `sample_weight` and
+/// reduces them: what [`Loss::call`] does with its own reduction, for a caller (a
+/// distributed step) that reduces by another.
+///
+/// # Errors
+///
+/// Weights of another count than the examples; a tensor operation's error.
+pub fn reduce_loss(
     name: &str,
     per_example: &Tensor,
     sample_weight: Option<&[f32]>,
@@ -147,14 +160,102 @@ pub(crate) fn dense_targets(
                 .to_owned(),
         });
     };
-    if values.shape() != predictions.shape() {
-        return Err(NnError::Shape {
-            what: format!("{name} targets"),
-            expected: format!("{:?} (the predictions' shape)", predictions.shape()),
-            got: values.shape().to_vec(),
-        });
+    let values = same_shape(name, values, predictions.shape())?;
+    on_device(values, predictions.device(), name)
+}
+
+/// `values` (detached) in `shape`, which it may differ from only by axes of length 1 (Keras
+/// expands `(batch,)` targets to the `(batch, 1)` of a single-output model's predictions).
+///
+/// # Errors
+///
+/// Shapes that differ otherwise.
+pub(crate) fn same_shape(name: &str, values: &Tensor, shape: &[usize]) -> Result<Tensor, NnError> {
+    if values.shape() == shape {
+        return Ok(values.detach());
     }
-    on_device(values.detach(), predictions.device(), name)
+    let squeezed = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+    if values.len() == shape.iter().product::<usize>()
+        && squeezed(values.shape()) == squeezed(shape)
+    {
+        return ops::reshape(&values.detach(), shape).in_layer(name);
+    }
+    Err(NnError::Shape {
+        what: format!("{name} targets"),
+        expected: format!("{shape:?} (the predictions' shape)"),
+        got: values.shape().to_vec(),
+    })
+}
+
+/// A built-in loss's settings, by Keras class name: what a saved compiled model records so
+/// that loading it compiles it again.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "class_name", content = "config", deny_unknown_fields)]
+pub enum LossConfig {
+    /// [`SparseCategoricalCrossentropy`].
+    SparseCategoricalCrossentropy {
+        /// Predictions are logits.
+        from_logits: bool,
+    },
+    /// [`CategoricalCrossentropy`].
+    CategoricalCrossentropy {
+        /// Predictions are logits.
+        from_logits: bool,
+        /// Label smoothing.
+        label_smoothing: f32,
+    },
+    /// [`BinaryCrossentropy`].
+    BinaryCrossentropy {
+        /// Predictions are logits.
+        from_logits: bool,
+        /// Label smoothing.
+        label_smoothing: f32,
+    },
+    /// [`MeanSquaredError`].
+    MeanSquaredError,
+    /// [`MeanAbsoluteError`].
+    MeanAbsoluteError,
+    /// [`Huber`].
+    Huber {
+        /// Where the loss turns linear.
+        delta: f32,
+    },
+}
+
+impl LossConfig {
+    /// The loss these settings describe, with Keras' default reduction.
+    pub fn build(&self) -> Box<dyn Loss> {
+        match *self {
+            Self::SparseCategoricalCrossentropy { from_logits } => {
+                Box::new(SparseCategoricalCrossentropy {
+                    from_logits,
+                    ..Default::default()
+                })
+            }
+            Self::CategoricalCrossentropy {
+                from_logits,
+                label_smoothing,
+            } => Box::new(CategoricalCrossentropy {
+                from_logits,
+                label_smoothing,
+                ..Default::default()
+            }),
+            Self::BinaryCrossentropy {
+                from_logits,
+                label_smoothing,
+            } => Box::new(BinaryCrossentropy {
+                from_logits,
+                label_smoothing,
+                ..Default::default()
+            }),
+            Self::MeanSquaredError => Box::new(MeanSquaredError::default()),
+            Self::MeanAbsoluteError => Box::new(MeanAbsoluteError::default()),
+            Self::Huber { delta } => Box::new(Huber {
+                delta,
+                ..Default::default()
+            }),
+        }
+    }
 }
 
 /// The mean over the last axis: `[batch, …, n]` → `[batch, …]`, Keras' per-example reduction.

@@ -3,7 +3,7 @@
 
 use lockstep_tensor::{Tensor, ops};
 
-use super::{Loss, Reduction, Targets, dense_targets, mean_last_axis};
+use super::{Loss, LossConfig, Reduction, Targets, dense_targets, mean_last_axis};
 use crate::error::{InLayer, NnError};
 
 /// The mean of `(p − y)²` over the last axis, as Keras' `MeanSquaredError`.
@@ -33,6 +33,10 @@ impl Loss for MeanSquaredError {
         self.reduction
     }
 
+    fn config(&self) -> Option<LossConfig> {
+        Some(LossConfig::MeanSquaredError)
+    }
+
     fn per_example(&self, predictions: &Tensor, targets: Targets<'_>) -> Result<Tensor, NnError> {
         let name = self.name();
         let d = difference(name, predictions, targets)?;
@@ -54,6 +58,10 @@ impl Loss for MeanAbsoluteError {
 
     fn reduction(&self) -> Reduction {
         self.reduction
+    }
+
+    fn config(&self) -> Option<LossConfig> {
+        Some(LossConfig::MeanAbsoluteError)
     }
 
     fn per_example(&self, predictions: &Tensor, targets: Targets<'_>) -> Result<Tensor, NnError> {
@@ -89,6 +97,10 @@ impl Loss for Huber {
 
     fn reduction(&self) -> Reduction {
         self.reduction
+    }
+
+    fn config(&self) -> Option<LossConfig> {
+        Some(LossConfig::Huber { delta: self.delta })
     }
 
     fn per_example(&self, predictions: &Tensor, targets: Targets<'_>) -> Result<Tensor, NnError> {

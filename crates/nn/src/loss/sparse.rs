@@ -2,7 +2,7 @@
 
 use lockstep_tensor::{Tensor, ops};
 
-use super::{Loss, Reduction, Targets, reduce};
+use super::{Loss, LossConfig, Reduction, Targets, reduce_loss};
 use crate::error::{InLayer, NnError};
 
 /// Cross-entropy between integer labels and predicted class scores.
@@ -39,7 +39,7 @@ impl SparseCategoricalCrossentropy {
     /// not a class.
     pub fn call(&self, predictions: &Tensor, labels: &[usize]) -> Result<Tensor, NnError> {
         let per_example = self.per_example_of(predictions, labels)?;
-        reduce(NAME, &per_example, None, self.reduction)
+        reduce_loss(NAME, &per_example, None, self.reduction)
     }
 
     fn per_example_of(self, predictions: &Tensor, labels: &[usize]) -> Result<Tensor, NnError> {
@@ -61,6 +61,12 @@ impl Loss for SparseCategoricalCrossentropy {
 
     fn reduction(&self) -> Reduction {
         self.reduction
+    }
+
+    fn config(&self) -> Option<LossConfig> {
+        Some(LossConfig::SparseCategoricalCrossentropy {
+            from_logits: self.from_logits,
+        })
     }
 
     fn per_example(&self, predictions: &Tensor, targets: Targets<'_>) -> Result<Tensor, NnError> {

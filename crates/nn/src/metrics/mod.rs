@@ -124,14 +124,9 @@ impl HostBatch {
         targets: Targets<'_>,
     ) -> Result<Vec<f32>, NnError> {
         match targets {
-            Targets::Values(values) if values.shape() == predictions.shape() => {
-                values.to_vec().in_layer(name)
-            }
-            Targets::Values(values) => Err(NnError::Shape {
-                what: format!("{name} targets"),
-                expected: format!("{:?} (the predictions' shape)", predictions.shape()),
-                got: values.shape().to_vec(),
-            }),
+            Targets::Values(values) => crate::loss::same_shape(name, values, predictions.shape())?
+                .to_vec()
+                .in_layer(name),
             Targets::ClassIds(_) => Err(NnError::InvalidConfig {
                 layer: name.to_owned(),
                 why: "compares targets of the predictions' shape, not class ids".to_owned(),

@@ -73,6 +73,38 @@ pub fn exp(x: &Tensor) -> Result<Tensor, TensorError> {
     }))
 }
 
+/// The logistic function `1 / (1 + e^−x)`, with the gradient `y·(1 − y)` from its output.
+///
+/// On a GPU it is composed of the GPU's operations, on `x` clipped to `±80` (where `f32`'s
+/// sigmoid has saturated), so that no intermediate overflows into the gradient.
+///
+/// # Errors
+///
+/// The GPU's error, when `x` is on one.
+pub fn sigmoid(x: &Tensor) -> Result<Tensor, TensorError> {
+    if let On::Cuda(_) = on("sigmoid", &[x])? {
+        let bounded = clip(x, -80.0, 80.0)?;
+        let decay = exp(&super::scale(&bounded, -1.0)?)?;
+        let one = Tensor::full(x.shape(), 1.0)?.to_device(x.device())?;
+        return super::div(&one, &super::add(&one, &decay)?);
+    }
+    let out = elementwise::map(x.host(), |v| {
+        // Each branch computes e^−|v| only, which cannot overflow.
+        if v >= 0.0 {
+            1.0 / (1.0 + (-v).exp())
+        } else {
+            let e = v.exp();
+            e / (1.0 + e)
+        }
+    });
+    Ok(Tensor::from_op(out, x.shape().to_vec(), &[x], |g, y| {
+        Ok(vec![Some(Tensor::raw(
+            elementwise::zip(g.host(), y.host(), |g, y| g * y * (1.0 - y)),
+            y.shape().to_vec(),
+        ))])
+    }))
+}
+
 /// `|x|`, as `relu(x) + relu(−x)`: on every device, with the gradient `sign(x)` (0 at 0).
 ///
 /// # Errors

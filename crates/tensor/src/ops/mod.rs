@@ -15,7 +15,7 @@ mod matmul;
 mod reduce;
 mod reshape;
 
-pub use activation::{abs, clip, exp, log, relu, softmax};
+pub use activation::{abs, clip, exp, log, relu, sigmoid, softmax};
 pub use arith::{add, bias_add, div, mul, scale, sub};
 pub use concat::concat;
 pub use conv::{Padding, conv2d, max_pool2d};

@@ -26,10 +26,10 @@ use crate::error::TrainError;
 use crate::history::Logs;
 use crate::kill_switch::KillSwitch;
 use crate::model::Model;
-use crate::replica::ReplicaBatch;
 use crate::state::{Position, TrainingContext, restore_into, restore_weights};
 use crate::strategy::{OneDeviceStrategy, Strategy};
 use crate::tensorboard::EventWriter;
+use steps::ReplicaBatch;
 use steps::{EvalTotals, evaluate_batches, split_batch, train_step};
 
 /// The `params` handed to every `model_fn` call, as TensorFlow's `params` dict.
@@ -608,8 +608,9 @@ where
     let Some(batch) = batches.next() else {
         return Ok(None);
     };
-    let (x, labels) = batch?.into_parts()?;
-    Ok(Some(split_batch(x, labels, replicas)?))
+    let parts = batch?.into_parts()?;
+    let labels = parts.targets.into_class_ids()?;
+    Ok(Some(split_batch(parts.inputs, labels, replicas)?))
 }
 
 /// Logging, summaries and the time-based checkpoint clock of one `train` call.

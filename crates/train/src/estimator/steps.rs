@@ -7,7 +7,11 @@ use lockstep_tensor::Tensor;
 use super::{EstimatorSpec, EvalMetricOp, ModeKeys, ModelFn, Params, Variables};
 use crate::error::TrainError;
 use crate::history::Logs;
-use crate::replica::{Replica, ReplicaBatch};
+use crate::replica::Replica;
+
+/// One replica's part of an Estimator step: inputs and class ids (a `model_fn` takes labels
+/// as class ids), or nothing once its data has run out.
+pub(crate) type ReplicaBatch = Option<(Tensor, Vec<usize>)>;
 
 /// Values appended to the gradients so one all-reduce also sums the step's loss, its
 /// examples, and the chief's request to save a checkpoint now.
