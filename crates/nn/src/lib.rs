@@ -83,6 +83,9 @@ pub use metrics::{
 };
 pub use model::{Sequential, SequentialConfig};
 pub use network::{Forward, Network};
-pub use optimizers::{Adam, Optimizer, OptimizerConfig, Sgd};
+pub use optimizers::{
+    Adagrad, Adam, AdamW, GradientClipping, LearningRateSchedule, Optimizer, OptimizerConfig,
+    OptimizerSettings, RmsProp, Sgd, apply_clipped,
+};
 pub use params::{ParamBuilder, ParamSpec, Parameters};
 pub use session::TrainingSession;

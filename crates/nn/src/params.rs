@@ -83,6 +83,11 @@ impl Parameters {
         self.values.is_empty()
     }
 
+    /// Each variable's range in the flat buffer, in declaration order.
+    pub fn ranges(&self) -> Vec<std::ops::Range<usize>> {
+        self.specs.iter().map(ParamSpec::range).collect()
+    }
+
     /// The values of the variable called `name`.
     pub fn view(&self, name: &str) -> Option<&[f32]> {
         self.specs

@@ -182,6 +182,13 @@ fn upload_slots(gpu: &CudaDevice, optimizer: &dyn Optimizer, len: usize) -> Resu
             }),
         }
     };
+    if optimizer.schedule().is_some() || !optimizer.clipping().is_none() {
+        return Err(NnError::InvalidConfig {
+            layer: optimizer.name().to_owned(),
+            why: "a training session on a GPU runs optimizers without a schedule or clipping"
+                .to_owned(),
+        });
+    }
     Ok(match optimizer.config() {
         OptimizerConfig::Sgd {
             momentum, nesterov, ..
@@ -203,6 +210,17 @@ fn upload_slots(gpu: &CudaDevice, optimizer: &dyn Optimizer, len: usize) -> Resu
             m: slot("m")?,
             v: slot("v")?,
         },
+        other @ (OptimizerConfig::AdamW { .. }
+        | OptimizerConfig::RmsProp { .. }
+        | OptimizerConfig::Adagrad { .. }) => {
+            let name = other.build().name();
+            return Err(NnError::InvalidConfig {
+                layer: name.to_owned(),
+                why: "a training session on a GPU runs SGD and Adam; this optimizer runs on the \
+                      CPU"
+                .to_owned(),
+            });
+        }
     })
 }
 
@@ -227,8 +245,13 @@ impl TrainingSession<'_> {
                 let value = loss(&forward.output)?;
                 let gradients = value.backward().in_layer("loss")?;
                 self.model.gradients(&forward, &gradients, grads)?;
-                self.optimizer
-                    .apply(self.model.parameters_mut().values_mut(), grads)?;
+                let variables = self.model.parameters().ranges();
+                crate::optimizers::apply_clipped(
+                    &mut *self.optimizer,
+                    self.model.parameters_mut().values_mut(),
+                    grads,
+                    &variables,
+                )?;
                 Ok(value.detach())
             }
             State::Cuda(resident) => {

@@ -143,7 +143,13 @@ impl Replica {
                 *g *= scale;
             }
             let optimizer = self.optimizer.as_mut().ok_or_else(not_compiled)?;
-            optimizer.apply(self.net.parameters_mut().values_mut(), &self.buffer[..n])?;
+            let variables = self.net.parameters().ranges();
+            lockstep_nn::apply_clipped(
+                &mut **optimizer,
+                self.net.parameters_mut().values_mut(),
+                &mut self.buffer[..n],
+                &variables,
+            )?;
         }
         Ok(totals)
     }

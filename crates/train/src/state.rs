@@ -244,7 +244,10 @@ pub(crate) fn restore_into(
             .copy_from_slice(&weights);
         let optimizer = replica.optimizer.as_mut().ok_or_else(not_compiled)?;
         optimizer.restore(meta.iterations, &view)?;
-        optimizer.set_learning_rate(meta.learning_rate);
+        // A schedule's rate follows the restored step count by itself.
+        if optimizer.schedule().is_none() {
+            optimizer.set_learning_rate(meta.learning_rate);
+        }
     }
     Ok(meta.position)
 }
@@ -406,7 +409,9 @@ impl TrainingContext<'_> {
             r.link.broadcast(&mut header)?;
             r.link.broadcast(r.net.parameters_mut().values_mut())?;
             let optimizer = r.optimizer.as_mut().ok_or_else(not_compiled)?;
-            optimizer.set_learning_rate(header[7] as f32);
+            if optimizer.schedule().is_none() {
+                optimizer.set_learning_rate(header[7] as f32);
+            }
             if header[6] == 1.0 {
                 let mut flat: Vec<f32> = optimizer
                     .slots()

@@ -16,7 +16,7 @@ use common::{EXAMPLES, digits, loss, mlp};
 use lockstep_cluster::{Cluster, TfConfig};
 use lockstep_collective::{CommunicationOptions, Implementation, TcpOptions, TcpTransport};
 use lockstep_data::Dataset;
-use lockstep_nn::{Adam, Sgd, models};
+use lockstep_nn::{Adam, AdamW, LearningRateSchedule, Sgd, models};
 use lockstep_train::{
     BackupAndRestore, Callback, History, MirroredStrategy, Model, MultiWorkerMirroredStrategy,
     OneDeviceStrategy, SaveFreq, Strategy, TrainError, TrainingContext,
@@ -344,5 +344,50 @@ fn workers_whose_models_differ_only_in_shapes_fail_together_when_the_model_is_ma
             error.contains("the workers built different models"),
             "{error}"
         );
+    }
+}
+
+#[test]
+fn a_run_with_a_per_step_schedule_and_clipping_resumes_bit_identical() {
+    let schedule = LearningRateSchedule::CosineDecay {
+        initial_learning_rate: 1e-4,
+        decay_steps: 25,
+        alpha: 0.1,
+        warmup_target: Some(2e-3),
+        warmup_steps: 5,
+    };
+    let run = |callbacks: Vec<Box<dyn Callback>>| -> Result<(Vec<f32>, History), TrainError> {
+        let mut model = Model::new(MirroredStrategy::new(2).unwrap(), mlp)?;
+        let optimizer = AdamW::default()
+            .with_schedule(schedule.clone())
+            .global_clipnorm(1.0);
+        model.compile(
+            optimizer,
+            loss(),
+            &["accuracy", "sparse_categorical_accuracy"],
+        )?;
+        let data = model.distribute_dataset(digits(), 64)?;
+        let mut fit = model.fit(&data).epochs(3).verbose(false);
+        for callback in callbacks {
+            fit = fit.callback(callback);
+        }
+        let history = fit.run()?;
+        Ok((model.network().parameters().values().to_vec(), history))
+    };
+    let (uninterrupted, history) = run(Vec::new()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let backup = || BackupAndRestore::new(dir.path().join("backup")).save_freq(SaveFreq::Steps(4));
+    let err = run(vec![Box::new(backup()), Box::new(CrashAt(13))]).unwrap_err();
+    assert!(err.to_string().contains("crashed on purpose"));
+    let (resumed, resumed_history) = run(vec![Box::new(backup())]).unwrap();
+    assert_eq!(resumed, uninterrupted);
+    // The interrupted epoch's metrics resume from the backup's states too.
+    assert_eq!(resumed_history.epochs, [1, 2]);
+    for name in ["loss", "accuracy", "sparse_categorical_accuracy"] {
+        let (all, tail) = (
+            history.get(name).unwrap(),
+            resumed_history.get(name).unwrap(),
+        );
+        assert_eq!(tail, &all[1..], "{name}");
     }
 }

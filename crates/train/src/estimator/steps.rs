@@ -119,7 +119,9 @@ pub(super) fn train_step(
             .gradients(&forward, &loss.backward()?, &mut buffer[..n])?;
         buffer[n] = loss.item()?;
         buffer[n + 1] = labels.len() as f32;
-        if let (Some(optimizer), Some(requested)) = (&mut replica.optimizer, &spec.train_op) {
+        if let (Some(optimizer), Some(requested)) = (&mut replica.optimizer, &spec.train_op)
+            && optimizer.schedule().is_none()
+        {
             optimizer.set_learning_rate(requested.learning_rate());
         }
     }
@@ -135,7 +137,13 @@ pub(super) fn train_step(
             .optimizer
             .as_mut()
             .ok_or_else(|| TrainError::invalid("Estimator", "a replica has no optimizer"))?;
-        optimizer.apply(replica.net.parameters_mut().values_mut(), &buffer[..n])?;
+        let variables = replica.net.parameters().ranges();
+        lockstep_nn::apply_clipped(
+            &mut **optimizer,
+            replica.net.parameters_mut().values_mut(),
+            &mut buffer[..n],
+            &variables,
+        )?;
     }
     replica.buffer = buffer;
     Ok(totals)

@@ -1,14 +1,28 @@
 //! Optimizers that update a model's flat parameter buffer from its flat gradient buffer, with
-//! Keras' update rules and defaults.
+//! Keras' update rules, names and defaults: [`Sgd`] (momentum, Nesterov) and [`Adam`] here,
+//! [`AdamW`], [`RmsProp`] and [`Adagrad`] in `adaptive.rs`; every one with Keras' gradient
+//! clipping ([`GradientClipping`], applied by [`apply_clipped`]) and per-step learning-rate
+//! schedules ([`LearningRateSchedule`], evaluated at the step count, so a resumed run takes the
+//! rates an uninterrupted one would).
+
+mod adaptive;
+mod clipping;
+mod schedules;
+
+use std::ops::Range;
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+
+pub use adaptive::{Adagrad, AdamW, RmsProp};
+pub use clipping::GradientClipping;
+pub use schedules::LearningRateSchedule;
 
 use crate::error::NnError;
 
 /// Values per parallel task: elementwise updates are independent, so any split gives the
 /// same bits.
-const CHUNK: usize = 1 << 14;
+pub(crate) const CHUNK: usize = 1 << 14;
 
 /// An update rule with state (slots) laid out like the parameters.
 pub trait Optimizer: Send {
@@ -38,6 +52,16 @@ pub trait Optimizer: Send {
     /// Changes the step size (a learning-rate schedule).
     fn set_learning_rate(&mut self, learning_rate: f32);
 
+    /// How gradients are clipped before an update ([`apply_clipped`]); none by default.
+    fn clipping(&self) -> GradientClipping {
+        GradientClipping::default()
+    }
+
+    /// The per-step learning-rate schedule, when the optimizer has one.
+    fn schedule(&self) -> Option<&LearningRateSchedule> {
+        None
+    }
+
     /// Replaces the state with a saved one: the step count and every slot [`Optimizer::slots`]
     /// names, or no slot at all for an optimizer saved before its first step.
     ///
@@ -46,6 +70,109 @@ pub trait Optimizer: Send {
     /// [`NnError::InvalidConfig`] when a slot is missing, unknown, or of another length than
     /// the others.
     fn restore(&mut self, iterations: u64, slots: &[(&str, &[f32])]) -> Result<(), NnError>;
+}
+
+/// Clips `grads` as `optimizer` says ([`Optimizer::clipping`]; `variables` are the variables'
+/// ranges in the flat buffers), then applies the update: what a training step calls with the
+/// all-reduced gradient.
+///
+/// # Errors
+///
+/// As [`Optimizer::apply`].
+pub fn apply_clipped(
+    optimizer: &mut dyn Optimizer,
+    params: &mut [f32],
+    grads: &mut [f32],
+    variables: &[Range<usize>],
+) -> Result<(), NnError> {
+    let clipping = optimizer.clipping();
+    if !clipping.is_none() {
+        clipping.apply(grads, variables);
+    }
+    optimizer.apply(params, grads)
+}
+
+/// What every optimizer has beside its update rule: its rate, schedule and clipping.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerSettings {
+    /// The step size, when no schedule sets it.
+    pub learning_rate: f32,
+    /// A per-step schedule of the step size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<LearningRateSchedule>,
+    /// Gradient clipping.
+    #[serde(default, skip_serializing_if = "GradientClipping::is_none")]
+    pub clipping: GradientClipping,
+}
+
+/// The step size at step `iterations`: the schedule's, or the fixed rate.
+/// Builder methods every optimizer has: a schedule and Keras' three clippings.
+macro_rules! schedule_and_clipping {
+    ($($optimizer:ty),*) => {$(
+        impl $optimizer {
+            /// The step size follows `schedule`, step by step.
+            #[must_use]
+            pub fn with_schedule(mut self, schedule: LearningRateSchedule) -> Self {
+                self.schedule = Some(schedule);
+                self
+            }
+
+            /// Each variable's gradient is scaled down to this L2 norm at most (Keras'
+            /// `clipnorm`).
+            #[must_use]
+            pub fn clipnorm(mut self, bound: f32) -> Self {
+                self.clipping = GradientClipping { clipnorm: Some(bound), ..GradientClipping::default() };
+                self
+            }
+
+            /// Each gradient value is limited to `±bound` (Keras' `clipvalue`).
+            #[must_use]
+            pub fn clipvalue(mut self, bound: f32) -> Self {
+                self.clipping = GradientClipping { clipvalue: Some(bound), ..GradientClipping::default() };
+                self
+            }
+
+            /// All gradients together are scaled down to this L2 norm at most (Keras'
+            /// `global_clipnorm`).
+            #[must_use]
+            pub fn global_clipnorm(mut self, bound: f32) -> Self {
+                self.clipping = GradientClipping {
+                    global_clipnorm: Some(bound),
+                    ..GradientClipping::default()
+                };
+                self
+            }
+        }
+    )*};
+}
+schedule_and_clipping!(Sgd, Adam, AdamW, RmsProp, Adagrad);
+
+pub(crate) fn scheduled(
+    schedule: Option<&LearningRateSchedule>,
+    learning_rate: f32,
+    iterations: u64,
+) -> f32 {
+    schedule.map_or(learning_rate, |s| s.at(iterations))
+}
+
+/// Sets `slot` to `learning_rate`, unless a schedule decides the rate (Keras refuses to set
+/// a scheduled rate; a `LearningRateScheduler` callback beside a schedule is logged).
+pub(crate) fn set_rate(
+    schedule: Option<&LearningRateSchedule>,
+    slot: &mut f32,
+    learning_rate: f32,
+    optimizer: &str,
+) {
+    if schedule.is_some() {
+        tracing::warn!(
+            optimizer,
+            learning_rate,
+            "the optimizer's schedule sets its learning rate: the change is ignored"
+        );
+    } else {
+        *slot = learning_rate;
+    }
 }
 
 /// An optimizer's settings by Keras class name, serialisable for whole-model saves.
@@ -61,6 +188,12 @@ pub enum OptimizerConfig {
         momentum: f32,
         /// Nesterov momentum.
         nesterov: bool,
+        /// A per-step schedule of the step size.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        schedule: Option<LearningRateSchedule>,
+        /// Gradient clipping.
+        #[serde(default, skip_serializing_if = "GradientClipping::is_none")]
+        clipping: GradientClipping,
     },
     /// [`Adam`].
     Adam {
@@ -72,36 +205,120 @@ pub enum OptimizerConfig {
         beta_2: f32,
         /// Added to the denominator.
         epsilon: f32,
+        /// A per-step schedule of the step size.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        schedule: Option<LearningRateSchedule>,
+        /// Gradient clipping.
+        #[serde(default, skip_serializing_if = "GradientClipping::is_none")]
+        clipping: GradientClipping,
+    },
+    /// [`AdamW`].
+    AdamW {
+        /// Rate, schedule and clipping.
+        #[serde(flatten)]
+        common: OptimizerSettings,
+        /// First-moment decay.
+        beta_1: f32,
+        /// Second-moment decay.
+        beta_2: f32,
+        /// Added to the denominator.
+        epsilon: f32,
+        /// Decoupled weight decay.
+        weight_decay: f32,
+    },
+    /// [`RmsProp`].
+    #[serde(rename = "RMSprop")]
+    RmsProp {
+        /// Rate, schedule and clipping.
+        #[serde(flatten)]
+        common: OptimizerSettings,
+        /// Decay of the mean square.
+        rho: f32,
+        /// Momentum factor.
+        momentum: f32,
+        /// Added to the denominator.
+        epsilon: f32,
+        /// Whether the mean gradient's square is subtracted.
+        centered: bool,
+    },
+    /// [`Adagrad`].
+    Adagrad {
+        /// Rate, schedule and clipping.
+        #[serde(flatten)]
+        common: OptimizerSettings,
+        /// The accumulator's starting value.
+        initial_accumulator_value: f32,
+        /// Added to the denominator.
+        epsilon: f32,
     },
 }
 
 impl OptimizerConfig {
     /// A fresh optimizer with these settings (no state yet).
     pub fn build(&self) -> Box<dyn Optimizer> {
-        match *self {
+        match self.clone() {
             Self::Sgd {
                 learning_rate,
                 momentum,
                 nesterov,
-            } => Box::new(Sgd::with_momentum(learning_rate, momentum, nesterov)),
+                schedule,
+                clipping,
+            } => Box::new(Sgd {
+                schedule,
+                clipping,
+                ..Sgd::with_momentum(learning_rate, momentum, nesterov)
+            }),
             Self::Adam {
                 learning_rate,
                 beta_1,
                 beta_2,
                 epsilon,
+                schedule,
+                clipping,
             } => Box::new(Adam {
                 beta_1,
                 beta_2,
                 epsilon,
+                schedule,
+                clipping,
                 ..Adam::new(learning_rate)
             }),
+            Self::AdamW {
+                common,
+                beta_1,
+                beta_2,
+                epsilon,
+                weight_decay,
+            } => Box::new(AdamW::from_settings(
+                common,
+                (beta_1, beta_2, epsilon),
+                weight_decay,
+            )),
+            Self::RmsProp {
+                common,
+                rho,
+                momentum,
+                epsilon,
+                centered,
+            } => Box::new(RmsProp::from_settings(
+                common, rho, momentum, epsilon, centered,
+            )),
+            Self::Adagrad {
+                common,
+                initial_accumulator_value,
+                epsilon,
+            } => Box::new(Adagrad::from_settings(
+                common,
+                initial_accumulator_value,
+                epsilon,
+            )),
         }
     }
 }
 
 /// Fills `targets` (name, slot) from `saved`, which must name exactly those slots, all of one
 /// length, or none (the state before the first step).
-fn restore_slots(
+pub(crate) fn restore_slots(
     optimizer: &'static str,
     targets: &mut [(&'static str, &mut Vec<f32>)],
     saved: &[(&str, &[f32])],
@@ -141,7 +358,11 @@ fn restore_slots(
     Ok(())
 }
 
-fn check(params: &[f32], grads: &[f32], slots: &mut [&mut Vec<f32>]) -> Result<(), NnError> {
+pub(crate) fn check(
+    params: &[f32],
+    grads: &[f32],
+    slots: &mut [&mut Vec<f32>],
+) -> Result<(), NnError> {
     if params.len() != grads.len() {
         return Err(NnError::Length {
             what: "parameters and gradients",
@@ -182,6 +403,10 @@ pub struct Sgd {
     pub momentum: f32,
     /// Use Nesterov momentum.
     pub nesterov: bool,
+    /// A per-step schedule of the step size (then `learning_rate` is unused).
+    pub schedule: Option<LearningRateSchedule>,
+    /// Gradient clipping.
+    pub clipping: GradientClipping,
     velocity: Vec<f32>,
     iterations: u64,
 }
@@ -193,6 +418,8 @@ impl Sgd {
             learning_rate,
             momentum: 0.0,
             nesterov: false,
+            schedule: None,
+            clipping: GradientClipping::default(),
             velocity: Vec::new(),
             iterations: 0,
         }
@@ -216,7 +443,7 @@ impl Default for Sgd {
 
 impl Optimizer for Sgd {
     fn apply(&mut self, params: &mut [f32], grads: &[f32]) -> Result<(), NnError> {
-        let (lr, momentum, nesterov) = (self.learning_rate, self.momentum, self.nesterov);
+        let (lr, momentum, nesterov) = (self.learning_rate(), self.momentum, self.nesterov);
         if momentum == 0.0 {
             check(params, grads, &mut [])?;
             params
@@ -265,15 +492,30 @@ impl Optimizer for Sgd {
             learning_rate: self.learning_rate,
             momentum: self.momentum,
             nesterov: self.nesterov,
+            schedule: self.schedule.clone(),
+            clipping: self.clipping,
         }
     }
 
     fn learning_rate(&self) -> f32 {
-        self.learning_rate
+        scheduled(self.schedule.as_ref(), self.learning_rate, self.iterations)
     }
 
     fn set_learning_rate(&mut self, learning_rate: f32) {
-        self.learning_rate = learning_rate;
+        set_rate(
+            self.schedule.as_ref(),
+            &mut self.learning_rate,
+            learning_rate,
+            "SGD",
+        );
+    }
+
+    fn clipping(&self) -> GradientClipping {
+        self.clipping
+    }
+
+    fn schedule(&self) -> Option<&LearningRateSchedule> {
+        self.schedule.as_ref()
     }
 
     fn restore(&mut self, iterations: u64, slots: &[(&str, &[f32])]) -> Result<(), NnError> {
@@ -308,6 +550,10 @@ pub struct Adam {
     pub beta_2: f32,
     /// Added to the denominator, 1e-7.
     pub epsilon: f32,
+    /// A per-step schedule of the step size (then `learning_rate` is unused).
+    pub schedule: Option<LearningRateSchedule>,
+    /// Gradient clipping.
+    pub clipping: GradientClipping,
     m: Vec<f32>,
     v: Vec<f32>,
     iterations: u64,
@@ -321,6 +567,8 @@ impl Adam {
             beta_1: 0.9,
             beta_2: 0.999,
             epsilon: 1e-7,
+            schedule: None,
+            clipping: GradientClipping::default(),
             m: Vec::new(),
             v: Vec::new(),
             iterations: 0,
@@ -339,7 +587,7 @@ impl Optimizer for Adam {
         check(params, grads, &mut [&mut self.m, &mut self.v])?;
         let t = (self.iterations + 1) as f64;
         let (b1, b2, eps) = (self.beta_1, self.beta_2, self.epsilon);
-        let alpha = (f64::from(self.learning_rate) * (1.0 - f64::from(b2).powf(t)).sqrt()
+        let alpha = (f64::from(self.learning_rate()) * (1.0 - f64::from(b2).powf(t)).sqrt()
             / (1.0 - f64::from(b1).powf(t))) as f32;
         params
             .par_chunks_mut(CHUNK)
@@ -378,15 +626,30 @@ impl Optimizer for Adam {
             beta_1: self.beta_1,
             beta_2: self.beta_2,
             epsilon: self.epsilon,
+            schedule: self.schedule.clone(),
+            clipping: self.clipping,
         }
     }
 
     fn learning_rate(&self) -> f32 {
-        self.learning_rate
+        scheduled(self.schedule.as_ref(), self.learning_rate, self.iterations)
     }
 
     fn set_learning_rate(&mut self, learning_rate: f32) {
-        self.learning_rate = learning_rate;
+        set_rate(
+            self.schedule.as_ref(),
+            &mut self.learning_rate,
+            learning_rate,
+            "Adam",
+        );
+    }
+
+    fn clipping(&self) -> GradientClipping {
+        self.clipping
+    }
+
+    fn schedule(&self) -> Option<&LearningRateSchedule> {
+        self.schedule.as_ref()
     }
 
     fn restore(&mut self, iterations: u64, slots: &[(&str, &[f32])]) -> Result<(), NnError> {
