@@ -1,6 +1,6 @@
 //! One training step — forward, backward, gradient gather and Adam update — of the tutorial
-//! CNN (batch 64) and the Keras guide's MLP (batch 32), in examples per second, on 1 and 2
-//! threads.
+//! CNN (batch 64; as a `Sequential` model and written with the functional API) and the Keras
+//! guide's MLP (batch 32), in examples per second, on 1 and 2 threads.
 //!
 //! `cargo bench -p lockstep-benches --bench training_step`
 
@@ -9,16 +9,20 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use lockstep_data::mnist::Mnist;
 use lockstep_nn::{
-    Adam, ForwardContext, Optimizer, Reduction, Sequential, SparseCategoricalCrossentropy, models,
+    Adam, ForwardContext, Network, Optimizer, Reduction, SparseCategoricalCrossentropy, models,
 };
 use lockstep_tensor::Tensor;
 
-fn cnn() -> Sequential {
-    models::mnist_cnn(0).expect("cnn")
+fn cnn() -> Network {
+    models::mnist_cnn(0).expect("cnn").into()
 }
 
-fn mlp() -> Sequential {
-    models::mnist_mlp(0).expect("mlp")
+fn functional_cnn() -> Network {
+    models::mnist_cnn_functional(0).expect("functional cnn")
+}
+
+fn mlp() -> Network {
+    models::mnist_mlp(0).expect("mlp").into()
 }
 
 /// The first `batch` training images, scaled, shaped for the model, and their labels.
@@ -41,7 +45,7 @@ fn batch(mnist: &Mnist, batch: usize, shape: &[usize]) -> (Tensor, Vec<usize>) {
 }
 
 fn step(
-    model: &mut Sequential,
+    model: &mut Network,
     adam: &mut Adam,
     grads: &mut [f32],
     x: &Tensor,
@@ -85,7 +89,13 @@ fn training_step(c: &mut Criterion) {
     for (name, make, size, shape) in [
         (
             "cnn_batch64",
-            cnn as fn() -> Sequential,
+            cnn as fn() -> Network,
+            64,
+            vec![64, 28, 28, 1],
+        ),
+        (
+            "cnn_functional_batch64",
+            functional_cnn,
             64,
             vec![64, 28, 28, 1],
         ),

@@ -106,6 +106,47 @@ fn the_keras_example_trains_in_lockstep_and_removes_its_backup() {
 }
 
 #[test]
+fn the_fashion_mnist_example_trains_functional_models_in_lockstep() {
+    let data = Path::new("/usr/share/datasets/fashion-mnist");
+    if !data.is_dir() {
+        eprintln!(
+            "skipped: {} missing (apt-get install dataset-fashion-mnist)",
+            data.display()
+        );
+        return;
+    }
+    let out = xtask(&[
+        "run-cluster",
+        "--profile",
+        "dev",
+        "--timeout-secs=600",
+        "--example",
+        "fashion_mnist",
+        "--",
+        "--epochs",
+        "1",
+        "--model",
+        "mlp",
+    ])
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "training failed\n{stderr}");
+    check_documented_output(&out.stdout, "fashion_mnist").unwrap();
+    let lines: Vec<String> = (0..2)
+        .map(|rank| {
+            task_lines(&out.stdout, &format!("worker:{rank}"))
+                .into_iter()
+                .find(|l| l.starts_with("test_accuracy="))
+                .expect("every worker prints its result")
+        })
+        .collect();
+    let checksum = |line: &str| field(line, "weights_checksum").unwrap().to_owned();
+    assert_eq!(checksum(&lines[0]), checksum(&lines[1]), "{lines:?}");
+    let accuracy: f64 = field(&lines[0], "test_accuracy").unwrap().parse().unwrap();
+    assert!(accuracy >= 0.8, "{lines:?}");
+}
+
+#[test]
 fn an_evaluator_beside_keras_fit_evaluates_the_chiefs_checkpoints_up_to_the_last_epoch() {
     let dir = tempfile::tempdir().unwrap();
     let checkpoints = dir.path().join("checkpoints");

@@ -2,8 +2,10 @@
 //! benchmarks that train them.
 
 use crate::error::NnError;
+use crate::functional::{Input, LayerCall};
 use crate::layers::{Activation, Conv2D, Dense, Flatten, Layer, MaxPooling2D};
 use crate::model::Sequential;
+use crate::network::Network;
 
 /// The CNN of TensorFlow's multi-worker tutorials, on 28×28 grey images: Conv2D(32, 3×3,
 /// relu) → MaxPooling2D(2×2) → Conv2D(64, 3×3, relu) → MaxPooling2D(2×2) → Flatten →
@@ -60,4 +62,34 @@ pub fn mnist_mlp(seed: u64) -> Result<Sequential, NnError> {
         Box::new(Dense::new(10)),
     ];
     Sequential::new(&[784], layers, seed)
+}
+
+/// [`mnist_cnn`] written with the functional API: the same layers, names and, for the same
+/// seed, the same variables.
+///
+/// ```
+/// use lockstep_nn::models;
+///
+/// let functional = models::mnist_cnn_functional(7)?;
+/// assert_eq!(functional.parameters(), models::mnist_cnn(7)?.parameters());
+/// # Ok::<(), lockstep_nn::NnError>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`mnist_cnn`].
+pub fn mnist_cnn_functional(seed: u64) -> Result<Network, NnError> {
+    let inputs = Input::new(&[28, 28, 1]);
+    let x = Conv2D::new(32, (3, 3))
+        .activation(Activation::Relu)
+        .call(&inputs)?;
+    let x = MaxPooling2D::new((2, 2)).call(&x)?;
+    let x = Conv2D::new(64, (3, 3))
+        .activation(Activation::Relu)
+        .call(&x)?;
+    let x = MaxPooling2D::new((2, 2)).call(&x)?;
+    let x = Flatten.call(&x)?;
+    let x = Dense::new(128).activation(Activation::Relu).call(&x)?;
+    let outputs = Dense::new(10).call(&x)?;
+    Network::new(&[&inputs], &[&outputs], seed)
 }

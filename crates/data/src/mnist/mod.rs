@@ -24,6 +24,10 @@ pub use idx::{IdxArray, read_idx};
 use crate::error::DataError;
 use crate::source::{FromSlices, from_slices};
 
+/// Where Debian's package `dataset-fashion-mnist` installs Fashion-MNIST (Zalando's 60,000
+/// training and 10,000 test images of clothing in MNIST's format, MIT licence).
+pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
+
 /// The standard file names, without the optional `.gz`.
 pub const TRAIN_IMAGES: &str = "train-images-idx3-ubyte";
 /// See [`TRAIN_IMAGES`].
@@ -151,6 +155,26 @@ impl Mnist {
                 TEST_LABELS,
             )?,
         })
+    }
+
+    /// Fashion-MNIST from [`FASHION_MNIST_DIR`] (a drop-in replacement of MNIST: the same
+    /// format, shapes and ten classes).
+    ///
+    /// # Errors
+    ///
+    /// As [`Mnist::load`]; a missing directory's error says which package installs it.
+    pub fn fashion() -> Result<Self, DataError> {
+        let dir = Path::new(FASHION_MNIST_DIR);
+        if !dir.is_dir() {
+            return Err(DataError::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "Fashion-MNIST is not installed (Debian: apt-get install dataset-fashion-mnist)",
+                ),
+            });
+        }
+        Self::load(dir)
     }
 
     /// [`Mnist::load`] from `dir` when given, else [`Mnist::embedded`].

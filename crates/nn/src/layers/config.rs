@@ -8,8 +8,8 @@ use std::sync::{Arc, LazyLock, PoisonError, RwLock};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Activation, ActivationLayer, Add, Concatenate, Conv2D, Dense, Dropout, Flatten, Layer,
-    MaxPooling2D, Multiply, Reshape,
+    Activation, ActivationLayer, Add, Concatenate, Conv2D, Dense, Dropout, Flatten,
+    GlobalAveragePooling2D, Layer, LayerNormalization, MaxPooling2D, Multiply, Reshape,
 };
 use crate::error::NnError;
 use crate::initializers::Initializer;
@@ -120,6 +120,13 @@ pub enum BuiltinLayerConfig {
     Multiply,
     /// [`Concatenate`] (along the last axis).
     Concatenate,
+    /// [`LayerNormalization`] (over the last axis).
+    LayerNormalization {
+        /// Added to the variance.
+        epsilon: f32,
+    },
+    /// [`GlobalAveragePooling2D`].
+    GlobalAveragePooling2D,
 }
 
 /// An activation by its Keras name.
@@ -243,6 +250,10 @@ impl BuiltinLayerConfig {
             Self::Add => Box::new(Add),
             Self::Multiply => Box::new(Multiply),
             Self::Concatenate => Box::new(Concatenate),
+            Self::LayerNormalization { epsilon } => {
+                Box::new(LayerNormalization::new().epsilon(epsilon))
+            }
+            Self::GlobalAveragePooling2D => Box::new(GlobalAveragePooling2D),
         }
     }
 }
@@ -277,6 +288,8 @@ const BUILTIN: &[&str] = &[
     "Add",
     "Multiply",
     "Concatenate",
+    "LayerNormalization",
+    "GlobalAveragePooling2D",
 ];
 
 /// Registers a user's layer type under `class_name` (what its [`Layer::config`] returns in

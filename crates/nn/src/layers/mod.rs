@@ -9,6 +9,7 @@ mod conv;
 mod dense;
 mod dropout;
 mod merge;
+mod normalization;
 mod pooling;
 mod reshape;
 
@@ -21,6 +22,7 @@ pub use conv::Conv2D;
 pub use dense::Dense;
 pub use dropout::Dropout;
 pub use merge::{Add, Concatenate, Multiply};
+pub use normalization::{GlobalAveragePooling2D, LayerNormalization};
 pub use pooling::MaxPooling2D;
 pub use reshape::{Flatten, Reshape};
 

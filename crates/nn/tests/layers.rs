@@ -1,0 +1,135 @@
+//! The layers beyond the tutorials' — `LayerNormalization`, `GlobalAveragePooling2D` — against
+//! values computed by hand, every variable's gradient against central finite differences, and
+//! their configurations through JSON.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test helper that meets an error must fail the test loudly"
+)]
+
+use lockstep_nn::{
+    Conv2D, Dense, ForwardContext, GlobalAveragePooling2D, Input, LayerCall, LayerNormalization,
+    Network,
+};
+use lockstep_tensor::{Tensor, ops};
+
+fn tensor(values: &[f32], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(values.to_vec(), shape).unwrap()
+}
+
+/// `Σ output · weights` of `model` on `x`.
+fn weighted_output(model: &Network, x: &Tensor) -> f64 {
+    let out = model.predict(x).unwrap().to_vec().unwrap();
+    out.iter()
+        .enumerate()
+        .map(|(i, &o)| f64::from(o) * (((i * 7 + 3) % 11) as f64 / 5.0 - 1.0))
+        .sum()
+}
+
+/// Every variable's gradient of [`weighted_output`] against central differences.
+fn check_gradients(mut model: Network, x: &Tensor) {
+    let forward = model.forward(x, ForwardContext::default()).unwrap();
+    let n = forward.output.len();
+    let weights: Vec<f32> = (0..n)
+        .map(|i| ((i * 7 + 3) % 11) as f32 / 5.0 - 1.0)
+        .collect();
+    let r = tensor(&weights, forward.output.shape());
+    let axes: Vec<usize> = (0..forward.output.rank()).collect();
+    let loss = ops::sum(&ops::mul(&forward.output, &r).unwrap(), &axes, false).unwrap();
+    let mut analytic = vec![0.0; model.parameters().len()];
+    model
+        .gradients(&forward, &loss.backward().unwrap(), &mut analytic)
+        .unwrap();
+    let h = 1e-2_f32;
+    for (i, &slope) in analytic.iter().enumerate() {
+        let original = model.parameters().values()[i];
+        model.parameters_mut().values_mut()[i] = original + h;
+        let up = weighted_output(&model, x);
+        model.parameters_mut().values_mut()[i] = original - h;
+        let down = weighted_output(&model, x);
+        model.parameters_mut().values_mut()[i] = original;
+        let numeric = (up - down) / (2.0 * f64::from(h));
+        assert!(
+            (f64::from(slope) - numeric).abs() <= 2e-2 * (1.0 + numeric.abs()),
+            "variable value {i}: analytic {slope} numeric {numeric}"
+        );
+    }
+}
+
+#[test]
+fn layer_normalization_gives_each_example_mean_zero_and_variance_one() {
+    let inputs = Input::new(&[3]);
+    let outputs = LayerNormalization::new().call(&inputs).unwrap();
+    let model = Network::new(&[&inputs], &[&outputs], 0).unwrap();
+    let y = model
+        .predict(&tensor(&[1.0, 2.0, 3.0, 4.0, 4.0, 4.0], &[2, 3]))
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let scale = 1.0 / (2.0_f64 / 3.0 + 1e-3).sqrt();
+    for (got, want) in y.iter().zip([-scale, 0.0, scale, 0.0, 0.0, 0.0]) {
+        assert!((f64::from(*got) - want).abs() < 1e-5, "{y:?}");
+    }
+    assert_eq!(
+        model
+            .parameters()
+            .view("layer_normalization/gamma")
+            .unwrap(),
+        [1.0; 3]
+    );
+}
+
+#[test]
+fn global_average_pooling_averages_each_channel_over_the_image() {
+    let inputs = Input::new(&[2, 2, 2]);
+    let outputs = GlobalAveragePooling2D.call(&inputs).unwrap();
+    assert_eq!(outputs.shape(), [2]);
+    let model = Network::new(&[&inputs], &[&outputs], 0).unwrap();
+    let x = tensor(&[1.0, 10.0, 2.0, 20.0, 3.0, 30.0, 4.0, 40.0], &[1, 2, 2, 2]);
+    assert_eq!(model.predict(&x).unwrap().to_vec().unwrap(), [2.5, 25.0]);
+    assert!(GlobalAveragePooling2D.call(&Input::new(&[4])).is_err());
+}
+
+#[test]
+fn every_variable_of_the_new_layers_has_the_gradient_of_its_values() {
+    let inputs = Input::new(&[6]);
+    let h = Dense::new(5).call(&inputs).unwrap();
+    let h = LayerNormalization::new().call(&h).unwrap();
+    let outputs = Dense::new(3).call(&h).unwrap();
+    let model = Network::new(&[&inputs], &[&outputs], 3).unwrap();
+    let x = tensor(
+        &(0..24)
+            .map(|i| ((i * 5) % 13) as f32 / 6.0 - 1.0)
+            .collect::<Vec<_>>(),
+        &[4, 6],
+    );
+    check_gradients(model, &x);
+
+    let image = Input::new(&[5, 5, 2]);
+    let c = Conv2D::new(3, (3, 3)).call(&image).unwrap();
+    let g = GlobalAveragePooling2D.call(&c).unwrap();
+    let outputs = Dense::new(2).call(&g).unwrap();
+    let model = Network::new(&[&image], &[&outputs], 1).unwrap();
+    let x = tensor(
+        &(0..100)
+            .map(|i| ((i * 3) % 17) as f32 / 8.0 - 1.0)
+            .collect::<Vec<_>>(),
+        &[2, 5, 5, 2],
+    );
+    check_gradients(model, &x);
+}
+
+#[test]
+fn the_new_layers_rebuild_from_their_configurations() {
+    let inputs = Input::new(&[4, 4, 3]);
+    let x = GlobalAveragePooling2D.call(&inputs).unwrap();
+    let x = LayerNormalization::new().epsilon(1e-5).call(&x).unwrap();
+    let model = Network::new(&[&inputs], &[&x], 2).unwrap();
+    let json = serde_json::to_string(&model.config()).unwrap();
+    assert!(
+        json.contains(r#"{"class_name":"LayerNormalization","config":{"epsilon":0.00001}}"#),
+        "{json}"
+    );
+    let again = Network::from_config(&serde_json::from_str(&json).unwrap(), 2).unwrap();
+    assert_eq!(again.summary(), model.summary());
+}

@@ -1,0 +1,159 @@
+//! Fashion-MNIST (the full 60,000 + 10,000 images Debian's `dataset-fashion-mnist` installs)
+//! under `MultiWorkerMirroredStrategy`, with models written in the functional API: the Keras
+//! guide's `get_compiled_model()` MLP (`--model mlp`) or the tutorial's CNN
+//! (`--model cnn`, the default: `models::mnist_cnn_functional`). Every worker prints the test accuracy and the same weight
+//! checksum.
+//!
+//! ```text
+//! $ cargo xtask run-cluster --example fashion_mnist -- --epochs 12
+//! [worker:0] Epoch 1/12 - 469 steps - 5.1s - loss: 0.4851 - sparse_categorical_accuracy: 0.8263
+//! …
+//! [worker:0] test_accuracy=0.9160 test_loss=0.2809 weights_checksum=a0dcb64e00dffd53 model=cnn epochs=12 examples_per_s=6528
+//! ```
+//!
+//! (Stdout; only the chief prints the epoch lines. Times and `examples_per_s` depend on the
+//! machine; the figures above are one worker's, `cargo run --release -p lockstep-examples --bin
+//! fashion_mnist -- --epochs 12`.) The bar to meet is the accuracy Fashion-MNIST's own
+//! benchmark gives TensorFlow's tutorial CNN, 0.916 (after 20,000 steps of 100, 33 epochs);
+//! `docs/PERFORMANCE.md` has the runs.
+
+use std::time::Instant;
+
+use anyhow::Context as _;
+use clap::Parser;
+use lockstep_collective::CommunicationOptions;
+use lockstep_data::Dataset;
+use lockstep_data::mnist::{Mnist, scale};
+use lockstep_examples::{ClusterArgs, ClusterTrainingArgs};
+use lockstep_nn::{
+    Activation, Adam, Dense, Input, LayerCall, Network, NnError, SparseCategoricalCrossentropy,
+    models,
+};
+use lockstep_train::{Model, MultiWorkerMirroredStrategy};
+use ndarray::Array1;
+
+/// Activations are allocated every step; mimalloc keeps them mapped.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Train a functional model on Fashion-MNIST across the workers of `TF_CONFIG`.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    #[command(flatten)]
+    training: ClusterTrainingArgs,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// `cnn` (the tutorial CNN: two convolutions and poolings, `Dense` 128, 10) or `mlp` (the Keras
+    /// guide's 784 → 64 → 64 → 10).
+    #[arg(long, default_value = "cnn")]
+    model: String,
+}
+
+/// The Keras guide's `get_compiled_model()` network, in the functional API.
+fn guide_mlp(seed: u64) -> Result<Network, NnError> {
+    let inputs = Input::named(&[784], "digits");
+    let x = Dense::new(64)
+        .activation(Activation::Relu)
+        .named("dense_1")
+        .call(&inputs)?;
+    let x = Dense::new(64)
+        .activation(Activation::Relu)
+        .named("dense_2")
+        .call(&x)?;
+    let outputs = Dense::new(10).named("predictions").call(&x)?;
+    Network::new(&[&inputs], &[&outputs], seed)
+}
+
+fn main() -> anyhow::Result<()> {
+    lockstep_examples::init_logging();
+    let args = Args::parse();
+    let cluster = args.cluster.resolve()?;
+    lockstep_examples::start_kernel_threads(
+        args.training.threads,
+        cluster.group_tasks_on_this_host(),
+    )
+    .context("starting the kernel threads")?;
+    if cluster.rank().is_none() {
+        println!(
+            "task {} has no training role in this example",
+            cluster.task()
+        );
+        return Ok(());
+    }
+    let flat = match args.model.as_str() {
+        "mlp" => true,
+        "cnn" => false,
+        other => anyhow::bail!("unknown model {other:?}: use cnn or mlp"),
+    };
+    let workers = cluster.world_size().max(1);
+    let strategy = MultiWorkerMirroredStrategy::with_transport_options(
+        &cluster,
+        CommunicationOptions::default(),
+        1,
+        &args.cluster.transport(),
+    )?;
+    let seed = args.training.seed;
+    let mut model = if flat {
+        Model::new(strategy, || guide_mlp(seed))?
+    } else {
+        Model::new(strategy, || models::mnist_cnn_functional(seed))?
+    };
+    let loss = SparseCategoricalCrossentropy {
+        from_logits: true,
+        ..Default::default()
+    };
+    model.compile(Adam::default(), loss, &["sparse_categorical_accuracy"])?;
+    if model.is_chief() {
+        eprintln!("{}", model.summary());
+    }
+
+    let fashion = Mnist::fashion().context("loading Fashion-MNIST")?;
+    let global_batch = args.training.global_batch(workers);
+    let started = Instant::now();
+    // The guide flattens the images for its MLP; the CNN takes them as they are.
+    let (history, logs) = if flat {
+        let to_flat = |(x, y): (ndarray::Array3<u8>, u8)| -> (Array1<f32>, u8) {
+            (scale(&x).into_iter().collect(), y)
+        };
+        let train = fashion
+            .train
+            .dataset()?
+            .shuffle(60_000, seed, true)
+            .map(to_flat);
+        let train = model.distribute_dataset(train, global_batch)?;
+        let test = model.distribute_dataset(fashion.test.dataset()?.map(to_flat), global_batch)?;
+        let history = model.fit(&train).epochs(args.training.epochs).run()?;
+        (history, model.evaluate(&test)?)
+    } else {
+        let to_scaled = |(x, y): (ndarray::Array3<u8>, u8)| (scale(&x), y);
+        let train = fashion
+            .train
+            .dataset()?
+            .shuffle(60_000, seed, true)
+            .map(to_scaled);
+        let train = model.distribute_dataset(train, global_batch)?;
+        let test =
+            model.distribute_dataset(fashion.test.dataset()?.map(to_scaled), global_batch)?;
+        let history = model.fit(&train).epochs(args.training.epochs).run()?;
+        (history, model.evaluate(&test)?)
+    };
+    let elapsed = started.elapsed().as_secs_f64();
+    let checksum = model
+        .network()
+        .parameters()
+        .values()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, v| {
+            (h ^ u64::from(v.to_bits())).wrapping_mul(0x0100_0000_01b3)
+        });
+    println!(
+        "test_accuracy={:.4} test_loss={:.4} weights_checksum={checksum:016x} model={} epochs={} examples_per_s={:.0}",
+        logs.get("sparse_categorical_accuracy").unwrap_or(0.0),
+        logs.get("loss").unwrap_or(0.0),
+        args.model,
+        history.epochs.len(),
+        history.examples as f64 / elapsed,
+    );
+    Ok(())
+}
