@@ -70,9 +70,9 @@ pub use functional::{Input, LayerCall, ModelConfig, SymbolicTensor};
 pub use initializers::Initializer;
 pub use layers::{
     Activation, ActivationLayer, ActivationName, Add, BuiltinLayerConfig, Concatenate, Conv2D,
-    CustomLayerConfig, Dense, Dropout, Flatten, ForwardContext, GlobalAveragePooling2D, Layer,
-    LayerConfig, LayerFactory, LayerNormalization, MaxPooling2D, Multiply, PaddingName, Reshape,
-    register_layer,
+    CustomLayerConfig, Dense, Dropout, Embedding, Flatten, ForwardContext, GlobalAveragePooling2D,
+    Layer, LayerConfig, LayerFactory, LayerNormalization, MaxPooling2D, Multiply, PaddingName,
+    Reshape, register_layer,
 };
 pub use loss::{
     BinaryCrossentropy, CategoricalCrossentropy, FnLoss, Huber, Loss, LossConfig,

@@ -8,8 +8,8 @@
 )]
 
 use lockstep_nn::{
-    Conv2D, Dense, ForwardContext, GlobalAveragePooling2D, Input, LayerCall, LayerNormalization,
-    Network,
+    Concatenate, Conv2D, Dense, Embedding, Flatten, ForwardContext, GlobalAveragePooling2D, Input,
+    LayerCall, LayerNormalization, Network,
 };
 use lockstep_tensor::{Tensor, ops};
 
@@ -132,4 +132,54 @@ fn the_new_layers_rebuild_from_their_configurations() {
     );
     let again = Network::from_config(&serde_json::from_str(&json).unwrap(), 2).unwrap();
     assert_eq!(again.summary(), model.summary());
+}
+
+#[test]
+fn an_embedding_looks_up_rows_and_its_gradient_reaches_only_those_looked_up() {
+    let build = || {
+        let ids = Input::new(&[3]);
+        let vectors = Embedding::new(5, 2).call(&ids).unwrap();
+        let flat = Flatten.call(&vectors).unwrap();
+        let outputs = Dense::new(1).call(&flat).unwrap();
+        Network::new(&[&ids], &[&outputs], 4).unwrap()
+    };
+    let model = build();
+    let x = tensor(&[4.0, 1.0, 4.0, 0.0, 0.0, 1.0], &[2, 3]);
+    let forward = model.forward(&x, ForwardContext::default()).unwrap();
+    let axes: Vec<usize> = (0..forward.output.rank()).collect();
+    let loss = ops::sum(&forward.output, &axes, false).unwrap();
+    let mut grads = vec![0.0; model.parameters().len()];
+    model
+        .gradients(&forward, &loss.backward().unwrap(), &mut grads)
+        .unwrap();
+    let table = model.parameters().specs()[0].range();
+    let rows: Vec<&[f32]> = grads[table].chunks(2).collect();
+    assert!(rows[2].iter().chain(rows[3]).all(|&g| g == 0.0), "{rows:?}");
+    assert!(rows[4].iter().any(|&g| g != 0.0), "{rows:?}");
+    check_gradients(build(), &x);
+    let err = model
+        .predict(&tensor(&[5.0, 0.0, 0.0], &[1, 3]))
+        .unwrap_err();
+    assert!(err.to_string().contains("input_dim 5"), "{err}");
+    let err = model
+        .predict(&tensor(&[0.5, 0.0, 0.0], &[1, 3]))
+        .unwrap_err();
+    assert!(err.to_string().contains("not an id"), "{err}");
+}
+
+#[test]
+fn two_inputs_of_ids_and_features_meet_in_one_model() {
+    // A recommender's shape: an item id embedded, joined with dense features.
+    let item = Input::named(&[1], "item");
+    let features = Input::named(&[4], "features");
+    let vectors = Embedding::new(50, 3).call(&item).unwrap();
+    let vectors = Flatten.call(&vectors).unwrap();
+    let joined = Concatenate.call_on(&[&vectors, &features]).unwrap();
+    let outputs = Dense::new(1).call(&joined).unwrap();
+    let model = Network::new(&[&item, &features], &[&outputs], 0).unwrap();
+    let out = model
+        .predict_inputs(&[tensor(&[7.0, 49.0], &[2, 1]), tensor(&[0.5; 8], &[2, 4])])
+        .unwrap();
+    assert_eq!(out[0].shape(), [2, 1]);
+    assert!(model.summary().contains("embedding (Embedding)"));
 }

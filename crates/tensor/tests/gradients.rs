@@ -204,6 +204,7 @@ proptest! {
         check(&[(x[..m * n].to_vec(), vec![m, n]), (b[..n].to_vec(), vec![1, n])], &|t| ops::concat(&[&t[0], &t[1]], 0))?;
         check(&inputs[..1], &|t| ops::abs(&t[0]))?;
         check(&inputs[..1], &|t| ops::sigmoid(&t[0]))?;
+        check(&inputs[..1], &|t| ops::gather_rows(&t[0], &[m - 1, 0, m - 1]))?;
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::{Arc, LazyLock, PoisonError, RwLock};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Activation, ActivationLayer, Add, Concatenate, Conv2D, Dense, Dropout, Flatten,
+    Activation, ActivationLayer, Add, Concatenate, Conv2D, Dense, Dropout, Embedding, Flatten,
     GlobalAveragePooling2D, Layer, LayerNormalization, MaxPooling2D, Multiply, Reshape,
 };
 use crate::error::NnError;
@@ -127,6 +127,15 @@ pub enum BuiltinLayerConfig {
     },
     /// [`GlobalAveragePooling2D`].
     GlobalAveragePooling2D,
+    /// [`Embedding`].
+    Embedding {
+        /// Ids in the table.
+        input_dim: usize,
+        /// Values per id.
+        output_dim: usize,
+        /// How the table is initialised.
+        embeddings_initializer: Initializer,
+    },
 }
 
 /// An activation by its Keras name.
@@ -254,6 +263,14 @@ impl BuiltinLayerConfig {
                 Box::new(LayerNormalization::new().epsilon(epsilon))
             }
             Self::GlobalAveragePooling2D => Box::new(GlobalAveragePooling2D),
+            Self::Embedding {
+                input_dim,
+                output_dim,
+                embeddings_initializer,
+            } => Box::new(
+                Embedding::new(input_dim, output_dim)
+                    .embeddings_initializer(embeddings_initializer),
+            ),
         }
     }
 }
@@ -290,6 +307,7 @@ const BUILTIN: &[&str] = &[
     "Concatenate",
     "LayerNormalization",
     "GlobalAveragePooling2D",
+    "Embedding",
 ];
 
 /// Registers a user's layer type under `class_name` (what its [`Layer::config`] returns in

@@ -8,6 +8,7 @@ mod config;
 mod conv;
 mod dense;
 mod dropout;
+mod embedding;
 mod merge;
 mod normalization;
 mod pooling;
@@ -21,6 +22,7 @@ pub use config::{
 pub use conv::Conv2D;
 pub use dense::Dense;
 pub use dropout::Dropout;
+pub use embedding::Embedding;
 pub use merge::{Add, Concatenate, Multiply};
 pub use normalization::{GlobalAveragePooling2D, LayerNormalization};
 pub use pooling::MaxPooling2D;
