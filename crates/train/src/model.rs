@@ -293,6 +293,10 @@ impl Model {
     ///
     /// # Errors
     ///
+    /// `dir` is a directory [`Model::save`] wrote into, or a directory of such directories
+    /// (the `ckpt-{epoch}` a [`ModelCheckpoint`](crate::ModelCheckpoint) writes, as in the
+    /// Keras guide), of which the newest (by the number in its name) is loaded.
+    ///
     /// [`CheckpointError::NotFound`](lockstep_checkpoint::CheckpointError::NotFound) when
     /// `dir` holds no intact model (or does not exist); others when the files cannot be read
     /// or the strategy cannot host the model.
@@ -306,7 +310,7 @@ impl Model {
         if !dir.is_dir() {
             return Err(not_found());
         }
-        let checkpoint = CheckpointManager::new(dir, None)?
+        let checkpoint = CheckpointManager::new(newest_model_dir(dir), None)?
             .latest()?
             .ok_or_else(not_found)?;
         let meta = meta_of(&checkpoint)?;
@@ -524,6 +528,50 @@ impl Model {
     pub fn predict(&self, x: &Tensor) -> Result<Tensor, TrainError> {
         Ok(self.network().predict(x)?)
     }
+}
+
+/// Whether `dir` holds checkpoints of [`Model::save`] (`ckpt-<step>/manifest.json`).
+fn holds_checkpoints(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.filter_map(Result::ok).any(|entry| {
+            entry.file_name().to_string_lossy().starts_with("ckpt-")
+                && entry.path().join("manifest.json").is_file()
+        })
+    })
+}
+
+/// `dir` when it holds saved models' checkpoints; else the subdirectory of `dir` that does
+/// whose name ends in the largest number (the newest `ckpt-{epoch}`), names compared when
+/// the numbers tie; else `dir`.
+fn newest_model_dir(dir: &Path) -> PathBuf {
+    if holds_checkpoints(dir) {
+        return dir.to_path_buf();
+    }
+    let number = |name: &str| -> u64 {
+        let digits: String = name
+            .chars()
+            .rev()
+            .take_while(char::is_ascii_digit)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        digits.parse().unwrap_or(0)
+    };
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| holds_checkpoints(path))
+        .max_by_key(|path| {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (number(&name), name)
+        })
+        .unwrap_or_else(|| dir.to_path_buf())
 }
 
 /// The next step's batches for `replicas` replicas, as tensors and labels; `None` at the end

@@ -32,7 +32,8 @@ pub struct Evaluation {
 
 /// Evaluates each new weights checkpoint in a directory as the chief writes it, as
 /// `tf.keras.utils.SidecarEvaluator` does in the Keras multi-worker guide: the workers train
-/// with [`ModelCheckpoint`](crate::ModelCheckpoint)`::new("<dir>/ckpt-{epoch}")`, and an
+/// with [`ModelCheckpoint`](crate::ModelCheckpoint)`::new("<dir>/ckpt-{epoch}").save_weights_only(true)`
+/// (the guide's `save_weights_only=True`), and an
 /// evaluator task outside the collective group runs this on a model compiled with the same
 /// loss and metrics.
 ///

@@ -9,8 +9,8 @@ mod common;
 
 use common::{compiled, digits, mlp};
 use lockstep_train::{
-    CsvLogger, EarlyStopping, LearningRateScheduler, Mode, Model, ModelCheckpoint,
-    OneDeviceStrategy, SaveFreq, TensorBoard, TrainError,
+    CsvLogger, EarlyStopping, LearningRateScheduler, MirroredStrategy, Mode, Model,
+    ModelCheckpoint, OneDeviceStrategy, SaveFreq, TensorBoard, TrainError,
 };
 
 #[test]
@@ -216,4 +216,34 @@ fn a_learning_rate_schedule_reaches_every_replica_each_epoch() {
         .run()
         .unwrap_err();
     assert!(err.to_string().contains("NaN"), "{err}");
+}
+
+#[test]
+fn model_checkpoint_saves_whole_models_by_default_and_load_takes_the_newest() {
+    // The Keras guide: ModelCheckpoint(filepath=checkpoint_dir + "/ckpt-{epoch}"), then
+    // make_or_restore_model() loads the newest of them.
+    let dir = tempfile::tempdir().unwrap();
+    let pattern = dir.path().join("ckpt-{epoch}");
+    let mut model = compiled(2);
+    let data = model.distribute_dataset(digits(), 64).unwrap();
+    model
+        .fit(&data)
+        .epochs(11)
+        .verbose(false)
+        .callback(ModelCheckpoint::new(pattern.to_str().unwrap()))
+        .run()
+        .unwrap();
+    for epoch in [1, 2, 10, 11] {
+        assert!(
+            dir.path().join(format!("ckpt-{epoch}")).is_dir(),
+            "ckpt-{epoch}"
+        );
+    }
+    let loaded = Model::load(MirroredStrategy::new(1).unwrap(), dir.path()).unwrap();
+    assert_eq!(loaded.network().parameters(), model.network().parameters());
+    assert_eq!(
+        loaded.optimizer().map(lockstep_nn::Optimizer::iterations),
+        Some(110),
+        "the newest is ckpt-11, not ckpt-2 (names compared as numbers)"
+    );
 }

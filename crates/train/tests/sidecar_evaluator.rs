@@ -50,9 +50,10 @@ fn the_sidecar_evaluates_each_checkpoint_once_while_fit_writes_them_and_ends_at_
                 .fit(&train)
                 .epochs(3)
                 .verbose(false)
-                .callback(ModelCheckpoint::new(
-                    checkpoints.join("ckpt-{epoch}").to_str().unwrap(),
-                ))
+                .callback(
+                    ModelCheckpoint::new(checkpoints.join("ckpt-{epoch}").to_str().unwrap())
+                        .save_weights_only(true),
+                )
                 .run()
                 .unwrap();
         });

@@ -291,11 +291,12 @@ fn main() -> anyhow::Result<()> {
         fit = fit.callback(TensorBoard::new(dir));
     }
     if let Some(pattern) = &args.checkpoint_path {
-        fit = fit.callback(ModelCheckpoint::new(pattern.as_str()));
+        fit = fit.callback(ModelCheckpoint::new(pattern.as_str()).save_weights_only(true));
     }
     if let Some((dir, _)) = checkpoint_dir(&args, &cluster) {
         let pattern = dir.join("ckpt-{epoch}");
-        fit = fit.callback(ModelCheckpoint::new(pattern.to_string_lossy()));
+        // Weights files, which the evaluator's SidecarEvaluator reads.
+        fit = fit.callback(ModelCheckpoint::new(pattern.to_string_lossy()).save_weights_only(true));
     }
     let history = fit.run()?;
     let elapsed = started.elapsed().as_secs_f64();

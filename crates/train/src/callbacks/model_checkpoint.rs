@@ -7,11 +7,15 @@ use crate::callbacks::{Callback, Mode, SaveFreq, TrainingContext};
 use crate::error::TrainError;
 use crate::history::Logs;
 
-/// Saves the weights (or with [`ModelCheckpoint::save_weights_only`]`(false)` the whole
-/// model) to a path made from a pattern, as `tf.keras.callbacks.ModelCheckpoint`: `{epoch}` (from 1), `{batch}` (the step of the epoch, from
+/// Saves the whole model (or with [`ModelCheckpoint::save_weights_only`]`(true)`, or a path
+/// ending in `.safetensors`, only the weights) to a path made from a pattern, as
+/// `tf.keras.callbacks.ModelCheckpoint` (whose default is the whole model too, and whose
+/// `.weights.h5` paths are weights): `{epoch}` (from 1), `{batch}` (the step of the epoch, from
 /// 1), and any logged value by name (`{val_loss}`), each with an optional format as Keras
-/// writes them (`{epoch:02d}`, `{val_loss:.2f}`). The file is a safetensors file named by
-/// variable; [`Model::load_weights`](crate::Model::load_weights) reads it back.
+/// writes them (`{epoch:02d}`, `{val_loss:.2f}`). A whole model is a directory that
+/// [`Model::load`](crate::Model::load) reads back (given the pattern's directory, it loads the
+/// newest); weights are a safetensors file named by variable, which
+/// [`Model::load_weights`](crate::Model::load_weights) reads.
 ///
 /// With `save_best_only`, a save happens only when `monitor` improved (direction from `mode`).
 /// The chief writes; every worker learns whether it could, so an unwritable path stops
@@ -23,7 +27,8 @@ pub struct ModelCheckpoint {
     monitor: String,
     mode: Mode,
     save_best_only: bool,
-    weights_only: bool,
+    /// As set; by default, whether the pattern names a `.safetensors` file.
+    weights_only: Option<bool>,
     best: Option<f64>,
 }
 
@@ -36,7 +41,7 @@ impl ModelCheckpoint {
             monitor: "val_loss".into(),
             mode: Mode::Auto,
             save_best_only: false,
-            weights_only: true,
+            weights_only: None,
             best: None,
         }
     }
@@ -57,13 +62,19 @@ impl ModelCheckpoint {
         self
     }
 
-    /// With `false`, saves the whole model ([`Model::save`](crate::Model::save): one more
-    /// checkpoint directory inside the formatted path, which
-    /// [`Model::load`](crate::Model::load) reads) instead of a weights file.
+    /// With `true`, saves only the weights (a safetensors file); with `false`, the whole model
+    /// ([`Model::save`](crate::Model::save): one more checkpoint directory inside the
+    /// formatted path, which [`Model::load`](crate::Model::load) reads). Without it, a pattern
+    /// ending in `.safetensors` saves weights and any other the whole model.
     #[must_use]
     pub fn save_weights_only(mut self, weights_only: bool) -> Self {
-        self.weights_only = weights_only;
+        self.weights_only = Some(weights_only);
         self
+    }
+
+    fn weights_only(&self) -> bool {
+        self.weights_only
+            .unwrap_or_else(|| self.pattern.ends_with(".safetensors"))
     }
 
     fn save(
@@ -84,7 +95,7 @@ impl ModelCheckpoint {
             self.best = Some(value);
         }
         let path = PathBuf::from(format_path(&self.pattern, epoch + 1, batch, logs)?);
-        let weights_only = self.weights_only;
+        let weights_only = self.weights_only();
         ctx.chief_writes("ModelCheckpoint", &path.display().to_string(), |ctx| {
             // As Keras, the pattern's directory is made when missing.
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
