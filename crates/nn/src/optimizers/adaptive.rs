@@ -6,43 +6,9 @@ use rayon::prelude::*;
 
 use super::{
     CHUNK, GradientClipping, LearningRateSchedule, Optimizer, OptimizerConfig, OptimizerSettings,
-    check, restore_slots, scheduled, set_rate,
+    adam_update, check, restore_slots,
 };
 use crate::error::NnError;
-
-/// The trait methods every optimizer here shares: step count, rate, schedule and clipping.
-macro_rules! common_methods {
-    ($name:literal) => {
-        fn iterations(&self) -> u64 {
-            self.iterations
-        }
-
-        fn name(&self) -> &'static str {
-            $name
-        }
-
-        fn learning_rate(&self) -> f32 {
-            scheduled(self.schedule.as_ref(), self.learning_rate, self.iterations)
-        }
-
-        fn set_learning_rate(&mut self, learning_rate: f32) {
-            set_rate(
-                self.schedule.as_ref(),
-                &mut self.learning_rate,
-                learning_rate,
-                $name,
-            );
-        }
-
-        fn clipping(&self) -> GradientClipping {
-            self.clipping
-        }
-
-        fn schedule(&self) -> Option<&LearningRateSchedule> {
-            self.schedule.as_ref()
-        }
-    };
-}
 
 fn common(
     learning_rate: f32,
@@ -131,29 +97,18 @@ impl Default for AdamW {
 
 impl Optimizer for AdamW {
     fn apply(&mut self, params: &mut [f32], grads: &[f32]) -> Result<(), NnError> {
-        check(params, grads, &mut [&mut self.m, &mut self.v])?;
         let lr = self.learning_rate();
-        let t = (self.iterations + 1) as f64;
-        let (b1, b2, eps) = (self.beta_1, self.beta_2, self.epsilon);
-        let alpha = (f64::from(lr) * (1.0 - f64::from(b2).powf(t)).sqrt()
-            / (1.0 - f64::from(b1).powf(t))) as f32;
-        let decay = self.weight_decay * lr;
-        params
-            .par_chunks_mut(CHUNK)
-            .zip(grads.par_chunks(CHUNK))
-            .zip(
-                self.m
-                    .par_chunks_mut(CHUNK)
-                    .zip(self.v.par_chunks_mut(CHUNK)),
-            )
-            .for_each(|((p, g), (m, v))| {
-                for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
-                    *p -= *p * decay;
-                    *m += (g - *m) * (1.0 - b1);
-                    *v += (g * g - *v) * (1.0 - b2);
-                    *p -= *m * alpha / (v.sqrt() + eps);
-                }
-            });
+        let betas = (self.beta_1, self.beta_2, self.epsilon);
+        let slots = (&mut self.m, &mut self.v);
+        adam_update(
+            params,
+            grads,
+            slots,
+            self.iterations,
+            lr,
+            betas,
+            self.weight_decay,
+        )?;
         self.iterations += 1;
         Ok(())
     }

@@ -5,6 +5,44 @@
 //! schedules ([`LearningRateSchedule`], evaluated at the step count, so a resumed run takes the
 //! rates an uninterrupted one would).
 
+/// The trait methods every optimizer shares: step count, name, rate, schedule and clipping.
+macro_rules! common_methods {
+    ($name:literal) => {
+        fn iterations(&self) -> u64 {
+            self.iterations
+        }
+
+        fn name(&self) -> &'static str {
+            $name
+        }
+
+        fn learning_rate(&self) -> f32 {
+            $crate::optimizers::scheduled(
+                self.schedule.as_ref(),
+                self.learning_rate,
+                self.iterations,
+            )
+        }
+
+        fn set_learning_rate(&mut self, learning_rate: f32) {
+            $crate::optimizers::set_rate(
+                self.schedule.as_ref(),
+                &mut self.learning_rate,
+                learning_rate,
+                $name,
+            );
+        }
+
+        fn clipping(&self) -> GradientClipping {
+            self.clipping
+        }
+
+        fn schedule(&self) -> Option<&LearningRateSchedule> {
+            self.schedule.as_ref()
+        }
+    };
+}
+
 mod adaptive;
 mod clipping;
 mod schedules;
@@ -471,20 +509,12 @@ impl Optimizer for Sgd {
         Ok(())
     }
 
-    fn iterations(&self) -> u64 {
-        self.iterations
-    }
-
     fn slots(&self) -> Vec<(&'static str, &[f32])> {
         if self.momentum == 0.0 {
             Vec::new()
         } else {
             vec![("momentum", &self.velocity)]
         }
-    }
-
-    fn name(&self) -> &'static str {
-        "SGD"
     }
 
     fn config(&self) -> OptimizerConfig {
@@ -497,27 +527,6 @@ impl Optimizer for Sgd {
         }
     }
 
-    fn learning_rate(&self) -> f32 {
-        scheduled(self.schedule.as_ref(), self.learning_rate, self.iterations)
-    }
-
-    fn set_learning_rate(&mut self, learning_rate: f32) {
-        set_rate(
-            self.schedule.as_ref(),
-            &mut self.learning_rate,
-            learning_rate,
-            "SGD",
-        );
-    }
-
-    fn clipping(&self) -> GradientClipping {
-        self.clipping
-    }
-
-    fn schedule(&self) -> Option<&LearningRateSchedule> {
-        self.schedule.as_ref()
-    }
-
     fn restore(&mut self, iterations: u64, slots: &[(&str, &[f32])]) -> Result<(), NnError> {
         if self.momentum == 0.0 {
             restore_slots("SGD", &mut [], slots)?;
@@ -527,6 +536,8 @@ impl Optimizer for Sgd {
         self.iterations = iterations;
         Ok(())
     }
+
+    common_methods!("SGD");
 }
 
 /// Keras' `Adam` (Keras 3 update rule), with Keras' defaults.
@@ -584,40 +595,23 @@ impl Default for Adam {
 
 impl Optimizer for Adam {
     fn apply(&mut self, params: &mut [f32], grads: &[f32]) -> Result<(), NnError> {
-        check(params, grads, &mut [&mut self.m, &mut self.v])?;
-        let t = (self.iterations + 1) as f64;
-        let (b1, b2, eps) = (self.beta_1, self.beta_2, self.epsilon);
-        let alpha = (f64::from(self.learning_rate()) * (1.0 - f64::from(b2).powf(t)).sqrt()
-            / (1.0 - f64::from(b1).powf(t))) as f32;
-        params
-            .par_chunks_mut(CHUNK)
-            .zip(grads.par_chunks(CHUNK))
-            .zip(
-                self.m
-                    .par_chunks_mut(CHUNK)
-                    .zip(self.v.par_chunks_mut(CHUNK)),
-            )
-            .for_each(|((p, g), (m, v))| {
-                for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
-                    *m += (g - *m) * (1.0 - b1);
-                    *v += (g * g - *v) * (1.0 - b2);
-                    *p -= *m * alpha / (v.sqrt() + eps);
-                }
-            });
+        let lr = self.learning_rate();
+        let betas = (self.beta_1, self.beta_2, self.epsilon);
+        adam_update(
+            params,
+            grads,
+            (&mut self.m, &mut self.v),
+            self.iterations,
+            lr,
+            betas,
+            0.0,
+        )?;
         self.iterations += 1;
         Ok(())
     }
 
-    fn iterations(&self) -> u64 {
-        self.iterations
-    }
-
     fn slots(&self) -> Vec<(&'static str, &[f32])> {
         vec![("m", &self.m), ("v", &self.v)]
-    }
-
-    fn name(&self) -> &'static str {
-        "Adam"
     }
 
     fn config(&self) -> OptimizerConfig {
@@ -631,32 +625,47 @@ impl Optimizer for Adam {
         }
     }
 
-    fn learning_rate(&self) -> f32 {
-        scheduled(self.schedule.as_ref(), self.learning_rate, self.iterations)
-    }
-
-    fn set_learning_rate(&mut self, learning_rate: f32) {
-        set_rate(
-            self.schedule.as_ref(),
-            &mut self.learning_rate,
-            learning_rate,
-            "Adam",
-        );
-    }
-
-    fn clipping(&self) -> GradientClipping {
-        self.clipping
-    }
-
-    fn schedule(&self) -> Option<&LearningRateSchedule> {
-        self.schedule.as_ref()
-    }
-
     fn restore(&mut self, iterations: u64, slots: &[(&str, &[f32])]) -> Result<(), NnError> {
         restore_slots("Adam", &mut [("m", &mut self.m), ("v", &mut self.v)], slots)?;
         self.iterations = iterations;
         Ok(())
     }
+
+    common_methods!("Adam");
+}
+
+/// One step of Adam (Keras 3's rule) at step count `iterations` with rate `lr`: the slots
+/// `(m, v)` are updated and `params` moved; first, when `decay` is not 0, `params −= params ·
+/// decay · lr` (`AdamW`'s decoupled weight decay).
+pub(crate) fn adam_update(
+    params: &mut [f32],
+    grads: &[f32],
+    (m, v): (&mut Vec<f32>, &mut Vec<f32>),
+    iterations: u64,
+    lr: f32,
+    (b1, b2, eps): (f32, f32, f32),
+    decay: f32,
+) -> Result<(), NnError> {
+    check(params, grads, &mut [&mut *m, &mut *v])?;
+    let t = (iterations + 1) as f64;
+    let alpha = (f64::from(lr) * (1.0 - f64::from(b2).powf(t)).sqrt()
+        / (1.0 - f64::from(b1).powf(t))) as f32;
+    let shrink = decay * lr;
+    params
+        .par_chunks_mut(CHUNK)
+        .zip(grads.par_chunks(CHUNK))
+        .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
+        .for_each(|((p, g), (m, v))| {
+            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
+                if decay != 0.0 {
+                    *p -= *p * shrink;
+                }
+                *m += (g - *m) * (1.0 - b1);
+                *v += (g * g - *v) * (1.0 - b2);
+                *p -= *m * alpha / (v.sqrt() + eps);
+            }
+        });
+    Ok(())
 }
 
 #[cfg(test)]
