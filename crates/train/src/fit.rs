@@ -64,7 +64,9 @@ where
         self
     }
 
-    /// At most this many steps per epoch (each epoch still starts a fresh pass).
+    /// This many steps per epoch, with one iterator over the data across epochs as Keras
+    /// keeps it: epoch `e` goes on where epoch `e − 1` stopped (use `repeat()` for data of
+    /// `steps × epochs` steps); input that runs out stops training, with a warning.
     #[must_use]
     pub fn steps_per_epoch(mut self, steps: u64) -> Self {
         self.steps_per_epoch = Some(steps);
@@ -127,20 +129,7 @@ where
         } = self;
         let compiled = model.compiled.clone().ok_or_else(not_compiled)?;
         let kill_switch = KillSwitch::from_env()?;
-        let workers = model.num_replicas_in_sync() / model.replicas.len().max(1);
-        let step = model
-            .optimizer()
-            .map_or(0, lockstep_nn::Optimizer::iterations);
-        let mut ctx = TrainingContext {
-            model,
-            position: Position {
-                step,
-                epoch: initial_epoch,
-                ..Position::default()
-            },
-            stop: false,
-            workers,
-        };
+        let mut ctx = starting_context(model, initial_epoch);
         for callback in &mut callbacks {
             callback.on_train_begin(&mut ctx)?;
         }
@@ -158,11 +147,13 @@ where
             for callback in &mut callbacks {
                 callback.on_epoch_begin(epoch, &mut ctx)?;
             }
+            let (pass, offset) = where_epoch_reads(steps_per_epoch, epoch, &ctx.position);
             let mut batches = data.iter_from(&IterState {
-                epoch,
-                offset: ctx.position.steps_into_epoch,
+                epoch: pass,
+                offset,
                 fingerprint,
             })?;
+            let mut ran_out = false;
             let replicas = ctx.model.replicas.len();
             while steps_per_epoch.is_none_or(|cap| ctx.position.steps_into_epoch < cap) {
                 let inputs = next_step(&mut batches, replicas)?
@@ -177,6 +168,7 @@ where
                     r.train_step(batch, objective, step)
                 })?;
                 if totals.examples == 0.0 {
+                    ran_out = steps_per_epoch.is_some();
                     break;
                 }
                 ctx.position.add(&totals);
@@ -195,14 +187,16 @@ where
                 }
             }
             let steps = ctx.position.steps_into_epoch;
+            if ran_out {
+                input_ran_out(epoch, steps);
+                ctx.stop = true;
+                if steps == 0 {
+                    break;
+                }
+            }
             let mut logs = Logs::from_totals(&ctx.position.totals(), &compiled.metrics, "");
             if let Some(validation) = validation {
-                let val = ctx.model.evaluate(validation)?;
-                logs.0.extend(
-                    val.0
-                        .into_iter()
-                        .map(|(name, value)| (format!("val_{name}"), value)),
-                );
+                logs.extend_prefixed(ctx.model.evaluate(validation)?, "val_");
             }
             ctx.position.next_epoch();
             progress.finish(show, steps, &logs);
@@ -216,6 +210,44 @@ where
         }
         Ok(history)
     }
+}
+
+/// The context of a `fit` that starts at `initial_epoch` (a backup may move it on).
+fn starting_context(model: &mut Model, initial_epoch: u64) -> TrainingContext<'_> {
+    let workers = model.num_replicas_in_sync() / model.replicas.len().max(1);
+    let step = model
+        .optimizer()
+        .map_or(0, lockstep_nn::Optimizer::iterations);
+    TrainingContext {
+        model,
+        position: Position {
+            step,
+            epoch: initial_epoch,
+            ..Position::default()
+        },
+        stop: false,
+        workers,
+    }
+}
+
+/// The pass over the data and the step within it that epoch `epoch` reads on from at
+/// `position`. With `steps_per_epoch`, one iterator runs on across epochs, as Keras keeps its
+/// own: epoch `e` reads from step `e · steps_per_epoch` of one pass (endless with `repeat()`).
+/// Without it each epoch is a pass of its own.
+fn where_epoch_reads(steps_per_epoch: Option<u64>, epoch: u64, position: &Position) -> (u64, u64) {
+    match steps_per_epoch {
+        Some(cap) => (0, epoch * cap + position.steps_into_epoch),
+        None => (epoch, position.steps_into_epoch),
+    }
+}
+
+/// Keras' "Your input ran out of data; interrupting training."
+fn input_ran_out(epoch: u64, steps: u64) {
+    tracing::warn!(
+        epoch,
+        steps,
+        "the input ran out of data: training stops (a dataset for steps_per_epoch × epochs steps needs repeat())"
+    );
 }
 
 #[cfg(test)]

@@ -41,6 +41,16 @@ impl Logs {
         Self(logs)
     }
 
+    /// Adds `other`'s values under their names with `prefix` (`val_loss`).
+    pub(crate) fn extend_prefixed(&mut self, other: Logs, prefix: &str) {
+        self.0.extend(
+            other
+                .0
+                .into_iter()
+                .map(|(name, value)| (format!("{prefix}{name}"), value)),
+        );
+    }
+
     /// The value called `name`.
     pub fn get(&self, name: &str) -> Option<f64> {
         self.0.get(name).copied()

@@ -391,3 +391,54 @@ fn a_run_with_a_per_step_schedule_and_clipping_resumes_bit_identical() {
         assert_eq!(tail, &all[1..], "{name}");
     }
 }
+
+#[test]
+fn steps_per_epoch_continue_one_pass_over_the_data_across_epochs_as_keras_does() {
+    // 640 examples in global batches of 64: ten steps in one pass.
+    let run = |epochs: u64, steps: u64| {
+        let mut model = Model::new(MirroredStrategy::new(2).unwrap(), mlp).unwrap();
+        model
+            .compile(Adam::default(), loss(), &["accuracy"])
+            .unwrap();
+        let data = model.distribute_dataset(digits(), 64).unwrap();
+        let history = model
+            .fit(&data)
+            .epochs(epochs)
+            .steps_per_epoch(steps)
+            .verbose(false)
+            .run()
+            .unwrap();
+        (model.network().parameters().values().to_vec(), history)
+    };
+    // Two epochs of four steps read the first eight steps of the pass: one epoch of eight.
+    let (two_of_four, history) = run(2, 4);
+    let (one_of_eight, _) = run(1, 8);
+    assert_eq!(two_of_four, one_of_eight);
+    assert_eq!(history.steps, 8);
+    // Four epochs of four ask for sixteen steps of ten: the third epoch gets two, then the
+    // input has run out and training stops.
+    let (_, history) = run(4, 4);
+    assert_eq!(history.epochs, [0, 1, 2]);
+    assert_eq!(history.steps, 10);
+}
+
+#[test]
+fn a_run_with_steps_per_epoch_resumes_where_the_one_iterator_stood() {
+    let run = |callbacks: Vec<Box<dyn Callback>>| -> Result<Vec<f32>, TrainError> {
+        let mut model = Model::new(MirroredStrategy::new(2).unwrap(), mlp)?;
+        model.compile(Adam::default(), loss(), &["accuracy"])?;
+        let data = model.distribute_dataset(digits(), 64)?;
+        let mut fit = model.fit(&data).epochs(2).steps_per_epoch(4).verbose(false);
+        for callback in callbacks {
+            fit = fit.callback(callback);
+        }
+        fit.run()?;
+        Ok(model.network().parameters().values().to_vec())
+    };
+    let uninterrupted = run(Vec::new()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let backup = || BackupAndRestore::new(dir.path().join("backup")).save_freq(SaveFreq::Steps(3));
+    // Step 7: in the second epoch, after the backup of step 6.
+    assert!(run(vec![Box::new(backup()), Box::new(CrashAt(7))]).is_err());
+    assert_eq!(run(vec![Box::new(backup())]).unwrap(), uninterrupted);
+}
