@@ -126,6 +126,10 @@ impl<D: Dataset> Dataset for Batch<D>
 where
     D::Item: Batchable,
 {
+    fn options(&self) -> crate::DatasetOptions {
+        self.inner.options()
+    }
+
     type Item = <D::Item as Batchable>::Batched;
     type Stream = BatchStream<D::Stream>;
 

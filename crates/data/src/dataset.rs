@@ -166,6 +166,12 @@ pub trait Dataset: Clone + Send + Sync + 'static {
         None
     }
 
+    /// The options set on this pipeline ([`Dataset::with_options`]), carried through every
+    /// transformation; none by default.
+    fn options(&self) -> crate::DatasetOptions {
+        crate::DatasetOptions::default()
+    }
+
     /// The same pipeline reading only files `index`, `index + num_shards`, … of its source.
     /// `None` where [`Dataset::file_count`] is `None`.
     fn shard_files(&self, _num_shards: usize, _index: usize) -> Option<Self> {
@@ -338,6 +344,21 @@ pub trait Dataset: Clone + Send + Sync + 'static {
     /// Pairs each element with its index in the pass.
     fn enumerate(self) -> Enumerate<Self> {
         Enumerate::new(self)
+    }
+
+    /// The same pipeline with `options` set, as `dataset.with_options(options)`: a strategy
+    /// that distributes it reads them (the auto-shard policy).
+    ///
+    /// ```
+    /// use lockstep_data::{AutoShardPolicy, Dataset, DatasetOptions, from_vec};
+    ///
+    /// let ds = from_vec(vec![1_u32, 2, 3])
+    ///     .with_options(DatasetOptions::auto_shard_policy(AutoShardPolicy::Off))
+    ///     .map(|x| x * 2);
+    /// assert_eq!(ds.options().auto_shard_policy, Some(AutoShardPolicy::Off));
+    /// ```
+    fn with_options(self, options: crate::DatasetOptions) -> crate::ops::WithOptions<Self> {
+        crate::ops::WithOptions::new(self, options)
     }
 }
 

@@ -241,6 +241,10 @@ where
     D: Dataset,
     D::Item: Batchable,
 {
+    fn options(&self) -> crate::DatasetOptions {
+        self.inner.options()
+    }
+
     type Item = Vec<<D::Item as Batchable>::Batched>;
     type Stream = DistributedStream<D::Stream>;
 

@@ -54,6 +54,7 @@ pub use distribute::{AutoShardPolicy, Distributed, DistributedStream, InputConte
 pub use element::{Element, Scalar};
 pub use error::DataError;
 pub use fingerprint::Fingerprint;
+pub use ops::DatasetOptions;
 pub use source::{
     FileStream, FromFiles, FromSlices, SliceStream, Slices, from_files, from_slices, from_vec,
 };

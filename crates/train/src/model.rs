@@ -388,7 +388,9 @@ impl Model {
 
     /// Divides `dataset` (of single examples) among the workers and their replicas in global
     /// batches of `global_batch` examples, as `strategy.experimental_distribute_dataset`:
-    /// auto-sharded by data, each element one step's batches for this process's replicas. The
+    /// auto-sharded by the policy set with [`Dataset::with_options`] (by default `Auto`: by
+    /// file where the source has a file per worker, else by data), each element one step's
+    /// batches for this process's replicas. The
     /// last global batch may be short: replicas past its end get no batch, and `fit` and
     /// `evaluate` let them join the step empty-handed.
     ///
@@ -404,11 +406,13 @@ impl Model {
         D: Dataset,
         D::Item: Batchable,
     {
-        Ok(
-            distribute(dataset, global_batch, &self.context, AutoShardPolicy::Auto)?
-                .keep_remainder()
-                .prefetch(2),
-        )
+        let policy = dataset
+            .options()
+            .auto_shard_policy
+            .unwrap_or(AutoShardPolicy::Auto);
+        Ok(distribute(dataset, global_batch, &self.context, policy)?
+            .keep_remainder()
+            .prefetch(2))
     }
 
     /// As `strategy.distribute_datasets_from_function`: `make` builds this process's pipeline

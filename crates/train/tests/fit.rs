@@ -15,7 +15,7 @@ mod common;
 use common::{EXAMPLES, digits, loss, mlp};
 use lockstep_cluster::{Cluster, TfConfig};
 use lockstep_collective::{CommunicationOptions, Implementation, TcpOptions, TcpTransport};
-use lockstep_data::Dataset;
+use lockstep_data::{AutoShardPolicy, Dataset, DatasetOptions};
 use lockstep_nn::{Adam, AdamW, LearningRateSchedule, Sgd, models};
 use lockstep_train::{
     BackupAndRestore, Callback, History, MirroredStrategy, Model, MultiWorkerMirroredStrategy,
@@ -441,4 +441,36 @@ fn a_run_with_steps_per_epoch_resumes_where_the_one_iterator_stood() {
     // Step 7: in the second epoch, after the backup of step 6.
     assert!(run(vec![Box::new(backup()), Box::new(CrashAt(7))]).is_err());
     assert_eq!(run(vec![Box::new(backup())]).unwrap(), uninterrupted);
+}
+
+#[test]
+fn an_auto_shard_policy_set_with_options_reaches_the_distributed_dataset() {
+    // Off: every worker reads every example (each counted once per worker); the default
+    // divides them.
+    let examples = |policy: Option<AutoShardPolicy>| {
+        let results = match policy {
+            None => workers(2, 1, |strategy| {
+                let mut model = Model::new(strategy, mlp).unwrap();
+                model
+                    .compile(Adam::default(), loss(), &["accuracy"])
+                    .unwrap();
+                let data = model.distribute_dataset(digits(), 64).unwrap();
+                model.fit(&data).verbose(false).run().unwrap().examples
+            }),
+            Some(_) => workers(2, 1, |strategy| {
+                let mut model = Model::new(strategy, mlp).unwrap();
+                model
+                    .compile(Adam::default(), loss(), &["accuracy"])
+                    .unwrap();
+                let off = DatasetOptions::auto_shard_policy(AutoShardPolicy::Off);
+                let data = model
+                    .distribute_dataset(digits().with_options(off), 64)
+                    .unwrap();
+                model.fit(&data).verbose(false).run().unwrap().examples
+            }),
+        };
+        results[0]
+    };
+    assert_eq!(examples(None), EXAMPLES as u64);
+    assert_eq!(examples(Some(AutoShardPolicy::Off)), 2 * EXAMPLES as u64);
 }

@@ -33,6 +33,10 @@ where
     D: Dataset,
     D::Item: Clone + Sync,
 {
+    fn options(&self) -> crate::DatasetOptions {
+        self.inner.options()
+    }
+
     type Item = D::Item;
     type Stream = CacheStream<D::Stream>;
 

@@ -15,6 +15,10 @@ impl<D> Enumerate<D> {
 }
 
 impl<D: Dataset> Dataset for Enumerate<D> {
+    fn options(&self) -> crate::DatasetOptions {
+        self.inner.options()
+    }
+
     type Item = (u64, D::Item);
     type Stream = EnumerateStream<D::Stream>;
 

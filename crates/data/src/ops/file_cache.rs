@@ -51,6 +51,10 @@ impl<D: Dataset> Dataset for FileCache<D>
 where
     D::Item: Element,
 {
+    fn options(&self) -> crate::DatasetOptions {
+        self.inner.options()
+    }
+
     type Item = D::Item;
     type Stream = FileCacheStream<D::Stream>;
 

@@ -33,6 +33,10 @@ where
     D: Dataset,
     P: Fn(&D::Item) -> bool + Send + Sync + 'static,
 {
+    fn options(&self) -> crate::DatasetOptions {
+        self.inner.options()
+    }
+
     type Item = D::Item;
     type Stream = FilterStream<D::Stream, P>;
 

@@ -41,6 +41,10 @@ where
     U: Send + 'static,
     F: Fn(D::Item) -> U + Send + Sync + 'static,
 {
+    fn options(&self) -> crate::DatasetOptions {
+        self.inner.options()
+    }
+
     type Item = U;
     type Stream = MapStream<D::Stream, F, U>;
 

@@ -11,6 +11,7 @@ mod repeat;
 mod shard;
 mod shuffle;
 mod take_skip;
+mod with_options;
 mod zip;
 
 pub use cache::{Cache, CacheStream};
@@ -23,4 +24,5 @@ pub use repeat::{Repeat, RepeatStream};
 pub use shard::{Shard, ShardStream};
 pub use shuffle::{Shuffle, ShuffleStream};
 pub use take_skip::{Skip, Take, TakeStream};
+pub use with_options::{DatasetOptions, WithOptions};
 pub use zip::{Zip, ZipStream};

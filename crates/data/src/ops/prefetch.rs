@@ -19,6 +19,10 @@ impl<D> Prefetch<D> {
 }
 
 impl<D: Dataset> Dataset for Prefetch<D> {
+    fn options(&self) -> crate::DatasetOptions {
+        self.inner.options()
+    }
+
     type Item = D::Item;
     type Stream = PrefetchStream<D::Item>;
 

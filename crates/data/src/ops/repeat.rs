@@ -25,6 +25,10 @@ impl<D> Repeat<D> {
 }
 
 impl<D: Dataset> Dataset for Repeat<D> {
+    fn options(&self) -> crate::DatasetOptions {
+        self.inner.options()
+    }
+
     type Item = D::Item;
     type Stream = RepeatStream<D>;
 

@@ -30,6 +30,10 @@ impl<D> Shard<D> {
 }
 
 impl<D: Dataset> Dataset for Shard<D> {
+    fn options(&self) -> crate::DatasetOptions {
+        self.inner.options()
+    }
+
     type Item = D::Item;
     type Stream = ShardStream<D::Stream>;
 

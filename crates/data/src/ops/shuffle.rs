@@ -39,6 +39,10 @@ fn mix(mut z: u64) -> u64 {
 }
 
 impl<D: Dataset> Dataset for Shuffle<D> {
+    fn options(&self) -> crate::DatasetOptions {
+        self.inner.options()
+    }
+
     type Item = D::Item;
     type Stream = ShuffleStream<D::Stream>;
 

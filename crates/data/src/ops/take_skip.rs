@@ -16,6 +16,10 @@ impl<D> Take<D> {
 }
 
 impl<D: Dataset> Dataset for Take<D> {
+    fn options(&self) -> crate::DatasetOptions {
+        self.inner.options()
+    }
+
     type Item = D::Item;
     type Stream = TakeStream<D::Stream>;
 
@@ -84,6 +88,10 @@ impl<D> Skip<D> {
 }
 
 impl<D: Dataset> Dataset for Skip<D> {
+    fn options(&self) -> crate::DatasetOptions {
+        self.inner.options()
+    }
+
     type Item = D::Item;
     type Stream = D::Stream;
 

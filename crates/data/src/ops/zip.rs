@@ -16,6 +16,10 @@ impl<A, B> Zip<A, B> {
 }
 
 impl<A: Dataset, B: Dataset> Dataset for Zip<A, B> {
+    fn options(&self) -> crate::DatasetOptions {
+        self.a.options()
+    }
+
     type Item = (A::Item, B::Item);
     type Stream = ZipStream<A::Stream, B::Stream>;
 
