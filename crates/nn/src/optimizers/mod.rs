@@ -656,10 +656,14 @@ pub(crate) fn adam_update(
         .zip(grads.par_chunks(CHUNK))
         .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
         .for_each(|((p, g), (m, v))| {
-            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
-                if decay != 0.0 {
+            // A pass of its own: a branch inside the update's loop keeps it from vectorising
+            // (10× the instructions of Adam's update, measured with callgrind).
+            if decay != 0.0 {
+                for p in p.iter_mut() {
                     *p -= *p * shrink;
                 }
+            }
+            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
                 *m += (g - *m) * (1.0 - b1);
                 *v += (g * g - *v) * (1.0 - b2);
                 *p -= *m * alpha / (v.sqrt() + eps);
