@@ -57,14 +57,7 @@ fn step(
         reduction: Reduction::SumOverBatchSize,
     };
     let forward = model
-        .forward(
-            x,
-            ForwardContext {
-                training: true,
-                step,
-                replica: 0,
-            },
-        )
+        .forward(x, ForwardContext::training(step, 0))
         .expect("forward");
     let loss = loss_fn.call(&forward.output, labels).expect("loss");
     model

@@ -83,11 +83,7 @@ fn cnn_step(device: &CudaDevice, mnist: &Mnist, batch: usize) -> anyhow::Result<
     let mut run = |read_every_step: bool| -> anyhow::Result<()> {
         let mut last = None;
         for _ in 0..STEPS {
-            let ctx = ForwardContext {
-                training: true,
-                step,
-                replica: 0,
-            };
+            let ctx = ForwardContext::training(step, 0);
             let loss = session.step(&x, ctx, |logits| loss_fn.call(logits, &labels))?;
             if read_every_step {
                 anyhow::ensure!(loss.item()?.is_finite(), "the loss diverged");

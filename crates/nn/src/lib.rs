@@ -18,7 +18,7 @@
 //!
 //! let x = Tensor::from_vec(vec![0.5; 32 * 784], &[32, 784]).unwrap();
 //! let labels = vec![3_usize; 32];
-//! let forward = model.forward(&x, ForwardContext { training: true, step: 0, replica: 0 })?;
+//! let forward = model.forward(&x, ForwardContext::training(0, 0))?;
 //! let loss = loss_fn.call(&forward.output, &labels)?;
 //! let grads = loss.backward().unwrap();
 //! let mut flat = vec![0.0; model.parameters().len()];
@@ -69,10 +69,10 @@ pub use error::NnError;
 pub use functional::{Input, LayerCall, ModelConfig, SymbolicTensor};
 pub use initializers::Initializer;
 pub use layers::{
-    Activation, ActivationLayer, ActivationName, Add, BuiltinLayerConfig, Concatenate, Conv2D,
-    CustomLayerConfig, Dense, Dropout, Embedding, Flatten, ForwardContext, GlobalAveragePooling2D,
-    Layer, LayerConfig, LayerFactory, LayerNormalization, MaxPooling2D, Multiply, PaddingName,
-    Reshape, register_layer,
+    Activation, ActivationLayer, ActivationName, Add, AveragePooling2D, BatchNormalization,
+    BuiltinLayerConfig, Concatenate, Conv2D, CustomLayerConfig, Dense, Dropout, Embedding, Flatten,
+    ForwardContext, GlobalAveragePooling2D, Layer, LayerConfig, LayerFactory, LayerNormalization,
+    MaxPooling2D, Multiply, PaddingName, Reshape, register_layer,
 };
 pub use loss::{
     BinaryCrossentropy, CategoricalCrossentropy, FnLoss, Huber, Loss, LossConfig,
@@ -86,7 +86,7 @@ pub use model::{Sequential, SequentialConfig};
 pub use network::{Forward, Network};
 pub use optimizers::{
     Adagrad, Adam, AdamW, GradientClipping, LearningRateSchedule, Optimizer, OptimizerConfig,
-    OptimizerSettings, RmsProp, Sgd, apply_clipped,
+    OptimizerSettings, RmsProp, Sgd, apply_clipped, apply_update,
 };
-pub use params::{ParamBuilder, ParamSpec, Parameters};
+pub use params::{ParamBuilder, ParamSpec, Parameters, Update};
 pub use session::TrainingSession;

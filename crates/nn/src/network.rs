@@ -15,7 +15,7 @@ use lockstep_tensor::{Device, Gradients, Tensor};
 use rayon::prelude::*;
 
 use crate::error::{InLayer, NnError};
-use crate::layers::{ForwardContext, Layer};
+use crate::layers::{ForwardContext, Layer, ObservationSink};
 use crate::params::{ParamBuilder, Parameters};
 
 /// Values per task when gradients are copied into the flat buffer.
@@ -77,6 +77,31 @@ pub struct Forward {
     /// Every output, in the order the model's outputs were given.
     pub outputs: Vec<Tensor>,
     variables: Vec<Tensor>,
+    /// What layers observed of their non-trainable variables, by variable index.
+    observations: Vec<(usize, Tensor)>,
+    /// The examples in the batch, which weigh the observations.
+    examples: usize,
+}
+
+/// Writes the observation of variable `index` in `forward`, times its examples, into `slot`.
+fn observation(forward: &Forward, index: usize, slot: &mut [f32]) -> Result<(), NnError> {
+    let Some((_, seen)) = forward.observations.iter().find(|(v, _)| *v == index) else {
+        slot.fill(0.0);
+        return Ok(());
+    };
+    let values = seen.to_vec().in_layer("observations")?;
+    if values.len() != slot.len() {
+        return Err(NnError::Length {
+            what: "an observed state variable and its observation",
+            left: slot.len(),
+            right: values.len(),
+        });
+    }
+    let examples = forward.examples as f32;
+    for (slot, v) in slot.iter_mut().zip(values) {
+        *slot = v * examples;
+    }
+    Ok(())
 }
 
 pub(crate) fn shape_text(shape: &[usize]) -> String {
@@ -318,7 +343,7 @@ impl Network {
         &self,
         xs: &[Tensor],
         variables: &[Tensor],
-        ctx: ForwardContext,
+        ctx: ForwardContext<'_>,
     ) -> Result<Vec<Tensor>, NnError> {
         self.check_inputs(xs)?;
         let mut values: Vec<Option<Tensor>> = vec![None; self.nodes.len()];
@@ -344,6 +369,7 @@ impl Network {
             let next = self.nodes.get(index + 1).filter(|next| {
                 node.readers == 1 && next.inputs == [Source::Node(index)] && inputs.len() == 1
             });
+            let ctx = ctx.for_layer(node.params.start);
             let fused = next.and_then(|next| {
                 let pool = next.layer.as_max_pool()?;
                 node.layer
@@ -368,7 +394,7 @@ impl Network {
         &self,
         x: &Tensor,
         variables: &[Tensor],
-        ctx: ForwardContext,
+        ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         let mut outputs = self.run_inputs(std::slice::from_ref(x), variables, ctx)?;
         Ok(outputs.swap_remove(0))
@@ -382,7 +408,7 @@ impl Network {
     ///
     /// When `x` is not a batch of the input shape (or the model has several inputs), or a
     /// layer fails.
-    pub fn forward(&self, x: &Tensor, ctx: ForwardContext) -> Result<Forward, NnError> {
+    pub fn forward(&self, x: &Tensor, ctx: ForwardContext<'_>) -> Result<Forward, NnError> {
         self.forward_inputs(std::slice::from_ref(x), ctx)
     }
 
@@ -391,14 +417,25 @@ impl Network {
     /// # Errors
     ///
     /// When the tensors do not match the inputs, or a layer fails.
-    pub fn forward_inputs(&self, xs: &[Tensor], ctx: ForwardContext) -> Result<Forward, NnError> {
+    pub fn forward_inputs(
+        &self,
+        xs: &[Tensor],
+        ctx: ForwardContext<'_>,
+    ) -> Result<Forward, NnError> {
         let variables = self.on_device(self.params.tensors()?)?;
         let xs = self.inputs_on_device(xs)?;
-        let outputs = self.run_inputs(&xs, &variables, ctx)?;
+        let sink = ObservationSink::default();
+        let outputs = self.run_inputs(&xs, &variables, ctx.observing(&sink))?;
         Ok(Forward {
             output: outputs[0].clone(),
             outputs,
             variables,
+            observations: sink.into_inner(),
+            examples: xs
+                .first()
+                .and_then(|x| x.shape().first())
+                .copied()
+                .unwrap_or(0),
         })
     }
 
@@ -442,7 +479,10 @@ impl Network {
     }
 
     /// Copies the gradients of a forward pass into `out`, laid out like the parameters (zero
-    /// for variables the loss does not depend on).
+    /// for variables the loss does not depend on). A non-trainable variable's slot gets what
+    /// its layer observed times the examples of the batch (zero when it observed nothing): a
+    /// sum over replicas divided by the step's examples, as the gradients are, is the mean
+    /// observation that [`apply_update`](crate::apply_update) moves it towards.
     ///
     /// # Errors
     ///
@@ -460,8 +500,18 @@ impl Network {
                 right: self.params.len(),
             });
         }
-        for (spec, variable) in self.params.specs().iter().zip(&forward.variables) {
+        for (index, (spec, variable)) in self
+            .params
+            .specs()
+            .iter()
+            .zip(&forward.variables)
+            .enumerate()
+        {
             let slot = &mut out[spec.range()];
+            if !spec.is_trainable() {
+                observation(forward, index, slot)?;
+                continue;
+            }
             // In parallel, as the variables are copied in `Parameters::tensors`.
             let Some(g) = grads.get(variable) else {
                 slot.fill(0.0);
@@ -481,6 +531,13 @@ impl Network {
                 .for_each(|(slot, g)| slot.copy_from_slice(g));
         }
         Ok(())
+    }
+
+    /// `true` when some layer reduces across the replicas inside its forward pass (a
+    /// synchronised batch normalization): then every replica runs every training step, one
+    /// without data on an empty batch, so that the collectives meet.
+    pub fn synchronizes_replicas(&self) -> bool {
+        self.nodes.iter().any(|n| n.layer.synchronizes_replicas())
     }
 
     /// A table of layers, output shapes and parameter counts, like Keras' `model.summary()`;
@@ -559,11 +616,12 @@ impl Network {
             let cells: Vec<&str> = row.iter().map(String::as_str).collect();
             let _ = writeln!(out, "{}", line(&cells));
         }
+        let trainable = self.params.trainable_len();
         let _ = writeln!(
             out,
-            "{rule}\nTotal params: {}\nTrainable params: {}\nNon-trainable params: 0",
+            "{rule}\nTotal params: {}\nTrainable params: {trainable}\nNon-trainable params: {}",
             self.params.len(),
-            self.params.len()
+            self.params.len() - trainable
         );
         out
     }

@@ -10,8 +10,25 @@ use rayon::prelude::*;
 use crate::error::{NnError, count_values};
 use crate::initializers::Initializer;
 
+/// How a variable changes in training.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Update {
+    /// The optimizer moves it along its gradient.
+    #[default]
+    Trainable,
+    /// Non-trainable state (Keras' `trainable=False` weight), such as batch normalization's
+    /// moving statistics: each training step its layer observes a value
+    /// ([`ForwardContext::observe`](crate::ForwardContext::observe)), the observations are
+    /// averaged over every replica in the step's all-reduce, and the variable moves to
+    /// `momentum · value + (1 − momentum) · observation`. No optimizer touches it.
+    MovingAverage {
+        /// The weight of the old value.
+        momentum: f32,
+    },
+}
+
 /// One named variable inside [`Parameters`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ParamSpec {
     /// Keras-style name: `dense/kernel`, `conv2d_1/bias`.
     pub name: String,
@@ -19,6 +36,8 @@ pub struct ParamSpec {
     pub shape: Vec<usize>,
     /// Where its values start in the buffer.
     pub offset: usize,
+    /// Trained by the optimizer, or state its layer updates.
+    pub update: Update,
 }
 
 impl ParamSpec {
@@ -36,10 +55,18 @@ impl ParamSpec {
     pub fn range(&self) -> Range<usize> {
         self.offset..self.offset + self.len()
     }
+
+    /// `true` for a variable the optimizer trains.
+    pub fn is_trainable(&self) -> bool {
+        self.update == Update::Trainable
+    }
 }
 
-/// A model's trainable variables, back to back in one `Vec<f32>`: one all-reduce moves a whole
-/// model's gradients (laid out the same way), and a checkpoint names every variable.
+/// A model's variables, back to back in one `Vec<f32>`: one all-reduce moves a whole model's
+/// gradients (laid out the same way), and a checkpoint names every variable. Non-trainable
+/// state ([`Update::MovingAverage`]) lives in the same buffer, so checkpoints, restores and the
+/// initial broadcast carry it as they carry the weights; its slots in the gradient buffer carry
+/// the layers' observations instead of gradients.
 ///
 /// ```
 /// use lockstep_nn::{Dense, Sequential};
@@ -78,6 +105,57 @@ impl Parameters {
         self.values.len()
     }
 
+    /// The number of values the optimizer trains (Keras' "Trainable params").
+    pub fn trainable_len(&self) -> usize {
+        self.specs
+            .iter()
+            .filter(|s| s.is_trainable())
+            .map(ParamSpec::len)
+            .sum()
+    }
+
+    /// `true` when some variable is non-trainable state.
+    pub fn has_state(&self) -> bool {
+        self.specs.iter().any(|s| !s.is_trainable())
+    }
+
+    /// Moves every non-trainable variable towards its observation in `grads` (laid out as the
+    /// parameters, each observation times `scale` being its mean over the step) and zeroes
+    /// those slots, so that clipping and the optimizer then see only the trainable gradients.
+    /// Returns the new values, for [`Parameters::set_state`] after the optimizer's update.
+    pub(crate) fn next_state(
+        &self,
+        grads: &mut [f32],
+        scale: f32,
+    ) -> Vec<(Range<usize>, Vec<f32>)> {
+        let mut next = Vec::new();
+        for spec in &self.specs {
+            let Update::MovingAverage { momentum } = spec.update else {
+                continue;
+            };
+            let range = spec.range();
+            let values = self.values[range.clone()]
+                .iter()
+                .zip(&mut grads[range.clone()])
+                .map(|(&old, observed)| {
+                    // Keras' `assign_moving_average`: old − (old − observed)·(1 − momentum).
+                    let new = old - (old - *observed * scale) * (1.0 - momentum);
+                    *observed = 0.0;
+                    new
+                })
+                .collect();
+            next.push((range, values));
+        }
+        next
+    }
+
+    /// Writes the values [`Parameters::next_state`] computed.
+    pub(crate) fn set_state(&mut self, next: Vec<(Range<usize>, Vec<f32>)>) {
+        for (range, values) in next {
+            self.values[range].copy_from_slice(&values);
+        }
+    }
+
     /// `true` for a model with no trainable values.
     pub fn is_empty(&self) -> bool {
         self.values.is_empty()
@@ -97,7 +175,7 @@ impl Parameters {
     }
 
     /// The variables as tensors whose gradients [`Tensor::backward`] reports (a copy: the
-    /// buffer stays free for the optimizer).
+    /// buffer stays free for the optimizer); non-trainable state as constants.
     ///
     /// # Errors
     ///
@@ -109,7 +187,12 @@ impl Parameters {
                 // Copied in parallel: a dense kernel of a few hundred thousand values copied on
                 // one thread left the other idle at the start of every training step.
                 let values = self.values[s.range()].par_iter().copied().collect();
-                Tensor::parameter(values, &s.shape).map_err(|source| NnError::Tensor {
+                let tensor = if s.is_trainable() {
+                    Tensor::parameter(values, &s.shape)
+                } else {
+                    Tensor::from_vec(values, &s.shape)
+                };
+                tensor.map_err(|source| NnError::Tensor {
                     layer: s.name.clone(),
                     source,
                 })
@@ -177,6 +260,38 @@ impl ParamBuilder {
         shape: Vec<usize>,
         init: Initializer,
     ) -> Result<usize, NnError> {
+        self.declare(name, shape, init, Update::Trainable)
+    }
+
+    /// Declares non-trainable state that moves towards what its layer observes each training
+    /// step ([`Update::MovingAverage`]), as batch normalization's moving mean and variance.
+    ///
+    /// # Errors
+    ///
+    /// As [`ParamBuilder::add`]; a momentum outside `[0, 1]`.
+    pub fn add_moving_average(
+        &mut self,
+        name: String,
+        shape: Vec<usize>,
+        init: Initializer,
+        momentum: f32,
+    ) -> Result<usize, NnError> {
+        if !(0.0..=1.0).contains(&momentum) {
+            return Err(NnError::InvalidConfig {
+                layer: name,
+                why: format!("momentum {momentum} must lie in [0, 1]"),
+            });
+        }
+        self.declare(name, shape, init, Update::MovingAverage { momentum })
+    }
+
+    fn declare(
+        &mut self,
+        name: String,
+        shape: Vec<usize>,
+        init: Initializer,
+        update: Update,
+    ) -> Result<usize, NnError> {
         let len = count_values(&name, &shape)?;
         if self.shapes_only {
             let index = self.params.specs.len();
@@ -184,6 +299,7 @@ impl ParamBuilder {
                 name,
                 shape,
                 offset: 0,
+                update,
             });
             return Ok(index);
         }
@@ -200,6 +316,7 @@ impl ParamBuilder {
             name,
             shape,
             offset,
+            update,
         };
         let mut rng =
             Pcg64Mcg::seed_from_u64(self.seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));

@@ -42,7 +42,7 @@ use crate::optimizers::{Optimizer, OptimizerConfig};
 /// let mut session = model.training(&mut adam)?;
 /// let mut first = None;
 /// for step in 0..5 {
-///     let ctx = ForwardContext { training: true, step, replica: 0 };
+///     let ctx = ForwardContext::training(step, 0);
 ///     let loss = session.step(&x, ctx, |logits| loss_fn.call(logits, &labels))?;
 ///     // Reading the loss is the step's only copy back from a GPU: skip it to keep the GPU busy.
 ///     let loss = loss.item().unwrap();
@@ -132,6 +132,14 @@ impl Network {
         optimizer: &'m mut dyn Optimizer,
     ) -> Result<TrainingSession<'m>, NnError> {
         let state = match self.device() {
+            Device::Cuda(_) if self.parameters().has_state() => {
+                return Err(NnError::InvalidConfig {
+                    layer: "training session".to_owned(),
+                    why: "a training session on a GPU trains models without non-trainable state \
+                          (batch normalization's moving statistics are updated on the CPU)"
+                        .to_owned(),
+                });
+            }
             device @ Device::Cuda(ordinal) => {
                 let failed = |what| on_gpu(device, what);
                 let gpu = CudaDevice::open(ordinal).map_err(failed("opening the device"))?;
@@ -236,7 +244,7 @@ impl TrainingSession<'_> {
     pub fn step(
         &mut self,
         x: &Tensor,
-        ctx: ForwardContext,
+        ctx: ForwardContext<'_>,
         loss: impl FnOnce(&Tensor) -> Result<Tensor, NnError>,
     ) -> Result<Tensor, NnError> {
         match &mut self.state {
@@ -245,12 +253,12 @@ impl TrainingSession<'_> {
                 let value = loss(&forward.output)?;
                 let gradients = value.backward().in_layer("loss")?;
                 self.model.gradients(&forward, &gradients, grads)?;
-                let variables = self.model.parameters().ranges();
-                crate::optimizers::apply_clipped(
+                let examples = x.shape().first().copied().unwrap_or(0).max(1);
+                crate::optimizers::apply_update(
                     &mut *self.optimizer,
-                    self.model.parameters_mut().values_mut(),
+                    self.model.parameters_mut(),
                     grads,
-                    &variables,
+                    1.0 / examples as f32,
                 )?;
                 Ok(value.detach())
             }
@@ -364,7 +372,7 @@ impl Resident {
         &mut self,
         model: &Network,
         x: &Tensor,
-        ctx: ForwardContext,
+        ctx: ForwardContext<'_>,
         loss: impl FnOnce(&Tensor) -> Result<Tensor, NnError>,
     ) -> Result<Tensor, NnError> {
         let variables = self.variables(model, Tensor::parameter_from_cuda)?;

@@ -38,11 +38,7 @@ fn train(model: &mut Network, steps: u64) -> Vec<f32> {
     for step in 0..steps {
         let x = batch(16, model.input_shape()[0], 0);
         let labels: Vec<usize> = (0..16).map(|i| (i * 7) % 10).collect();
-        let ctx = ForwardContext {
-            training: true,
-            step,
-            replica: 0,
-        };
+        let ctx = ForwardContext::training(step, 0);
         let forward = model.forward(&x, ctx).unwrap();
         let loss = loss_fn.call(&forward.output, &labels).unwrap();
         losses.push(loss.item().unwrap());

@@ -77,11 +77,7 @@ fn train(
         for item in data.iter_epoch(epoch).unwrap() {
             let (x, y) = item.unwrap();
             let labels: Vec<usize> = y.iter().map(|&l| usize::from(l)).collect();
-            let ctx = ForwardContext {
-                training: true,
-                step,
-                replica: 0,
-            };
+            let ctx = ForwardContext::training(step, 0);
             session
                 .step(&to_tensor(x.into_owned(), flat), ctx, |logits| {
                     loss_fn.call(logits, &labels)
@@ -355,11 +351,7 @@ fn session_steps(
     let mut session = model.training(optimizer).unwrap();
     let losses = (0..steps)
         .map(|step| {
-            let ctx = ForwardContext {
-                training: true,
-                step,
-                replica: 0,
-            };
+            let ctx = ForwardContext::training(step, 0);
             let loss = session
                 .step(x, ctx, |logits| LOSS.call(logits, labels))
                 .unwrap();
@@ -378,11 +370,7 @@ fn a_session_on_the_cpu_trains_bit_for_bit_as_the_hand_written_loop() {
     let losses = session_steps(&mut by_session, &mut adam_session, &batch, 3);
     let mut grads = vec![0.0; by_hand.parameters().len()];
     for (step, session_loss) in losses.iter().enumerate() {
-        let ctx = ForwardContext {
-            training: true,
-            step: step as u64,
-            replica: 0,
-        };
+        let ctx = ForwardContext::training(step as u64, 0);
         let forward = by_hand.forward(&batch.0, ctx).unwrap();
         let loss = LOSS.call(&forward.output, &batch.1).unwrap();
         by_hand
@@ -455,11 +443,7 @@ fn a_session_on_a_gpu_reads_back_nothing_but_the_loss_it_is_asked_for() {
     let mut adam = Adam::default();
     let mut session = model.training(&mut adam).unwrap();
     for step in 0..3 {
-        let ctx = ForwardContext {
-            training: true,
-            step,
-            replica: 0,
-        };
+        let ctx = ForwardContext::training(step, 0);
         let before = lockstep_cuda::Transfers::on_this_thread();
         let loss = session
             .step(&x, ctx, |logits| LOSS.call(logits, &labels))

@@ -37,6 +37,14 @@ pub enum TensorError {
         /// What went wrong.
         why: String,
     },
+    /// A collective inside an operation failed ([`crate::ops::all_reduce_sum`]).
+    #[error("{op}: the replicas could not meet: {why}")]
+    Collective {
+        /// The operation.
+        op: &'static str,
+        /// Why the collective failed.
+        why: String,
+    },
 }
 
 impl TensorError {

@@ -1,8 +1,12 @@
 //! One replica: its copy of the model and optimizer, its collective handle, and the work it
 //! does in a step. Replicas of one process run on threads of their own for each step.
 
+use std::sync::Arc;
+
 use lockstep_collective::ReduceOp;
 use lockstep_nn::{ForwardContext, Loss, Network, Optimizer, PredictionMetric};
+use lockstep_tensor::Tensor;
+use lockstep_tensor::ops::AllReduceSum;
 
 use crate::batch::LabeledParts;
 use crate::error::TrainError;
@@ -92,11 +96,14 @@ pub(crate) struct Replica {
     pub(crate) optimizer: Option<Box<dyn Optimizer>>,
     /// Gradients, then the step's totals.
     pub(crate) buffer: Vec<f32>,
+    /// The link as layers reduce with inside a pass.
+    across: Arc<dyn AllReduceSum>,
 }
 
 impl Replica {
     pub(crate) fn new(link: ReplicaLink, net: Network) -> Self {
         Self {
+            across: link.sum_across(),
             link,
             net,
             optimizer: None,
@@ -121,19 +128,29 @@ impl Replica {
         let n = self.net.parameters().len();
         self.buffer.clear();
         self.buffer.resize(n + objective.totals_len(), 0.0);
-        if let Some(parts) = batch.filter(|parts| !parts.targets.is_empty()) {
-            let ctx = ForwardContext {
-                training: true,
-                step,
-                replica: self.link.replica_id(),
-            };
-            let forward = self.net.forward(&parts.inputs, ctx)?;
-            let (value, totals) = objective.measure(&forward.output, &parts)?;
-            self.net
-                .gradients(&forward, &value.backward()?, &mut self.buffer[..n])?;
-            for (slot, total) in self.buffer[n..].iter_mut().zip(totals) {
-                *slot = total as f32;
+        let ctx =
+            ForwardContext::training(step, self.link.replica_id()).with_replicas(&self.across);
+        match batch.filter(|parts| !parts.targets.is_empty()) {
+            Some(parts) => {
+                let forward = self.net.forward(&parts.inputs, ctx)?;
+                let (value, totals) = objective.measure(&forward.output, &parts)?;
+                self.net
+                    .gradients(&forward, &value.backward()?, &mut self.buffer[..n])?;
+                for (slot, total) in self.buffer[n..].iter_mut().zip(totals) {
+                    *slot = total as f32;
+                }
             }
+            // Layers that reduce across replicas inside the pass need every replica there: one
+            // without data passes an empty batch, which adds nothing.
+            None if self.net.synchronizes_replicas() => {
+                let empty = empty_batch(&self.net)?;
+                let forward = self.net.forward_inputs(&empty, ctx)?;
+                let axes: Vec<usize> = (0..forward.output.rank()).collect();
+                let nothing = lockstep_tensor::ops::sum(&forward.output, &axes, false)?;
+                self.net
+                    .gradients(&forward, &nothing.backward()?, &mut self.buffer[..n])?;
+            }
+            None => {}
         }
         self.link.all_reduce(&mut self.buffer, ReduceOp::Sum)?;
         let totals = StepTotals::from_values(self.buffer[n..].iter().map(|&v| f64::from(v)));
@@ -143,12 +160,11 @@ impl Replica {
                 *g *= scale;
             }
             let optimizer = self.optimizer.as_mut().ok_or_else(not_compiled)?;
-            let variables = self.net.parameters().ranges();
-            lockstep_nn::apply_clipped(
+            lockstep_nn::apply_update(
                 &mut **optimizer,
-                self.net.parameters_mut().values_mut(),
+                self.net.parameters_mut(),
                 &mut self.buffer[..n],
-                &variables,
+                1.0,
             )?;
         }
         Ok(totals)
@@ -168,6 +184,17 @@ impl Replica {
         self.link.all_reduce(&mut totals, ReduceOp::Sum)?;
         Ok(StepTotals::from_values(totals.into_iter()))
     }
+}
+
+/// A batch of no examples for each of `net`'s inputs.
+fn empty_batch(net: &Network) -> Result<Vec<Tensor>, TrainError> {
+    net.input_shapes()
+        .into_iter()
+        .map(|shape| {
+            let shape: Vec<usize> = std::iter::once(0).chain(shape.iter().copied()).collect();
+            Ok(Tensor::from_vec(Vec::new(), &shape)?)
+        })
+        .collect()
 }
 
 pub(crate) fn not_compiled() -> TrainError {

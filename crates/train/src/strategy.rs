@@ -5,6 +5,7 @@
 //! first of them all-reduces with the other processes. One process and one replica is the
 //! degenerate case, so the training loop has one shape for all three strategies.
 
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use lockstep_cluster::Cluster;
@@ -13,6 +14,7 @@ use lockstep_collective::{
     Implementation, LocalTransport, ReduceOp, TcpOptions, TcpTransport,
 };
 use lockstep_data::InputContext;
+use lockstep_tensor::ops::AllReduceSum;
 
 use crate::error::TrainError;
 
@@ -63,20 +65,70 @@ impl<S: Strategy + ?Sized> Strategy for Box<S> {
 }
 
 /// One replica's handle on all replicas of all processes.
-pub struct ReplicaLink(Link);
+pub struct ReplicaLink {
+    link: Arc<Mutex<Link>>,
+    rank: usize,
+}
 
 enum Link {
     InProcess(HierarchicalCommunicator<LocalTransport>),
     Cluster(HierarchicalCommunicator<TcpTransport>),
 }
 
+impl Link {
+    fn all_reduce<E: Element>(
+        &mut self,
+        data: &mut [E],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        match self {
+            Link::InProcess(c) => c.all_reduce(data, op),
+            Link::Cluster(c) => c.all_reduce(data, op),
+        }
+    }
+}
+
+/// A replica's link as the sum layers reduce with inside a pass (a synchronised batch
+/// normalization's statistics).
+struct SumAcross(Arc<Mutex<Link>>);
+
+impl AllReduceSum for SumAcross {
+    fn all_reduce_sum(&self, values: &mut [f32]) -> Result<(), String> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .all_reduce(values, ReduceOp::Sum)
+            .map_err(|e| e.to_string())
+    }
+}
+
 impl ReplicaLink {
-    /// This replica's index among all replicas in sync.
-    pub fn replica_id(&self) -> usize {
-        match &self.0 {
+    fn new(link: Link) -> Self {
+        let rank = match &link {
             Link::InProcess(c) => c.rank(),
             Link::Cluster(c) => c.rank(),
+        };
+        Self {
+            link: Arc::new(Mutex::new(link)),
+            rank,
         }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Link> {
+        // A replica whose thread panicked mid-collective fails the step; its link's state is
+        // the collective's to judge, not the lock's.
+        self.link.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// This replica's index among all replicas in sync.
+    pub fn replica_id(&self) -> usize {
+        self.rank
+    }
+
+    /// The handle a forward pass reduces across replicas with
+    /// ([`lockstep_nn::ForwardContext::with_replicas`]).
+    pub(crate) fn sum_across(&self) -> Arc<dyn AllReduceSum> {
+        Arc::new(SumAcross(Arc::clone(&self.link)))
     }
 
     pub(crate) fn all_reduce<E: Element>(
@@ -84,14 +136,11 @@ impl ReplicaLink {
         data: &mut [E],
         op: ReduceOp,
     ) -> Result<(), CollectiveError> {
-        match &mut self.0 {
-            Link::InProcess(c) => c.all_reduce(data, op),
-            Link::Cluster(c) => c.all_reduce(data, op),
-        }
+        self.lock().all_reduce(data, op)
     }
 
     pub(crate) fn broadcast<E: Element>(&mut self, data: &mut [E]) -> Result<(), CollectiveError> {
-        match &mut self.0 {
+        match &mut *self.lock() {
             Link::InProcess(c) => c.broadcast(data),
             Link::Cluster(c) => c.broadcast(data),
         }
@@ -103,7 +152,7 @@ impl ReplicaLink {
         data: &mut [E],
         op: ReduceOp,
     ) -> Result<(), CollectiveError> {
-        match &mut self.0 {
+        match &mut *self.lock() {
             Link::InProcess(c) => c.all_reduce_processes(data, op),
             Link::Cluster(c) => c.all_reduce_processes(data, op),
         }
@@ -116,7 +165,7 @@ fn in_process(replicas: usize, options: CommunicationOptions) -> Vec<ReplicaLink
         .map(|cross| {
             HierarchicalCommunicator::group(replicas, cross, options)
                 .into_iter()
-                .map(|c| ReplicaLink(Link::InProcess(c)))
+                .map(|c| ReplicaLink::new(Link::InProcess(c)))
                 .collect()
         })
         .unwrap_or_default()
@@ -296,7 +345,7 @@ impl MultiWorkerMirroredStrategy {
         }
         let links = HierarchicalCommunicator::group(local_replicas, transport, options)
             .into_iter()
-            .map(|c| ReplicaLink(Link::Cluster(c)))
+            .map(|c| ReplicaLink::new(Link::Cluster(c)))
             .collect();
         Ok(Self {
             task: cluster.task().to_string(),

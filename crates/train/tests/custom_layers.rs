@@ -65,7 +65,7 @@ impl Layer for Scale {
         name: &str,
         x: &Tensor,
         params: &[Tensor],
-        _ctx: ForwardContext,
+        _ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         ops::mul(x, &params[0]).map_err(|source| NnError::Tensor {
             layer: name.to_owned(),

@@ -6,15 +6,13 @@
     reason = "a test that meets an error must fail loudly"
 )]
 
-use std::net::{Ipv4Addr, TcpListener};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 mod common;
 
-use common::{EXAMPLES, digits, loss, mlp};
+use common::{EXAMPLES, digits, loss, mlp, workers};
 use lockstep_cluster::{Cluster, TfConfig};
-use lockstep_collective::{CommunicationOptions, Implementation, TcpOptions, TcpTransport};
+use lockstep_collective::{CommunicationOptions, Implementation};
 use lockstep_data::{AutoShardPolicy, Dataset, DatasetOptions};
 use lockstep_nn::{Adam, AdamW, LearningRateSchedule, Sgd, models};
 use lockstep_train::{
@@ -102,53 +100,6 @@ fn repeated_runs_give_bit_identical_weights() {
     let (a, _) = train(MirroredStrategy::new(2).unwrap(), 64, 1, Vec::new()).unwrap();
     let (b, _) = train(MirroredStrategy::new(2).unwrap(), 64, 1, Vec::new()).unwrap();
     assert_eq!(a, b);
-}
-
-/// A cluster of `n` workers on 127.0.0.1 with `replicas` replicas each, formed on threads;
-/// runs `body` with each worker's strategy and returns the results in rank order.
-fn workers<R: Send + 'static>(
-    n: usize,
-    replicas: usize,
-    body: fn(MultiWorkerMirroredStrategy) -> R,
-) -> Vec<R> {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    let identity = (u64::from(std::process::id()) << 32) | NEXT.fetch_add(1, Ordering::Relaxed);
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap())
-        .collect();
-    let addresses: Vec<String> = listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().to_string())
-        .collect();
-    let handles: Vec<_> = listeners
-        .into_iter()
-        .enumerate()
-        .map(|(rank, listener)| {
-            let addresses = addresses.clone();
-            std::thread::spawn(move || {
-                let json = format!(
-                    r#"{{"cluster": {{"worker": {addresses:?}}}, "task": {{"type": "worker", "index": {rank}}}}}"#
-                );
-                let cluster = Cluster::new(TfConfig::parse(&json).unwrap()).unwrap();
-                let options = TcpOptions {
-                    cluster: identity,
-                    rendezvous_timeout: Duration::from_secs(30),
-                    ..TcpOptions::default()
-                };
-                let transport =
-                    TcpTransport::connect_on(listener, rank, &addresses, &options).unwrap();
-                let strategy = MultiWorkerMirroredStrategy::from_transport(
-                    &cluster,
-                    transport,
-                    CommunicationOptions::default(),
-                    replicas,
-                )
-                .unwrap();
-                body(strategy)
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
 #[test]

@@ -145,14 +145,7 @@ fn train(
                 .next()
                 .context("one replica per worker")?;
             let y = labels(&y);
-            let forward = model.forward(
-                &images(x)?,
-                ForwardContext {
-                    training: true,
-                    step,
-                    replica: rank,
-                },
-            )?;
+            let forward = model.forward(&images(x)?, ForwardContext::training(step, rank))?;
             let loss = loss_fn.call(&forward.output, &y)?;
             model.gradients(&forward, &loss.backward()?, &mut grads)?;
             // Equal per-worker batches: the mean of the workers' mean gradients is the gradient

@@ -64,7 +64,7 @@ impl Layer for ActivationLayer {
         name: &str,
         x: &Tensor,
         _params: &[Tensor],
-        _ctx: ForwardContext,
+        _ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         self.0.apply(x.clone(), name)
     }

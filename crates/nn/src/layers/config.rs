@@ -8,8 +8,9 @@ use std::sync::{Arc, LazyLock, PoisonError, RwLock};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Activation, ActivationLayer, Add, Concatenate, Conv2D, Dense, Dropout, Embedding, Flatten,
-    GlobalAveragePooling2D, Layer, LayerNormalization, MaxPooling2D, Multiply, Reshape,
+    Activation, ActivationLayer, Add, AveragePooling2D, BatchNormalization, Concatenate, Conv2D,
+    Dense, Dropout, Embedding, Flatten, GlobalAveragePooling2D, Layer, LayerNormalization,
+    MaxPooling2D, Multiply, Reshape,
 };
 use crate::error::NnError;
 use crate::initializers::Initializer;
@@ -127,6 +128,29 @@ pub enum BuiltinLayerConfig {
     },
     /// [`GlobalAveragePooling2D`].
     GlobalAveragePooling2D,
+    /// [`AveragePooling2D`].
+    AveragePooling2D {
+        /// Window height and width.
+        pool_size: (usize, usize),
+        /// Steps between windows (the pool size when absent).
+        strides: Option<(usize, usize)>,
+        /// `valid` or `same`.
+        padding: PaddingName,
+    },
+    /// [`BatchNormalization`] (over the last axis).
+    BatchNormalization {
+        /// The weight of the old moving statistics in each update.
+        momentum: f32,
+        /// Added to the variance.
+        epsilon: f32,
+        /// Whether a learned offset is added.
+        center: bool,
+        /// Whether a learned scale multiplies.
+        scale: bool,
+        /// Batch statistics over every replica in training.
+        #[serde(default)]
+        synchronized: bool,
+    },
     /// [`Embedding`].
     Embedding {
         /// Ids in the table.
@@ -263,6 +287,31 @@ impl BuiltinLayerConfig {
                 Box::new(LayerNormalization::new().epsilon(epsilon))
             }
             Self::GlobalAveragePooling2D => Box::new(GlobalAveragePooling2D),
+            Self::AveragePooling2D {
+                pool_size,
+                strides,
+                padding,
+            } => {
+                let pool = AveragePooling2D::new(pool_size).padding(padding.into());
+                Box::new(match strides {
+                    Some(strides) => pool.strides(strides),
+                    None => pool,
+                })
+            }
+            Self::BatchNormalization {
+                momentum,
+                epsilon,
+                center,
+                scale,
+                synchronized,
+            } => Box::new(
+                BatchNormalization::new()
+                    .momentum(momentum)
+                    .epsilon(epsilon)
+                    .center(center)
+                    .scale(scale)
+                    .synchronized(synchronized),
+            ),
             Self::Embedding {
                 input_dim,
                 output_dim,
@@ -307,6 +356,8 @@ const BUILTIN: &[&str] = &[
     "Concatenate",
     "LayerNormalization",
     "GlobalAveragePooling2D",
+    "AveragePooling2D",
+    "BatchNormalization",
     "Embedding",
 ];
 

@@ -173,7 +173,7 @@ impl Layer for Conv2D {
         name: &str,
         x: &Tensor,
         params: &[Tensor],
-        _ctx: ForwardContext,
+        _ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         let bias = self.use_bias.then(|| &params[1]);
         let relu = self.activation == Activation::Relu;
@@ -192,7 +192,7 @@ impl Layer for Conv2D {
         x: &Tensor,
         params: &[Tensor],
         pool: MaxPool,
-        _ctx: ForwardContext,
+        _ctx: ForwardContext<'_>,
     ) -> Option<Result<Tensor, NnError>> {
         let relu = match self.activation {
             Activation::Relu => true,

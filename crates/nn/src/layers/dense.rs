@@ -126,7 +126,7 @@ impl Layer for Dense {
         name: &str,
         x: &Tensor,
         params: &[Tensor],
-        _ctx: ForwardContext,
+        _ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         let Some((&last, leading)) = x
             .shape()

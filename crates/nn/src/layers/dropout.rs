@@ -57,7 +57,7 @@ impl Layer for Dropout {
         name: &str,
         x: &Tensor,
         _params: &[Tensor],
-        ctx: ForwardContext,
+        ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         if !ctx.training || self.rate == 0.0 {
             return Ok(x.clone());

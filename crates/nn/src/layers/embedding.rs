@@ -98,7 +98,7 @@ impl Layer for Embedding {
         name: &str,
         x: &Tensor,
         params: &[Tensor],
-        _ctx: ForwardContext,
+        _ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         let ids = x
             .to_vec()

@@ -71,7 +71,7 @@ macro_rules! elementwise_merge {
                 name: &str,
                 _x: &Tensor,
                 _params: &[Tensor],
-                _ctx: ForwardContext,
+                _ctx: ForwardContext<'_>,
             ) -> Result<Tensor, NnError> {
                 Err(too_few(name, $kind, 1))
             }
@@ -90,7 +90,7 @@ macro_rules! elementwise_merge {
                 name: &str,
                 xs: &[Tensor],
                 _params: &[Tensor],
-                _ctx: ForwardContext,
+                _ctx: ForwardContext<'_>,
             ) -> Result<Tensor, NnError> {
                 let [first, rest @ ..] = xs else {
                     return Err(too_few(name, $kind, 0));
@@ -141,7 +141,7 @@ impl Layer for Concatenate {
         name: &str,
         _x: &Tensor,
         _params: &[Tensor],
-        _ctx: ForwardContext,
+        _ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         Err(too_few(name, "Concatenate", 1))
     }
@@ -185,7 +185,7 @@ impl Layer for Concatenate {
         name: &str,
         xs: &[Tensor],
         _params: &[Tensor],
-        _ctx: ForwardContext,
+        _ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         if xs.len() < 2 {
             return Err(too_few(name, "Concatenate", xs.len()));

@@ -4,6 +4,7 @@
 //! [`Layer::forward_inputs`].
 
 mod activation;
+mod batch_norm;
 mod config;
 mod conv;
 mod dense;
@@ -15,6 +16,7 @@ mod pooling;
 mod reshape;
 
 pub use activation::{Activation, ActivationLayer};
+pub use batch_norm::BatchNormalization;
 pub use config::{
     ActivationName, BuiltinLayerConfig, CustomLayerConfig, LayerConfig, LayerFactory, PaddingName,
     register_layer,
@@ -25,25 +27,123 @@ pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use merge::{Add, Concatenate, Multiply};
 pub use normalization::{GlobalAveragePooling2D, LayerNormalization};
-pub use pooling::MaxPooling2D;
+pub use pooling::{AveragePooling2D, MaxPooling2D};
 pub use reshape::{Flatten, Reshape};
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use lockstep_tensor::Tensor;
-use lockstep_tensor::ops::MaxPool;
+use lockstep_tensor::ops::{AllReduceSum, MaxPool};
 
 use crate::error::NnError;
 use crate::params::ParamBuilder;
 
-/// What a forward pass knows besides its input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ForwardContext {
-    /// Training (dropout active) or inference.
+/// What a forward pass knows besides its input: whether it trains, the step and replica (for
+/// dropout masks), and for layers that need them, the replicas in sync
+/// ([`ForwardContext::replicas`]) and where to record observations of non-trainable state
+/// ([`ForwardContext::observe`]).
+#[derive(Clone, Copy, Default)]
+pub struct ForwardContext<'a> {
+    /// Training (dropout active, batch statistics) or inference.
     pub training: bool,
     /// Varies per step so dropout masks differ between steps yet repeat between runs.
     pub step: u64,
     /// The replica running the pass, among all replicas in sync: replicas of one step draw
     /// different dropout masks, each the same from run to run.
     pub replica: usize,
+    replicas: Option<&'a Arc<dyn AllReduceSum>>,
+    observations: Option<Observations<'a>>,
+}
+
+impl std::fmt::Debug for ForwardContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForwardContext")
+            .field("training", &self.training)
+            .field("step", &self.step)
+            .field("replica", &self.replica)
+            .field("synchronised", &self.replicas.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> ForwardContext<'a> {
+    /// A training pass of `step` on replica `replica`.
+    pub fn training(step: u64, replica: usize) -> Self {
+        Self {
+            training: true,
+            step,
+            replica,
+            ..Self::default()
+        }
+    }
+
+    /// An inference pass: no dropout, moving statistics.
+    pub fn inference() -> Self {
+        Self::default()
+    }
+
+    /// The same pass, with a handle on every replica in sync for layers that reduce across
+    /// them (a synchronised [`BatchNormalization`]). Without one, such a layer sees only its
+    /// own batch, as with a single replica.
+    #[must_use]
+    pub fn with_replicas(mut self, replicas: &'a Arc<dyn AllReduceSum>) -> Self {
+        self.replicas = Some(replicas);
+        self
+    }
+
+    /// The replicas in sync, when the pass has them.
+    pub fn replicas(&self) -> Option<&'a Arc<dyn AllReduceSum>> {
+        self.replicas
+    }
+
+    /// Records what this pass observed for the layer's non-trainable variable `variable` (its
+    /// index among the layer's own variables, as [`Layer::forward`]'s `params`): the network
+    /// moves the variable towards the mean observation of every replica after the step
+    /// ([`crate::Update::MovingAverage`]). A layer with such state observes it on every
+    /// training pass; outside a network's training pass this does nothing.
+    pub fn observe(&self, variable: usize, value: &Tensor) {
+        if let Some(observations) = self.observations {
+            observations.record(observations.first + variable, value.detach());
+        }
+    }
+
+    /// The pass, recording observations into `sink`.
+    pub(crate) fn observing(mut self, sink: &'a ObservationSink) -> Self {
+        self.observations = Some(Observations { sink, first: 0 });
+        self
+    }
+
+    /// The context a network hands the layer whose variables start at index `first`.
+    pub(crate) fn for_layer(mut self, first: usize) -> Self {
+        if let Some(observations) = &mut self.observations {
+            observations.first = first;
+        }
+        self
+    }
+}
+
+/// Observations of non-trainable state made during one forward pass, by variable index.
+#[derive(Default)]
+pub(crate) struct ObservationSink(Mutex<Vec<(usize, Tensor)>>);
+
+impl ObservationSink {
+    pub(crate) fn into_inner(self) -> Vec<(usize, Tensor)> {
+        self.0.into_inner().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Observations<'a> {
+    sink: &'a ObservationSink,
+    first: usize,
+}
+
+impl Observations<'_> {
+    fn record(self, variable: usize, value: Tensor) {
+        let mut seen = self.sink.0.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.retain(|(v, _)| *v != variable);
+        seen.push((variable, value));
+    }
 }
 
 /// One layer of a [`Network`](crate::Network): a [`Sequential`](crate::Sequential) model's
@@ -82,7 +182,7 @@ pub trait Layer: Send + Sync {
         name: &str,
         x: &Tensor,
         params: &[Tensor],
-        ctx: ForwardContext,
+        ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError>;
 
     /// [`Layer::build`] for a layer called on several inputs (a merge layer overrides it):
@@ -121,7 +221,7 @@ pub trait Layer: Send + Sync {
         name: &str,
         xs: &[Tensor],
         params: &[Tensor],
-        ctx: ForwardContext,
+        ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         match xs {
             [x] => self.forward(name, x, params, ctx),
@@ -130,6 +230,12 @@ pub trait Layer: Send + Sync {
                 why: format!("{} takes one input, not {}", self.kind(), xs.len()),
             }),
         }
+    }
+
+    /// `true` for a layer that reduces across the replicas in its training pass
+    /// ([`ForwardContext::replicas`]): every replica must then run every training step.
+    fn synchronizes_replicas(&self) -> bool {
+        false
     }
 
     /// The pooling this layer does, when it is max pooling: a layer before it may then compute
@@ -151,7 +257,7 @@ pub trait Layer: Send + Sync {
         x: &Tensor,
         params: &[Tensor],
         pool: MaxPool,
-        ctx: ForwardContext,
+        ctx: ForwardContext<'_>,
     ) -> Option<Result<Tensor, NnError>> {
         let _ = (name, x, params, pool, ctx);
         None

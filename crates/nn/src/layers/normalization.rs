@@ -82,7 +82,7 @@ impl Layer for LayerNormalization {
         name: &str,
         x: &Tensor,
         params: &[Tensor],
-        _ctx: ForwardContext,
+        _ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         let last = x.rank().saturating_sub(1);
         let mean = ops::mean(x, &[last], true).in_layer(name)?;
@@ -146,7 +146,7 @@ impl Layer for GlobalAveragePooling2D {
         name: &str,
         x: &Tensor,
         _params: &[Tensor],
-        _ctx: ForwardContext,
+        _ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         ops::mean(x, &[1, 2], false).in_layer(name)
     }

@@ -51,6 +51,33 @@ impl MaxPooling2D {
     }
 }
 
+/// The output shape of pooling `input_shape` (`[height, width, channels]`).
+fn pooled_shape(
+    name: &str,
+    input_shape: &[usize],
+    p: (usize, usize),
+    s: (usize, usize),
+    padding: Padding,
+) -> Result<Vec<usize>, NnError> {
+    let &[h, w, c] = input_shape else {
+        return Err(NnError::Shape {
+            what: format!("layer {name} input"),
+            expected: "(None, height, width, channels)".into(),
+            got: input_shape.to_vec(),
+        });
+    };
+    match (
+        spatial_out(h, p.0, s.0, padding),
+        spatial_out(w, p.1, s.1, padding),
+    ) {
+        (Some(oh), Some(ow)) => Ok(vec![oh, ow, c]),
+        _ => Err(NnError::InvalidConfig {
+            layer: name.into(),
+            why: format!("a {p:?} pool with strides {s:?} cannot apply to a {h}×{w} input"),
+        }),
+    }
+}
+
 impl Layer for MaxPooling2D {
     fn config(&self) -> LayerConfig {
         BuiltinLayerConfig::MaxPooling2D {
@@ -75,24 +102,13 @@ impl Layer for MaxPooling2D {
         input_shape: &[usize],
         _params: &mut ParamBuilder,
     ) -> Result<Vec<usize>, NnError> {
-        let &[h, w, c] = input_shape else {
-            return Err(NnError::Shape {
-                what: format!("layer {name} input"),
-                expected: "(None, height, width, channels)".into(),
-                got: input_shape.to_vec(),
-            });
-        };
-        let (s, p) = (self.stride(), self.pool_size);
-        match (
-            spatial_out(h, p.0, s.0, self.padding),
-            spatial_out(w, p.1, s.1, self.padding),
-        ) {
-            (Some(oh), Some(ow)) => Ok(vec![oh, ow, c]),
-            _ => Err(NnError::InvalidConfig {
-                layer: name.into(),
-                why: format!("a {p:?} pool with strides {s:?} cannot apply to a {h}×{w} input"),
-            }),
-        }
+        pooled_shape(
+            name,
+            input_shape,
+            self.pool_size,
+            self.stride(),
+            self.padding,
+        )
     }
 
     fn forward(
@@ -100,7 +116,7 @@ impl Layer for MaxPooling2D {
         name: &str,
         x: &Tensor,
         _params: &[Tensor],
-        _ctx: ForwardContext,
+        _ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         ops::max_pool2d(x, self.pool_size, self.stride(), self.padding).in_layer(name)
     }
@@ -111,5 +127,95 @@ impl Layer for MaxPooling2D {
             stride: self.stride(),
             padding: self.padding,
         })
+    }
+}
+
+/// Keras' `AveragePooling2D`: the mean of each window (with `same` padding, of its inputs
+/// inside the image); strides default to the pool size. Runs on the CPU.
+///
+/// ```
+/// use lockstep_nn::AveragePooling2D;
+/// use lockstep_tensor::ops::Padding;
+///
+/// let pool = AveragePooling2D::new((2, 2)).strides((1, 1)).padding(Padding::Same);
+/// # let _ = pool;
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct AveragePooling2D {
+    pool_size: (usize, usize),
+    strides: Option<(usize, usize)>,
+    padding: Padding,
+}
+
+impl AveragePooling2D {
+    /// A `pool_size` window moved by its own size, valid padding.
+    pub fn new(pool_size: (usize, usize)) -> Self {
+        Self {
+            pool_size,
+            strides: None,
+            padding: Padding::Valid,
+        }
+    }
+
+    /// Sets the strides.
+    #[must_use]
+    pub fn strides(mut self, strides: (usize, usize)) -> Self {
+        self.strides = Some(strides);
+        self
+    }
+
+    /// Sets the padding.
+    #[must_use]
+    pub fn padding(mut self, padding: Padding) -> Self {
+        self.padding = padding;
+        self
+    }
+
+    fn stride(&self) -> (usize, usize) {
+        self.strides.unwrap_or(self.pool_size)
+    }
+}
+
+impl Layer for AveragePooling2D {
+    fn config(&self) -> LayerConfig {
+        BuiltinLayerConfig::AveragePooling2D {
+            pool_size: self.pool_size,
+            strides: self.strides,
+            padding: self.padding.into(),
+        }
+        .into()
+    }
+
+    fn kind(&self) -> &'static str {
+        "AveragePooling2D"
+    }
+
+    fn stem(&self) -> &'static str {
+        "average_pooling2d"
+    }
+
+    fn build(
+        &mut self,
+        name: &str,
+        input_shape: &[usize],
+        _params: &mut ParamBuilder,
+    ) -> Result<Vec<usize>, NnError> {
+        pooled_shape(
+            name,
+            input_shape,
+            self.pool_size,
+            self.stride(),
+            self.padding,
+        )
+    }
+
+    fn forward(
+        &self,
+        name: &str,
+        x: &Tensor,
+        _params: &[Tensor],
+        _ctx: ForwardContext<'_>,
+    ) -> Result<Tensor, NnError> {
+        ops::avg_pool2d(x, self.pool_size, self.stride(), self.padding).in_layer(name)
     }
 }

@@ -36,7 +36,7 @@ impl Layer for Flatten {
         name: &str,
         x: &Tensor,
         _params: &[Tensor],
-        _ctx: ForwardContext,
+        _ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         ops::flatten(x).in_layer(name)
     }
@@ -97,7 +97,7 @@ impl Layer for Reshape {
         name: &str,
         x: &Tensor,
         _params: &[Tensor],
-        _ctx: ForwardContext,
+        _ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         let shape: Vec<usize> = x.shape()[..1].iter().chain(&self.target).copied().collect();
         ops::reshape(x, &shape).in_layer(name)

@@ -57,6 +57,7 @@ pub use clipping::GradientClipping;
 pub use schedules::LearningRateSchedule;
 
 use crate::error::NnError;
+use crate::params::Parameters;
 
 /// Values per parallel task: elementwise updates are independent, so any split gives the
 /// same bits.
@@ -128,6 +129,34 @@ pub fn apply_clipped(
         clipping.apply(grads, variables);
     }
     optimizer.apply(params, grads)
+}
+
+/// One training step's update of a model's variables from the all-reduced buffer `grads` (laid
+/// out as `params`): non-trainable state moves towards its observation (each observation slot
+/// times `observation_scale` being the mean over the step, [`crate::Update::MovingAverage`]),
+/// then [`apply_clipped`] updates the trainable variables, untouched by the state's slots.
+///
+/// # Errors
+///
+/// A buffer of another length than the parameters; as [`Optimizer::apply`].
+pub fn apply_update(
+    optimizer: &mut dyn Optimizer,
+    params: &mut Parameters,
+    grads: &mut [f32],
+    observation_scale: f32,
+) -> Result<(), NnError> {
+    if grads.len() != params.len() {
+        return Err(NnError::Length {
+            what: "gradient buffer and parameters",
+            left: grads.len(),
+            right: params.len(),
+        });
+    }
+    let next = params.next_state(grads, observation_scale);
+    let variables = params.ranges();
+    apply_clipped(optimizer, params.values_mut(), grads, &variables)?;
+    params.set_state(next);
+    Ok(())
 }
 
 /// What every optimizer has beside its update rule: its rate, schedule and clipping.

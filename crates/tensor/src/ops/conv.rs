@@ -147,9 +147,63 @@ pub fn max_pool2d(
     ))
 }
 
+/// Average pooling of NHWC `x` with a `pool` window moved by `stride`, as Keras'
+/// `AveragePooling2D`: with `same` padding, a window at the border averages only the inputs
+/// inside the image. Runs on the CPU (on a GPU it is an error naming the operation).
+///
+/// ```
+/// use lockstep_tensor::{Tensor, ops, ops::Padding};
+///
+/// let x = Tensor::from_vec((1..=9).map(|v| v as f32).collect(), &[1, 3, 3, 1])?;
+/// let y = ops::avg_pool2d(&x, (2, 2), (2, 2), Padding::Same)?;
+/// // Windows {1,2,4,5}, {3,6}, {7,8}, {9}.
+/// assert_eq!(y.to_vec()?, [3.0, 4.5, 7.5, 9.0]);
+/// # Ok::<(), lockstep_tensor::TensorError>(())
+/// ```
+///
+/// # Errors
+///
+/// When `x` is not 4-D, a size is 0, a valid window does not fit, or `x` is on a GPU.
+pub fn avg_pool2d(
+    x: &Tensor,
+    pool: (usize, usize),
+    stride: (usize, usize),
+    padding: Padding,
+) -> Result<Tensor, TensorError> {
+    const OP: &str = "avg_pool2d";
+    let g = geometry(OP, x.shape(), pool, stride, padding)?;
+    if let On::Cuda(_) = on(OP, &[x])? {
+        return Err(TensorError::device(OP, x.device(), "runs on the CPU only"));
+    }
+    let out = pool::avg_pool(x.host(), &g);
+    let shape = x.shape().to_vec();
+    Ok(Tensor::from_op(
+        out,
+        vec![g.batch, g.out_h, g.out_w, g.channels],
+        &[x],
+        move |d, _| {
+            Ok(vec![Some(Tensor::raw(
+                pool::avg_pool_grad(d.host(), &g),
+                shape.clone(),
+            ))])
+        },
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn average_pooling_shares_each_gradient_among_its_window() {
+        let x = Tensor::parameter((1..=8).map(|v| v as f32).collect(), &[1, 2, 4, 1]).unwrap();
+        let y = avg_pool2d(&x, (2, 2), (1, 2), Padding::Valid).unwrap();
+        assert_eq!(y.to_vec().unwrap(), [3.5, 5.5]);
+        let loss =
+            crate::ops::sum(&crate::ops::scale(&y, 4.0).unwrap(), &[0, 1, 2, 3], false).unwrap();
+        let grads = loss.backward().unwrap();
+        assert_eq!(grads.get(&x).unwrap().to_vec().unwrap(), [1.0; 8]);
+    }
 
     #[test]
     fn same_padding_matches_keras_output_sizes() {

@@ -3,6 +3,7 @@
 //! operand needs a gradient.
 
 mod activation;
+mod all_reduce;
 mod arith;
 mod broadcast;
 mod concat;
@@ -13,17 +14,20 @@ mod gather;
 pub(crate) mod gpu;
 mod loss;
 mod matmul;
+mod narrow;
 mod reduce;
 mod reshape;
 
 pub use activation::{abs, clip, exp, log, relu, sigmoid, softmax};
+pub use all_reduce::{AllReduceSum, all_reduce_sum};
 pub use arith::{add, bias_add, div, mul, scale, sub};
 pub use concat::concat;
-pub use conv::{Padding, conv2d, max_pool2d};
+pub use conv::{Padding, avg_pool2d, conv2d, max_pool2d};
 pub use dropout::dropout;
 pub use fused::{MaxPool, conv2d_bias_relu, conv2d_bias_relu_max_pool, dense};
 pub use gather::gather_rows;
 pub use loss::{argmax, log_softmax, sparse_softmax_cross_entropy_with_logits};
 pub use matmul::matmul;
+pub use narrow::narrow;
 pub use reduce::{mean, sum};
 pub use reshape::{flatten, reshape};

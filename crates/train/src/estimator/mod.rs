@@ -446,11 +446,9 @@ impl Estimator {
                     ),
                 ));
             };
-            let context = ForwardContext {
-                training: false,
-                step: 0,
-                replica: link.replica_id(),
-            };
+            let mut context = ForwardContext::inference();
+            context.step = 0;
+            context.replica = link.replica_id();
             let mut variables = Variables::to_build(context, seed);
             let labels = (mode != ModeKeys::Predict).then_some(labels.as_slice());
             self.model_fn
@@ -479,11 +477,9 @@ impl Estimator {
                     format!("it gave replica {index} of this worker no batch to train on"),
                 ));
             };
-            let context = ForwardContext {
-                training: false,
-                step,
-                replica: replica.link.replica_id(),
-            };
+            let mut context = ForwardContext::inference();
+            context.step = step;
+            context.replica = replica.link.replica_id();
             let mut variables = Variables::of(&replica.net, context, false, seed);
             let spec = self.model_fn.call(
                 x,

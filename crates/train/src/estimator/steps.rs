@@ -96,11 +96,7 @@ pub(super) fn train_step(
     buffer.clear();
     buffer.resize(n + EXTRAS, 0.0);
     if let Some((x, labels)) = batch.filter(|(_, labels)| !labels.is_empty()) {
-        let context = ForwardContext {
-            training: true,
-            step,
-            replica: replica.link.replica_id(),
-        };
+        let context = ForwardContext::training(step, replica.link.replica_id());
         let mut variables = Variables::of(&replica.net, context, true, seed);
         let spec = model_fn.call(&x, Some(&labels), ModeKeys::Train, params, &mut variables)?;
         check_train_spec(&spec)?;
@@ -137,12 +133,13 @@ pub(super) fn train_step(
             .optimizer
             .as_mut()
             .ok_or_else(|| TrainError::invalid("Estimator", "a replica has no optimizer"))?;
-        let variables = replica.net.parameters().ranges();
-        lockstep_nn::apply_clipped(
+        // The model_fn's loss is a replica's own (its gradients are summed, not scaled);
+        // observations of non-trainable state are weighed by examples, so scaled here.
+        lockstep_nn::apply_update(
             &mut **optimizer,
-            replica.net.parameters_mut().values_mut(),
+            replica.net.parameters_mut(),
             &mut buffer[..n],
-            &variables,
+            (1.0 / totals.examples) as f32,
         )?;
     }
     replica.buffer = buffer;
@@ -206,11 +203,9 @@ pub(super) fn evaluate_batches(
         metrics: Vec::new(),
     };
     for (x, labels) in batches {
-        let context = ForwardContext {
-            training: false,
-            step: 0,
-            replica: replica.link.replica_id(),
-        };
+        let mut context = ForwardContext::inference();
+        context.step = 0;
+        context.replica = replica.link.replica_id();
         let mut variables = Variables::of(&replica.net, context, false, seed);
         let spec = model_fn.call(x, Some(labels), ModeKeys::Eval, params, &mut variables)?;
         let loss = spec.loss.ok_or_else(|| {

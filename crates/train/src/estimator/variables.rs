@@ -11,7 +11,7 @@ use crate::error::TrainError;
 /// gradients reach the variables.
 pub struct Variables<'a> {
     network: Held<'a>,
-    context: ForwardContext,
+    context: ForwardContext<'a>,
     record: bool,
     random_seed: u64,
     global_step: u64,
@@ -26,7 +26,7 @@ enum Held<'a> {
 
 impl<'a> Variables<'a> {
     /// For the first call: `apply` builds the network.
-    pub(crate) fn to_build(context: ForwardContext, random_seed: u64) -> Self {
+    pub(crate) fn to_build(context: ForwardContext<'a>, random_seed: u64) -> Self {
         Self {
             network: Held::ToBuild(None),
             context,
@@ -40,7 +40,7 @@ impl<'a> Variables<'a> {
     /// For a call on `network`, recorded for gradients when `record`.
     pub(crate) fn of(
         network: &'a Network,
-        context: ForwardContext,
+        context: ForwardContext<'a>,
         record: bool,
         random_seed: u64,
     ) -> Self {

@@ -9,12 +9,18 @@
     reason = "each test file uses its own part of these helpers"
 )]
 
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use lockstep_cluster::{Cluster, TfConfig};
+use lockstep_collective::{CommunicationOptions, TcpOptions, TcpTransport};
 
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_data::{Dataset, from_vec};
 use lockstep_nn::{Adam, Sequential, SparseCategoricalCrossentropy, models};
-use lockstep_train::{MirroredStrategy, Model};
+use lockstep_train::{MirroredStrategy, Model, MultiWorkerMirroredStrategy};
 use ndarray::Array1;
 
 pub(crate) const EXAMPLES: usize = 640;
@@ -87,4 +93,51 @@ pub(crate) fn event_steps(dir: &Path) -> Vec<u64> {
         steps.push(step);
     }
     steps
+}
+
+/// A cluster of `n` workers on 127.0.0.1 with `replicas` replicas each, formed on threads;
+/// runs `body` with each worker's strategy and returns the results in rank order.
+pub(crate) fn workers<R: Send + 'static>(
+    n: usize,
+    replicas: usize,
+    body: fn(MultiWorkerMirroredStrategy) -> R,
+) -> Vec<R> {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let identity = (u64::from(std::process::id()) << 32) | NEXT.fetch_add(1, Ordering::Relaxed);
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap())
+        .collect();
+    let addresses: Vec<String> = listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().to_string())
+        .collect();
+    let handles: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(rank, listener)| {
+            let addresses = addresses.clone();
+            std::thread::spawn(move || {
+                let json = format!(
+                    r#"{{"cluster": {{"worker": {addresses:?}}}, "task": {{"type": "worker", "index": {rank}}}}}"#
+                );
+                let cluster = Cluster::new(TfConfig::parse(&json).unwrap()).unwrap();
+                let options = TcpOptions {
+                    cluster: identity,
+                    rendezvous_timeout: Duration::from_secs(30),
+                    ..TcpOptions::default()
+                };
+                let transport =
+                    TcpTransport::connect_on(listener, rank, &addresses, &options).unwrap();
+                let strategy = MultiWorkerMirroredStrategy::from_transport(
+                    &cluster,
+                    transport,
+                    CommunicationOptions::default(),
+                    replicas,
+                )
+                .unwrap();
+                body(strategy)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
