@@ -39,6 +39,9 @@ pub trait Scalar: Element + Copy {
     const SIZE: usize;
     /// Reads the value from exactly [`Scalar::SIZE`] little-endian bytes.
     fn from_le_slice(bytes: &[u8]) -> Self;
+
+    /// Appends every value of `values`, as [`Element::encode`] would one by one.
+    fn encode_slice(values: &[Self], out: &mut Vec<u8>);
 }
 
 pub(crate) fn take<'a>(input: &mut &'a [u8], n: usize) -> Result<&'a [u8], DataError> {
@@ -69,6 +72,15 @@ macro_rules! scalar {
                 let mut raw = [0_u8; std::mem::size_of::<$t>()];
                 raw.copy_from_slice(bytes);
                 <$t>::from_le_bytes(raw)
+            }
+            fn encode_slice(values: &[Self], out: &mut Vec<u8>) {
+                // Into a sized region a chunk per value: no capacity check per value, so a
+                // fingerprint of a large in-memory data set is one quick pass.
+                let start = out.len();
+                out.resize(start + values.len() * Self::SIZE, 0);
+                for (bytes, v) in out[start..].chunks_exact_mut(Self::SIZE).zip(values) {
+                    bytes.copy_from_slice(&v.to_le_bytes());
+                }
             }
         }
     )*};
@@ -135,6 +147,10 @@ fn encode_array<A: Scalar, S: Data<Elem = A>, D: Dimension>(
     out.push(array.ndim() as u8);
     for &d in array.shape() {
         encode_len(d, out);
+    }
+    if let Some(values) = array.as_slice() {
+        A::encode_slice(values, out);
+        return;
     }
     out.reserve(array.len() * A::SIZE);
     for x in array {

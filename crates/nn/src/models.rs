@@ -3,7 +3,9 @@
 
 use crate::error::NnError;
 use crate::functional::{Input, LayerCall};
-use crate::layers::{Activation, Conv2D, Dense, Flatten, Layer, MaxPooling2D};
+use crate::layers::{
+    Activation, ActivationLayer, BatchNormalization, Conv2D, Dense, Flatten, Layer, MaxPooling2D,
+};
 use crate::model::Sequential;
 use crate::network::Network;
 
@@ -88,6 +90,39 @@ pub fn mnist_cnn_functional(seed: u64) -> Result<Network, NnError> {
         .activation(Activation::Relu)
         .call(&x)?;
     let x = MaxPooling2D::new((2, 2)).call(&x)?;
+    let x = Flatten.call(&x)?;
+    let x = Dense::new(128).activation(Activation::Relu).call(&x)?;
+    let outputs = Dense::new(10).call(&x)?;
+    Network::new(&[&inputs], &[&outputs], seed)
+}
+
+/// [`mnist_cnn`] with batch normalization after each convolution, as Keras' examples place
+/// it: Conv2D(32, 3×3, no bias) → `BatchNormalization` → relu → MaxPooling2D(2×2) →
+/// Conv2D(64, 3×3, no bias) → `BatchNormalization` → relu → MaxPooling2D(2×2) → Flatten →
+/// Dense(128, relu) → Dense(10) (logits), in the functional API; `synchronized` makes the
+/// normalizations use statistics over every replica's batch.
+///
+/// ```
+/// let model = lockstep_nn::models::cnn_batch_norm(0, true)?;
+/// assert_eq!(model.parameters().trainable_len(), 225_034 - 32 - 64 + 2 * (32 + 64));
+/// assert_eq!(model.parameters().len() - model.parameters().trainable_len(), 2 * (32 + 64));
+/// # Ok::<(), lockstep_nn::NnError>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`mnist_cnn`].
+pub fn cnn_batch_norm(seed: u64, synchronized: bool) -> Result<Network, NnError> {
+    let inputs = Input::new(&[28, 28, 1]);
+    let mut x = inputs.clone();
+    for filters in [32, 64] {
+        x = Conv2D::new(filters, (3, 3)).without_bias().call(&x)?;
+        x = BatchNormalization::new()
+            .synchronized(synchronized)
+            .call(&x)?;
+        x = ActivationLayer(Activation::Relu).call(&x)?;
+        x = MaxPooling2D::new((2, 2)).call(&x)?;
+    }
     let x = Flatten.call(&x)?;
     let x = Dense::new(128).activation(Activation::Relu).call(&x)?;
     let outputs = Dense::new(10).call(&x)?;

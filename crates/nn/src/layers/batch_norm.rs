@@ -10,16 +10,14 @@
 //!
 //! Synchronised, the batch statistics are those of the global batch: each replica's sums of
 //! `x` and `x²` and its count travel in one all-reduce inside the forward pass, and the
-//! gradient of those sums in one all-reduce inside the backward pass, as PyTorch's
-//! `SyncBatchNorm` does. The variance is then `E[x²] − E[x]²`, as Keras 3 computes it
-//! synchronised; unsynchronised, it is the mean squared deviation from the mean (two passes,
-//! as `tf.nn.moments`). Both are the biased variance, which the moving variance follows too
-//! (Keras'; PyTorch's running variance is the unbiased one).
-
-use std::sync::Arc;
+//! backward pass's two per-channel sums in one all-reduce inside the backward pass, as
+//! PyTorch's `SyncBatchNorm` does ([`ops::batch_norm`]). The variance is `E[x²] − E[x]²` from
+//! sums accumulated in `f64` (Keras 3 computes it so when synchronised): the biased variance,
+//! which the moving variance follows too (Keras'; PyTorch's running variance is the unbiased
+//! one).
 
 use lockstep_tensor::Tensor;
-use lockstep_tensor::ops::{self, AllReduceSum};
+use lockstep_tensor::ops;
 
 use super::config::{BuiltinLayerConfig, LayerConfig};
 use super::{ForwardContext, Layer};
@@ -120,77 +118,12 @@ impl BatchNormalization {
         }
     }
 
-    /// `y = x̂ · γ + β` from the normalised input.
-    fn affine(
-        &self,
-        name: &str,
-        normalised: &Tensor,
-        params: &[Tensor],
-    ) -> Result<Tensor, NnError> {
+    fn affine<'p>(&self, params: &'p [Tensor]) -> ops::Affine<'p> {
         let slots = self.slots();
-        let mut y = normalised.clone();
-        if let Some(gamma) = slots.gamma {
-            y = ops::mul(&y, &params[gamma]).in_layer(name)?;
+        ops::Affine {
+            gamma: slots.gamma.map(|i| &params[i]),
+            beta: slots.beta.map(|i| &params[i]),
         }
-        if let Some(beta) = slots.beta {
-            y = ops::add(&y, &params[beta]).in_layer(name)?;
-        }
-        Ok(y)
-    }
-
-    /// `1/√(variance + ε)`, as `e^(−½·ln(variance + ε))`.
-    fn inverse_deviation(&self, name: &str, variance: &Tensor) -> Result<Tensor, NnError> {
-        let epsilon = Tensor::full(variance.shape(), self.epsilon)
-            .and_then(|e| e.to_device(variance.device()))
-            .in_layer(name)?;
-        let log = ops::log(&ops::add(variance, &epsilon).in_layer(name)?).in_layer(name)?;
-        ops::exp(&ops::scale(&log, -0.5).in_layer(name)?).in_layer(name)
-    }
-
-    /// The batch's mean and (biased) variance per channel, each `[channels]`: over this
-    /// replica's batch, or over every replica's when synchronised.
-    fn batch_moments(
-        &self,
-        name: &str,
-        x: &Tensor,
-        replicas: Option<&Arc<dyn AllReduceSum>>,
-    ) -> Result<(Tensor, Tensor), NnError> {
-        let axes: Vec<usize> = (0..x.rank() - 1).collect();
-        if !self.synchronized {
-            let mean = ops::mean(x, &axes, false).in_layer(name)?;
-            let centred = ops::sub(x, &mean).in_layer(name)?;
-            let squares = ops::mul(&centred, &centred).in_layer(name)?;
-            let variance = ops::mean(&squares, &axes, false).in_layer(name)?;
-            return Ok((mean, variance));
-        }
-        let channels = x.shape()[x.rank() - 1];
-        let count = (x.len() / channels.max(1)) as f32;
-        let sums = ops::sum(x, &axes, false).in_layer(name)?;
-        let squares = ops::sum(&ops::mul(x, x).in_layer(name)?, &axes, false).in_layer(name)?;
-        let count = Tensor::from_vec(vec![count], &[1]).in_layer(name)?;
-        let mut packed = ops::concat(&[&sums, &squares, &count], 0).in_layer(name)?;
-        if let Some(replicas) = replicas {
-            packed = ops::all_reduce_sum(&packed, replicas).in_layer(name)?;
-        }
-        let total = packed.to_vec().in_layer(name)?[2 * channels];
-        // Every replica without data: nothing to normalise, and no division by zero.
-        let inverse = if total > 0.0 { 1.0 / total } else { 0.0 };
-        let mean = ops::scale(
-            &ops::narrow(&packed, 0, 0, channels).in_layer(name)?,
-            inverse,
-        )
-        .in_layer(name)?;
-        let mean_square = ops::scale(
-            &ops::narrow(&packed, 0, channels, channels).in_layer(name)?,
-            inverse,
-        )
-        .in_layer(name)?;
-        // E[x²] − E[x]², never below zero (rounding can take it there).
-        let variance = ops::relu(
-            &ops::sub(&mean_square, &ops::mul(&mean, &mean).in_layer(name)?).in_layer(name)?,
-        )
-        .in_layer(name)?;
-        Ok((mean, variance))
     }
 }
 
@@ -268,34 +201,27 @@ impl Layer for BatchNormalization {
     ) -> Result<Tensor, NnError> {
         let slots = self.slots();
         if !ctx.training {
-            // Per channel: x · (γ/√(var + ε)) + (β − mean · γ/√(var + ε)).
-            let inverse = self.inverse_deviation(name, &params[slots.moving_variance])?;
-            let factor = match slots.gamma {
-                Some(gamma) => ops::mul(&inverse, &params[gamma]).in_layer(name)?,
-                None => inverse,
-            };
-            let shift = ops::scale(
-                &ops::mul(&params[slots.moving_mean], &factor).in_layer(name)?,
-                -1.0,
+            return ops::batch_norm_inference(
+                x,
+                self.affine(params),
+                &params[slots.moving_mean],
+                &params[slots.moving_variance],
+                self.epsilon,
             )
-            .in_layer(name)?;
-            let shift = match slots.beta {
-                Some(beta) => ops::add(&shift, &params[beta]).in_layer(name)?,
-                None => shift,
-            };
-            let y = ops::mul(x, &factor).in_layer(name)?;
-            return ops::add(&y, &shift).in_layer(name);
+            .in_layer(name);
         }
-        if x.is_empty() && !self.synchronized {
-            return Ok(x.clone());
-        }
-        let (mean, variance) = self.batch_moments(name, x, ctx.replicas())?;
-        ctx.observe(slots.moving_mean, &mean);
-        ctx.observe(slots.moving_variance, &variance);
-        let centred = ops::sub(x, &mean).in_layer(name)?;
-        let inverse = self.inverse_deviation(name, &variance)?;
-        let normalised = ops::mul(&centred, &inverse).in_layer(name)?;
-        self.affine(name, &normalised, params)
+        let replicas = if self.synchronized {
+            ctx.replicas()
+        } else {
+            None
+        };
+        let (y, moments) =
+            ops::batch_norm(x, self.affine(params), self.epsilon, replicas).in_layer(name)?;
+        let channels = moments.mean.len();
+        let observed = |values: Vec<f32>| Tensor::from_vec(values, &[channels]).in_layer(name);
+        ctx.observe(slots.moving_mean, &observed(moments.mean)?);
+        ctx.observe(slots.moving_variance, &observed(moments.variance)?);
+        Ok(y)
     }
 
     fn synchronizes_replicas(&self) -> bool {

@@ -5,6 +5,7 @@
 //! scheduling, and combine partial results in a fixed order: results are bit-identical from run
 //! to run (and, except inside GEMM, across thread counts).
 
+pub(crate) mod batch_norm;
 pub(crate) mod conv;
 pub(crate) mod conv_pool;
 pub(crate) mod elementwise;

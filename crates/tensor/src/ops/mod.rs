@@ -5,6 +5,7 @@
 mod activation;
 mod all_reduce;
 mod arith;
+mod batch_norm;
 mod broadcast;
 mod concat;
 mod conv;
@@ -21,6 +22,7 @@ mod reshape;
 pub use activation::{abs, clip, exp, log, relu, sigmoid, softmax};
 pub use all_reduce::{AllReduceSum, all_reduce_sum};
 pub use arith::{add, bias_add, div, mul, scale, sub};
+pub use batch_norm::{Affine, Moments, batch_norm, batch_norm_inference};
 pub use concat::concat;
 pub use conv::{Padding, avg_pool2d, conv2d, max_pool2d};
 pub use dropout::dropout;

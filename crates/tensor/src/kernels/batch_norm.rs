@@ -1,0 +1,143 @@
+//! Batch normalization over the last axis of row-major data: rows of `channels` values, each
+//! channel normalised with its own statistics. Sums accumulate in `f64` per block of rows, and
+//! the blocks' sums are added in block order: deterministic for any thread count.
+
+use rayon::prelude::*;
+
+/// Rows per parallel task.
+const ROWS: usize = 512;
+
+/// Adds per-block partial sums (each `2 · channels` long) in block order.
+fn combine(partials: Vec<Vec<f64>>, channels: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut total = vec![0.0_f64; 2 * channels];
+    for partial in partials {
+        for (t, p) in total.iter_mut().zip(partial) {
+            *t += p;
+        }
+    }
+    let second = total.split_off(channels);
+    (total, second)
+}
+
+/// Per channel, `Σx` and `Σx²`.
+pub(crate) fn channel_sums(x: &[f32], channels: usize) -> (Vec<f64>, Vec<f64>) {
+    if channels == 0 {
+        return (Vec::new(), Vec::new());
+    }
+    let partials = x
+        .par_chunks(ROWS * channels)
+        .map(|block| {
+            let mut sums = vec![0.0_f64; 2 * channels];
+            let (s1, s2) = sums.split_at_mut(channels);
+            for row in block.chunks_exact(channels) {
+                for ((a, b), &v) in s1.iter_mut().zip(s2.iter_mut()).zip(row) {
+                    let v = f64::from(v);
+                    *a += v;
+                    *b += v * v;
+                }
+            }
+            sums
+        })
+        .collect();
+    combine(partials, channels)
+}
+
+/// Per channel, `Σdy` and `Σdy · x̂`, where `x̂ = (x − mean) · inverse_deviation`.
+pub(crate) fn gradient_sums(
+    dy: &[f32],
+    x: &[f32],
+    mean: &[f32],
+    inverse_deviation: &[f32],
+) -> (Vec<f64>, Vec<f64>) {
+    let channels = mean.len();
+    if channels == 0 {
+        return (Vec::new(), Vec::new());
+    }
+    let partials = dy
+        .par_chunks(ROWS * channels)
+        .zip(x.par_chunks(ROWS * channels))
+        .map(|(dy, x)| {
+            let mut sums = vec![0.0_f64; 2 * channels];
+            let (s1, s2) = sums.split_at_mut(channels);
+            for (dy, x) in dy.chunks_exact(channels).zip(x.chunks_exact(channels)) {
+                let row = dy.iter().zip(x).zip(mean.iter().zip(inverse_deviation));
+                for ((a, b), ((&d, &v), (&m, &s))) in s1.iter_mut().zip(s2.iter_mut()).zip(row) {
+                    let d = f64::from(d);
+                    *a += d;
+                    *b += d * f64::from((v - m) * s);
+                }
+            }
+            sums
+        })
+        .collect();
+    combine(partials, channels)
+}
+
+/// `out = x · a[c] + b[c]`, and with `x2`, `+ x2 · k[c]` (the input gradient's form).
+pub(crate) fn affine(x: &[f32], a: &[f32], b: &[f32], extra: Option<(&[f32], &[f32])>) -> Vec<f32> {
+    let channels = a.len();
+    let mut out = vec![0.0_f32; x.len()];
+    if channels == 0 {
+        return out;
+    }
+    let block = ROWS * channels;
+    out.par_chunks_mut(block).enumerate().for_each(|(i, out)| {
+        let x = &x[i * block..i * block + out.len()];
+        match extra {
+            None => {
+                for (out, x) in out.chunks_exact_mut(channels).zip(x.chunks_exact(channels)) {
+                    for (((o, &v), &a), &b) in out.iter_mut().zip(x).zip(a).zip(b) {
+                        *o = v * a + b;
+                    }
+                }
+            }
+            Some((x2, k)) => {
+                let x2 = &x2[i * block..i * block + out.len()];
+                let rows = out
+                    .chunks_exact_mut(channels)
+                    .zip(x.chunks_exact(channels))
+                    .zip(x2.chunks_exact(channels));
+                for ((out, x), x2) in rows {
+                    let terms = x.iter().zip(x2).zip(a.iter().zip(b).zip(k));
+                    for (o, ((&v, &w), ((&a, &b), &k))) in out.iter_mut().zip(terms) {
+                        *o = v * a + b + w * k;
+                    }
+                }
+            }
+        }
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_over_many_blocks_are_those_of_one_pass() {
+        let channels = 3;
+        let x: Vec<f32> = (0..(ROWS * 5 + 7) * channels)
+            .map(|i| ((i * 13) % 29) as f32 / 7.0 - 2.0)
+            .collect();
+        let (s1, s2) = channel_sums(&x, channels);
+        for c in 0..channels {
+            let column = x.iter().skip(c).step_by(channels).map(|&v| f64::from(v));
+            let (a, b) = column.fold((0.0, 0.0), |(a, b), v| (a + v, b + v * v));
+            assert!((s1[c] - a).abs() < 1e-9 && (s2[c] - b).abs() < 1e-9);
+        }
+    }
+
+    #[test]
+    fn the_affine_map_scales_and_shifts_each_channel() {
+        let out = affine(&[1.0, 2.0, 3.0, 4.0], &[2.0, 10.0], &[0.5, -1.0], None);
+        assert_eq!(out, [2.5, 19.0, 6.5, 39.0]);
+        let k = [1.0, 0.0];
+        let out = affine(
+            &[1.0, 2.0],
+            &[2.0, 10.0],
+            &[0.5, -1.0],
+            Some((&[3.0, 3.0], &k)),
+        );
+        assert_eq!(out, [5.5, 19.0]);
+    }
+}

@@ -1,0 +1,290 @@
+//! Batch normalization over the last axis, fused: statistics in one pass, normalisation in
+//! another, and an analytic backward pass of two more, where the same computation composed of
+//! broadcasting operations takes a dozen.
+
+use std::sync::Arc;
+
+use super::all_reduce::AllReduceSum;
+use super::gpu::{On, on};
+use crate::error::TensorError;
+use crate::kernels::batch_norm::{affine, channel_sums, gradient_sums};
+use crate::tensor::Tensor;
+
+const OP: &str = "batch_norm";
+
+/// The statistics a training pass of [`batch_norm`] normalised with, per channel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Moments {
+    /// The mean of each channel over the batch (over every replica's, when reduced).
+    pub mean: Vec<f32>,
+    /// The biased variance of each channel, likewise.
+    pub variance: Vec<f32>,
+}
+
+/// The learned scale and offset, each `[channels]`, both optional (Keras' `scale` and
+/// `center`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Affine<'a> {
+    /// `γ`, multiplying the normalised values.
+    pub gamma: Option<&'a Tensor>,
+    /// `β`, added after.
+    pub beta: Option<&'a Tensor>,
+}
+
+impl Affine<'_> {
+    fn check(&self, channels: usize) -> Result<(), TensorError> {
+        for t in [self.gamma, self.beta].into_iter().flatten() {
+            if t.shape() != [channels] {
+                return Err(TensorError::mismatch(
+                    OP,
+                    &[channels],
+                    t.shape(),
+                    "gamma and beta hold one value per channel (the last axis)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn inputs<'t>(&'t self, x: &'t Tensor) -> Vec<&'t Tensor> {
+        std::iter::once(x)
+            .chain(self.gamma)
+            .chain(self.beta)
+            .collect()
+    }
+
+    /// Per channel, `a = γ · inverse_deviation` and `b = β − mean · a`: `y = x · a + b`.
+    fn coefficients(&self, mean: &[f32], inverse: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let gamma = self.gamma.map(Tensor::host);
+        let beta = self.beta.map(Tensor::host);
+        let a: Vec<f32> = inverse
+            .iter()
+            .enumerate()
+            .map(|(c, &s)| gamma.map_or(s, |g| g[c] * s))
+            .collect();
+        let b = mean
+            .iter()
+            .zip(&a)
+            .enumerate()
+            .map(|(c, (&m, &a))| beta.map_or(0.0, |b| b[c]) - m * a)
+            .collect();
+        (a, b)
+    }
+}
+
+fn channels_of(x: &Tensor) -> Result<usize, TensorError> {
+    let Some(&channels) = x.shape().last() else {
+        return Err(TensorError::invalid(
+            OP,
+            "a scalar has no channels to normalise",
+        ));
+    };
+    if let On::Cuda(_) = on(OP, &[x])? {
+        return Err(TensorError::device(OP, x.device(), "runs on the CPU only"));
+    }
+    Ok(channels)
+}
+
+/// `1/√(variance + ε)` per channel.
+fn inverse_deviation(variance: &[f32], epsilon: f32) -> Vec<f32> {
+    variance
+        .iter()
+        .map(|&v| (1.0 / (f64::from(v) + f64::from(epsilon)).sqrt()) as f32)
+        .collect()
+}
+
+/// What the backward pass of either form needs.
+struct Saved {
+    x: Tensor,
+    mean: Vec<f32>,
+    inverse: Vec<f32>,
+    a: Vec<f32>,
+    has_gamma: bool,
+    has_beta: bool,
+}
+
+impl Saved {
+    /// The gradients of `x` (when `dx` gives its per-channel sums' use), `γ` and `β`.
+    fn gradients(
+        &self,
+        dy: &Tensor,
+        input: impl FnOnce(&Self, &[f64], &[f64]) -> Result<Option<Tensor>, TensorError>,
+    ) -> Result<Vec<Option<Tensor>>, TensorError> {
+        let (sum_dy, sum_dy_xhat) =
+            gradient_sums(dy.host(), self.x.host(), &self.mean, &self.inverse);
+        let channels = self.mean.len();
+        let to_tensor = |sums: &[f64]| {
+            Tensor::raw(
+                sums.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+                vec![channels],
+            )
+        };
+        let mut grads = vec![input(self, &sum_dy, &sum_dy_xhat)?];
+        if self.has_gamma {
+            grads.push(Some(to_tensor(&sum_dy_xhat)));
+        }
+        if self.has_beta {
+            grads.push(Some(to_tensor(&sum_dy)));
+        }
+        Ok(grads)
+    }
+}
+
+/// A training pass of batch normalization over the last axis of `x`: each channel normalised
+/// with the batch's mean and biased variance, `(x − mean)/√(variance + ε) · γ + β`, and those
+/// statistics returned. With `replicas`, the statistics are those of every replica's batch
+/// together (their sums of `x` and `x²` and their counts in one all-reduce), and the backward
+/// pass all-reduces its two per-channel sums likewise, as a synchronised batch normalization
+/// (every replica must then run it). Sums accumulate in `f64`. Runs on the CPU.
+///
+/// ```
+/// use lockstep_tensor::{Tensor, ops};
+///
+/// let x = Tensor::from_vec(vec![1.0, 10.0, 3.0, 10.0], &[2, 2])?;
+/// let (y, moments) = ops::batch_norm(&x, ops::Affine::default(), 0.0, None)?;
+/// assert_eq!(moments.mean, [2.0, 10.0]);
+/// assert_eq!(moments.variance, [1.0, 0.0]);
+/// assert_eq!(y.to_vec()?[..1], [-1.0]);
+/// # Ok::<(), lockstep_tensor::TensorError>(())
+/// ```
+///
+/// # Errors
+///
+/// A scalar `x`, `γ` or `β` of another length than the channels, a tensor on a GPU, or the
+/// replicas' collective failing.
+pub fn batch_norm(
+    x: &Tensor,
+    affine_part: Affine<'_>,
+    epsilon: f32,
+    replicas: Option<&Arc<dyn AllReduceSum>>,
+) -> Result<(Tensor, Moments), TensorError> {
+    let channels = channels_of(x)?;
+    affine_part.check(channels)?;
+    let (mut sums, mut squares) = channel_sums(x.host(), channels);
+    let mut count = (x.len() / channels.max(1)) as f64;
+    if let Some(replicas) = replicas {
+        let mut packed: Vec<f32> = sums.iter().chain(&squares).map(|&v| v as f32).collect();
+        packed.push(count as f32);
+        replicas
+            .all_reduce_sum(&mut packed)
+            .map_err(|why| TensorError::Collective { op: OP, why })?;
+        count = f64::from(packed[2 * channels]);
+        sums = packed[..channels].iter().map(|&v| f64::from(v)).collect();
+        squares = packed[channels..2 * channels]
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect();
+    }
+    // No example anywhere: nothing is normalised, and nothing is divided by zero.
+    let inverse_count = if count > 0.0 { 1.0 / count } else { 0.0 };
+    let mean: Vec<f32> = sums.iter().map(|s| (s * inverse_count) as f32).collect();
+    let variance: Vec<f32> = sums
+        .iter()
+        .zip(&squares)
+        .map(|(s, q)| {
+            let m = s * inverse_count;
+            // E[x²] − E[x]², never below zero (rounding can take it there).
+            (q * inverse_count - m * m).max(0.0) as f32
+        })
+        .collect();
+    let inverse = inverse_deviation(&variance, epsilon);
+    let (a, b) = affine_part.coefficients(&mean, &inverse);
+    let y = affine(x.host(), &a, &b, None);
+    let saved = Saved {
+        x: x.clone(),
+        mean: mean.clone(),
+        inverse,
+        a,
+        has_gamma: affine_part.gamma.is_some(),
+        has_beta: affine_part.beta.is_some(),
+    };
+    let replicas = replicas.cloned();
+    let shape = x.shape().to_vec();
+    let output = Tensor::from_op(y, shape.clone(), &affine_part.inputs(x), move |dy, _| {
+        saved.gradients(dy, |saved, sum_dy, sum_dy_xhat| {
+            if !saved.x.requires_grad() {
+                return Ok(None);
+            }
+            let mut global: Vec<f32> = sum_dy
+                .iter()
+                .chain(sum_dy_xhat)
+                .map(|&v| v as f32)
+                .collect();
+            if let Some(replicas) = &replicas {
+                replicas
+                    .all_reduce_sum(&mut global)
+                    .map_err(|why| TensorError::Collective { op: OP, why })?;
+            }
+            let (global_dy, global_dy_xhat) = global.split_at(channels);
+            // dx = a·(dy − Σdy/N − x̂·Σ(dy·x̂)/N), as a·dy + k1 + x·k2 per channel.
+            let mut k1 = Vec::with_capacity(channels);
+            let mut k2 = Vec::with_capacity(channels);
+            for c in 0..channels {
+                let a = f64::from(saved.a[c]);
+                let s = f64::from(saved.inverse[c]);
+                let m = f64::from(saved.mean[c]);
+                let mean_dy = f64::from(global_dy[c]) * inverse_count;
+                let mean_dy_xhat = f64::from(global_dy_xhat[c]) * inverse_count;
+                k1.push((a * (s * m * mean_dy_xhat - mean_dy)) as f32);
+                k2.push((-a * s * mean_dy_xhat) as f32);
+            }
+            let dx = affine(dy.host(), &saved.a, &k1, Some((saved.x.host(), &k2)));
+            Ok(Some(Tensor::raw(dx, shape.clone())))
+        })
+    });
+    Ok((output, Moments { mean, variance }))
+}
+
+/// An inference pass of batch normalization over the last axis of `x`, with given statistics
+/// (the moving mean and variance, `[channels]` each): `(x − mean)/√(variance + ε) · γ + β`.
+/// Differentiable in `x`, `γ` and `β`. Runs on the CPU.
+///
+/// # Errors
+///
+/// A scalar `x`, statistics, `γ` or `β` of another length than the channels, or a tensor on a
+/// GPU.
+pub fn batch_norm_inference(
+    x: &Tensor,
+    affine_part: Affine<'_>,
+    mean: &Tensor,
+    variance: &Tensor,
+    epsilon: f32,
+) -> Result<Tensor, TensorError> {
+    let channels = channels_of(x)?;
+    affine_part.check(channels)?;
+    Affine {
+        gamma: Some(mean),
+        beta: Some(variance),
+    }
+    .check(channels)?;
+    let mean = mean.to_vec()?;
+    let inverse = inverse_deviation(&variance.to_vec()?, epsilon);
+    let (a, b) = affine_part.coefficients(&mean, &inverse);
+    let y = affine(x.host(), &a, &b, None);
+    let saved = Saved {
+        x: x.clone(),
+        mean,
+        inverse,
+        a,
+        has_gamma: affine_part.gamma.is_some(),
+        has_beta: affine_part.beta.is_some(),
+    };
+    let shape = x.shape().to_vec();
+    Ok(Tensor::from_op(
+        y,
+        shape.clone(),
+        &affine_part.inputs(x),
+        move |dy, _| {
+            saved.gradients(dy, |saved, _, _| {
+                if !saved.x.requires_grad() {
+                    return Ok(None);
+                }
+                let zeros = vec![0.0; saved.a.len()];
+                Ok(Some(Tensor::raw(
+                    affine(dy.host(), &saved.a, &zeros, None),
+                    shape.clone(),
+                )))
+            })
+        },
+    ))
+}
