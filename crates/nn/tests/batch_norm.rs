@@ -236,3 +236,45 @@ fn batch_normalization_and_average_pooling_rebuild_from_their_configurations() {
         ]
     );
 }
+
+#[test]
+fn a_relu_before_max_pooling_runs_after_it_with_the_same_values_and_gradients() {
+    use lockstep_nn::{Activation, ActivationLayer, MaxPooling2D};
+    let image = Input::new(&[4, 6, 2]);
+    let n = BatchNormalization::new().call(&image).unwrap();
+    let r = ActivationLayer(Activation::Relu).call(&n).unwrap();
+    let p = MaxPooling2D::new((2, 3)).call(&r).unwrap();
+    let fused = Network::new(&[&image], &[&p], 4).unwrap();
+    // The same layers with the relu read twice (by the pooling and as an output): no fusion.
+    let image = Input::new(&[4, 6, 2]);
+    let n = BatchNormalization::new().call(&image).unwrap();
+    let r = ActivationLayer(Activation::Relu).call(&n).unwrap();
+    let p = MaxPooling2D::new((2, 3)).call(&r).unwrap();
+    let apart = Network::new(&[&image], &[&p, &r], 4).unwrap();
+    let x = tensor(
+        &(0..96)
+            .map(|i| ((i * 11) % 23) as f32 / 7.0 - 1.5)
+            .collect::<Vec<_>>(),
+        &[2, 4, 6, 2],
+    );
+    let run = |model: &Network| {
+        let forward = model.forward(&x, ForwardContext::training(0, 0)).unwrap();
+        let r = tensor(&weights(forward.output.len()), forward.output.shape());
+        let loss = ops::sum(
+            &ops::mul(&forward.output, &r).unwrap(),
+            &[0, 1, 2, 3],
+            false,
+        )
+        .unwrap();
+        let mut grads = vec![0.0; model.parameters().len()];
+        model
+            .gradients(&forward, &loss.backward().unwrap(), &mut grads)
+            .unwrap();
+        (forward.output.to_vec().unwrap(), grads)
+    };
+    let (fused_out, fused_grads) = run(&fused);
+    let (apart_out, apart_grads) = run(&apart);
+    assert!(fused_out.iter().any(|&v| v == 0.0) && fused_out.iter().any(|&v| v > 0.0));
+    assert_eq!(fused_out, apart_out);
+    assert_eq!(fused_grads, apart_grads);
+}

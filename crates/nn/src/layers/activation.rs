@@ -1,3 +1,4 @@
+use lockstep_tensor::ops::MaxPool;
 use lockstep_tensor::{Tensor, ops};
 
 use super::config::{BuiltinLayerConfig, LayerConfig};
@@ -67,5 +68,26 @@ impl Layer for ActivationLayer {
         _ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
         self.0.apply(x.clone(), name)
+    }
+
+    /// Max pooling commutes with a non-decreasing function: `pool(relu(x)) = relu(pool(x))`,
+    /// value for value and gradient for gradient (a window's maximum is where the gradient
+    /// goes either way, and a window of non-positive values passes none). So the relu runs on
+    /// the pooled output, a quarter of the values for a 2×2 pool, and its pass over the full
+    /// input (and that pass's gradient) is saved: what batch normalization → relu → pooling
+    /// spends.
+    fn forward_then_max_pool(
+        &self,
+        name: &str,
+        x: &Tensor,
+        _params: &[Tensor],
+        pool: MaxPool,
+        _ctx: ForwardContext<'_>,
+    ) -> Option<Result<Tensor, NnError>> {
+        if !matches!(self.0, Activation::Relu | Activation::Linear) {
+            return None;
+        }
+        let pooled = ops::max_pool2d(x, pool.size, pool.stride, pool.padding).in_layer(name);
+        Some(pooled.and_then(|p| self.0.apply(p, name)))
     }
 }
