@@ -1,10 +1,11 @@
-//! Every loss and metric against the value tf_keras 2.21 gives on the same inputs, written
+//! Every loss and metric against the value `tf_keras` 2.21 gives on the same inputs, written
 //! down as data (`tests/data/keras_reference.json`, made by `tests/data/keras_reference.py`):
 //! with and without sample weights, from logits and from probabilities, with label
 //! smoothing.
 
 #![allow(
     clippy::unwrap_used,
+    clippy::panic,
     reason = "a test that meets an error must fail loudly"
 )]
 
