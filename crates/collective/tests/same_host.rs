@@ -117,3 +117,81 @@ fn same_host_tcp_keeps_every_pair_on_tcp() {
         assert!(data.iter().all(|&v| v == 6.0));
     }
 }
+
+/// Binds the abstract Unix name of the rank at `address` as another user (`nobody`) would,
+/// before the rank starts; the squatter counts the bytes it is sent until its input closes.
+const SQUATTER: &str = r"
+import select, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(b'\0lockstep-collective/' + sys.argv[1].encode())
+s.listen(8)
+print('bound', flush=True)
+conns, got = [], 0
+while True:
+    ready, _, _ = select.select([s, sys.stdin] + conns, [], [], 60)
+    if not ready or sys.stdin in ready:
+        break
+    for c in ready:
+        if c is s:
+            conns.append(s.accept()[0])
+        else:
+            data = c.recv(65536)
+            got += len(data)
+            if not data:
+                conns.remove(c)
+print(got, flush=True)
+";
+
+#[test]
+fn a_unix_socket_name_taken_by_another_user_is_refused_and_the_pair_uses_tcp() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    if !nix::unistd::geteuid().is_root() {
+        println!("skipped: running a squatter as another user needs root");
+        return;
+    }
+    let (listeners, addresses) = common::listeners(2);
+    let squatter = Command::new("python3")
+        .args(["-c", SQUATTER, &addresses[1]])
+        .uid(65534)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn();
+    let Ok(mut squatter) = squatter else {
+        println!("skipped: no python3 to play the squatter");
+        return;
+    };
+    let mut out = BufReader::new(squatter.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "bound");
+    let options = options(SameHost::SharedMemory);
+    let handles: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(rank, listener)| {
+            let (addresses, options) = (addresses.clone(), options.clone());
+            std::thread::spawn(move || {
+                let transport = lockstep_collective::TcpTransport::connect_on(
+                    listener, rank, &addresses, &options,
+                )
+                .unwrap();
+                reduce_once(rank, transport)
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    squatter.stdin.take().unwrap().write_all(b"done\n").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    squatter.wait().unwrap();
+    assert_eq!(results[0].0, [None, Some("tcp")]);
+    assert_eq!(results[1].0, [Some("tcp"), None]);
+    assert!(
+        results
+            .iter()
+            .all(|(_, data)| data.iter().all(|&v| v == 3.0))
+    );
+    assert_eq!(line.trim(), "0", "the squatter was sent nothing");
+}

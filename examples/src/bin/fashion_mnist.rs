@@ -1,8 +1,9 @@
 //! Fashion-MNIST (the full 60,000 + 10,000 images Debian's `dataset-fashion-mnist` installs)
 //! under `MultiWorkerMirroredStrategy`, with models written in the functional API: the Keras
-//! guide's `get_compiled_model()` MLP (`--model mlp`) or the tutorial's CNN
-//! (`--model cnn`, the default: `models::mnist_cnn_functional`). Every worker prints the test accuracy and the same weight
-//! checksum.
+//! guide's `get_compiled_model()` MLP (`--model mlp`), the tutorial's CNN (`--model cnn`, the
+//! default: `models::mnist_cnn_functional`), or that CNN with synchronised batch normalization
+//! after each convolution (`--model cnn-bn`: `models::cnn_batch_norm`). Every worker prints the
+//! test accuracy and the same weight checksum.
 //!
 //! ```text
 //! $ cargo xtask run-cluster --example fashion_mnist -- --epochs 12

@@ -7,7 +7,9 @@
 //! The Unix sockets live in Linux's abstract namespace, named after the rank's TCP address:
 //! no file is left behind, and the name is private to the network namespace, so a peer that
 //! shares this task's address but not its network namespace is simply not found there and
-//! gets TCP.
+//! gets TCP. Any local user can bind an abstract name first, so both ends check the other's
+//! credentials (`SO_PEERCRED`): a socket held by another user is refused, with a warning, and
+//! the pair talks over TCP, where the handshake decides.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -206,7 +208,9 @@ impl Listeners {
                     Some(listener)
                 }
                 Err(e) => {
-                    tracing::debug!(address, %e, "no Unix socket for same-host peers; TCP only");
+                    // Taken by an earlier process on this address (`SO_REUSEPORT`), or by
+                    // someone else: peers that dial it will find out whose it is.
+                    tracing::warn!(address, name = unix_name(address), %e, "no Unix socket for same-host peers; TCP only");
                     None
                 }
             },
@@ -218,7 +222,10 @@ impl Listeners {
     pub(super) fn accept(&self) -> io::Result<Option<(Stream, String)>> {
         if let Some(unix) = &self.unix {
             match unix.accept() {
-                Ok((stream, _)) => return Ok(Some((Stream::Unix(stream), "unix".into()))),
+                Ok((stream, _)) => match same_user(&stream) {
+                    Ok(()) => return Ok(Some((Stream::Unix(stream), "unix".into()))),
+                    Err(e) => tracing::warn!(%e, "refused a Unix-socket connection"),
+                },
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
@@ -251,12 +258,47 @@ fn bind_unix(_address: &str) -> io::Result<UnixListener> {
     ))
 }
 
-/// Connects to the Unix socket of the rank listening on TCP `address`, if it offers one.
+/// Connects to the Unix socket of the rank listening on TCP `address`, if it offers one and
+/// it belongs to this user (a socket of another user's is refused with a warning: the name is
+/// anyone's to take).
 #[cfg(target_os = "linux")]
 pub(super) fn connect_unix(address: &str) -> io::Result<UnixStream> {
     use std::os::linux::net::SocketAddrExt;
     let name = std::os::unix::net::SocketAddr::from_abstract_name(unix_name(address))?;
-    UnixStream::connect_addr(&name)
+    let stream = UnixStream::connect_addr(&name)?;
+    if let Err(e) = same_user(&stream) {
+        tracing::warn!(address, name = unix_name(address), %e, "refused the Unix socket of a same-host peer; TCP instead");
+        return Err(e);
+    }
+    Ok(stream)
+}
+
+/// `Ok` when the process at the other end of `stream` runs as this process's user.
+#[cfg(target_os = "linux")]
+fn same_user(stream: &UnixStream) -> io::Result<()> {
+    use nix::sys::socket::{getsockopt, sockopt};
+    let peer = getsockopt(stream, sockopt::PeerCredentials)?;
+    let me = nix::unistd::geteuid().as_raw();
+    if peer.uid() == me {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "the socket's other end is process {} of uid {}, not this user's (uid {me})",
+                peer.pid(),
+                peer.uid()
+            ),
+        ))
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn same_user(_stream: &UnixStream) -> io::Result<()> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "peer credentials are read on Linux only",
+    ))
 }
 
 #[cfg(not(target_os = "linux"))]
