@@ -25,6 +25,16 @@ pub(crate) enum Op {
         from: PathBuf,
         to: PathBuf,
     },
+    /// Swaps two directories in one step (`renameat2` with `RENAME_EXCHANGE`): a checkpoint
+    /// saved again takes its old copy's name while that copy takes the new one's, so the name
+    /// never stands empty. Where the file system cannot swap, the old copy is renamed to
+    /// `aside` first, and a writer that finds it there after a crash, with no checkpoint under
+    /// its name, puts it back.
+    Exchange {
+        new: PathBuf,
+        old: PathBuf,
+        aside: PathBuf,
+    },
     /// Removes a file, or a directory and everything in it, if present.
     RemoveAll(PathBuf),
 }
@@ -45,6 +55,13 @@ impl Op {
             Op::SyncDir(path) => sync_dir(path),
             Op::Rename { from, to } => {
                 fs::rename(from, to).map_err(CheckpointError::io("renaming", from))
+            }
+            Op::Exchange { new, old, aside } => {
+                if exchange(new, old)? {
+                    return Ok(());
+                }
+                fs::rename(old, aside).map_err(CheckpointError::io("renaming", old))?;
+                fs::rename(new, old).map_err(CheckpointError::io("renaming", new))
             }
             Op::RemoveAll(path) => {
                 let removed = match fs::symlink_metadata(path) {
@@ -68,4 +85,23 @@ pub(crate) fn sync_dir(path: &Path) -> Result<(), CheckpointError> {
     File::open(path)
         .and_then(|dir| dir.sync_all())
         .map_err(CheckpointError::io("syncing", path))
+}
+
+/// Swaps `a` and `b` atomically; `false` where the system or file system cannot.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn exchange(a: &Path, b: &Path) -> Result<bool, CheckpointError> {
+    use nix::errno::Errno;
+    use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+    match renameat2(AT_FDCWD, a, AT_FDCWD, b, RenameFlags::RENAME_EXCHANGE) {
+        Ok(()) => Ok(true),
+        Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => Ok(false),
+        Err(e) => Err(CheckpointError::io("exchanging", a)(std::io::Error::from(
+            e,
+        ))),
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn exchange(_a: &Path, _b: &Path) -> Result<bool, CheckpointError> {
+    Ok(false)
 }

@@ -103,14 +103,51 @@ pub fn read_tensors(path: &Path) -> Result<Vec<NamedTensor>, CheckpointError> {
 pub fn read_tensors_with_metadata(
     path: &Path,
 ) -> Result<(Vec<NamedTensor>, BTreeMap<String, String>), CheckpointError> {
-    let bytes = std::fs::read(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            CheckpointError::damaged(path, "the file is missing")
-        } else {
-            CheckpointError::io("reading", path)(e)
-        }
-    })?;
+    use std::io::Read as _;
+    let (file, size) = open_regular(path, true)?;
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    // No more than the size the file had when opened, whatever is appended meanwhile.
+    file.take(size)
+        .read_to_end(&mut bytes)
+        .map_err(CheckpointError::io("reading", path))?;
     decode_with_metadata(&bytes, path)
+}
+
+/// Opens `path` for reading if it is a regular file (through symbolic links when
+/// `follow_links`), with its size: a FIFO, a device or (not following) a link is refused as
+/// damage before anything is read, so neither a FIFO that never ends nor `/dev/zero` can hang
+/// or exhaust the reader. A missing file is damage too.
+pub(crate) fn open_regular(
+    path: &Path,
+    follow_links: bool,
+) -> Result<(std::fs::File, u64), CheckpointError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut flags = nix::fcntl::OFlag::O_NONBLOCK;
+    if !follow_links {
+        flags |= nix::fcntl::OFlag::O_NOFOLLOW;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags.bits())
+        .open(path)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => CheckpointError::damaged(path, "the file is missing"),
+            // O_NOFOLLOW on a link.
+            _ if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+                CheckpointError::damaged(path, "a symbolic link, not a file")
+            }
+            _ => CheckpointError::io("opening", path)(e),
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(CheckpointError::io("reading", path))?;
+    if !meta.is_file() {
+        return Err(CheckpointError::damaged(
+            path,
+            format!("not a regular file ({:?})", meta.file_type()),
+        ));
+    }
+    Ok((file, meta.len()))
 }
 
 #[cfg(test)]

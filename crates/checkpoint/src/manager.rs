@@ -104,9 +104,22 @@ impl CheckpointManager {
         // Only a writer clears what crashed saves left: a reader (an evaluator watching the
         // directory) must not remove the writer's save in progress.
         for entry in self.entries()? {
-            if entry.starts_with(TEMPORARY) {
-                Op::RemoveAll(self.dir.join(entry)).run()?;
+            if !entry.starts_with(TEMPORARY) {
+                continue;
             }
+            // A checkpoint set aside by a save that could not swap and then crashed: the
+            // only copy of its step when none stands under the step's name.
+            if let Some(name) = set_aside(&entry)
+                && !self.dir.join(name).exists()
+            {
+                Op::Rename {
+                    from: self.dir.join(&entry),
+                    to: self.dir.join(name),
+                }
+                .run()?;
+                continue;
+            }
+            Op::RemoveAll(self.dir.join(entry)).run()?;
         }
         let (path, ops) = self.plan(checkpoint)?;
         let mut before_publish = Some(before_publish);
@@ -172,16 +185,22 @@ impl CheckpointManager {
         });
         ops.push(Op::SyncDir(temporary.clone()));
         if path.exists() {
-            ops.push(Op::Rename {
-                from: path.clone(),
-                to: replaced.clone(),
+            // Saved again: the new copy and the old swap names in one step, so the step's
+            // checkpoint is there at every instant (then the old copy goes).
+            ops.push(Op::Exchange {
+                new: temporary.clone(),
+                old: path.clone(),
+                aside: replaced.clone(),
             });
+            ops.push(Op::SyncDir(self.dir.clone()));
+            ops.push(Op::RemoveAll(temporary));
+        } else {
+            ops.push(Op::Rename {
+                from: temporary,
+                to: path.clone(),
+            });
+            ops.push(Op::SyncDir(self.dir.clone()));
         }
-        ops.push(Op::Rename {
-            from: temporary,
-            to: path.clone(),
-        });
-        ops.push(Op::SyncDir(self.dir.clone()));
         ops.push(Op::RemoveAll(replaced));
         let pointer = self.dir.join(format!("{TEMPORARY}{LATEST}-{pid}"));
         ops.push(Op::Write {
@@ -342,16 +361,18 @@ impl CheckpointManager {
     }
 }
 
-/// Reads at most `limit` bytes (one more, to tell a longer file); a missing file is damage.
+/// Reads a checkpoint file of at most `limit` bytes; a missing file, or anything but a
+/// regular file (a symbolic link, a FIFO, a device), is damage, and so is a longer one, told
+/// from its size before a byte is read.
 fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>, CheckpointError> {
-    let file = fs::File::open(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            CheckpointError::damaged(path, "the file is missing")
-        } else {
-            CheckpointError::io("opening", path)(e)
-        }
-    })?;
-    let mut bytes = Vec::new();
+    let (file, size) = crate::file::open_regular(path, false)?;
+    if size > limit {
+        return Err(CheckpointError::damaged(
+            path,
+            format!("{size} bytes, longer than the {limit} expected"),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
     file.take(limit.saturating_add(1))
         .read_to_end(&mut bytes)
         .map_err(CheckpointError::io("reading", path))?;
@@ -362,6 +383,13 @@ fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>, CheckpointError> {
         ));
     }
     Ok(bytes)
+}
+
+/// The checkpoint name (`ckpt-N`) of a copy a save set aside (`.tmp-old-ckpt-N-PID`).
+fn set_aside(entry: &str) -> Option<&str> {
+    let rest = entry.strip_prefix(TEMPORARY)?.strip_prefix("old-")?;
+    let (name, pid) = rest.rsplit_once('-')?;
+    (name.starts_with(PREFIX) && pid.parse::<u32>().is_ok()).then_some(name)
 }
 
 #[cfg(test)]
@@ -426,6 +454,75 @@ mod tests {
                 assert_eq!(&latest, want, "a finished save is the latest");
             }
         }
+    }
+
+    #[test]
+    fn a_step_saved_again_and_cut_short_at_any_operation_is_never_lost() {
+        let (old, new) = (checkpoint(10, 1.0), checkpoint(10, 2.0));
+        let count = {
+            let dir = tempfile::tempdir().unwrap();
+            let manager = CheckpointManager::new(dir.path(), Some(1)).unwrap();
+            manager.save(&old).unwrap();
+            manager.plan(&new).unwrap().1.len()
+        };
+        for done in 0..=count {
+            let dir = tempfile::tempdir().unwrap();
+            let manager = CheckpointManager::new(dir.path(), None).unwrap();
+            manager.save(&old).unwrap();
+            for op in &manager.plan(&new).unwrap().1[..done] {
+                op.run().unwrap();
+            }
+            let reopened = CheckpointManager::new(dir.path(), None).unwrap();
+            let latest = reopened.latest().unwrap().expect("the step's checkpoint");
+            assert!(latest == old || latest == new, "after {done} operations");
+            // The next save clears what the cut one left, and the step survives it.
+            reopened.save(&checkpoint(11, 3.0)).unwrap();
+            let again = reopened.restore(10).unwrap();
+            assert!(again == old || again == new, "after {done} operations");
+        }
+    }
+
+    #[test]
+    fn links_fifos_and_sizes_beyond_the_file_are_damage_found_before_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = CheckpointManager::new(dir.path(), None).unwrap();
+        let path = manager.save(&checkpoint(10, 1.0)).unwrap();
+        let file = path.join("model.safetensors");
+        // A link to an endless device, with a manifest claiming a huge size.
+        let manifest = fs::read_to_string(path.join(MANIFEST)).unwrap();
+        let size = fs::metadata(&file).unwrap().len();
+        fs::write(
+            path.join(MANIFEST),
+            manifest.replace(&format!("\"bytes\": {size}"), "\"bytes\": 1099511627776"),
+        )
+        .unwrap();
+        fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
+        let err = manager.restore(10).unwrap_err().to_string();
+        assert!(err.contains("symbolic link"), "{err}");
+        // A FIFO no one writes: refused when opened, not waited on.
+        fs::remove_file(&file).unwrap();
+        nix::unistd::mkfifo(&file, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let err = manager.restore(10).unwrap_err().to_string();
+        assert!(err.contains("not a regular file"), "{err}");
+        let err = crate::read_tensors(&file).unwrap_err().to_string();
+        assert!(err.contains("not a regular file"), "{err}");
+        assert!(manager.latest().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_copy_set_aside_by_a_save_that_crashed_is_put_back_by_the_next_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = CheckpointManager::new(dir.path(), None).unwrap();
+        let path = manager.save(&checkpoint(10, 1.0)).unwrap();
+        // Where the file system cannot swap, a save renames the old copy aside first.
+        fs::rename(&path, dir.path().join(".tmp-old-ckpt-10-4242")).unwrap();
+        manager.save(&checkpoint(11, 2.0)).unwrap();
+        assert_eq!(manager.restore(10).unwrap(), checkpoint(10, 1.0));
+        assert_eq!(manager.steps().unwrap(), [10, 11]);
+        assert_eq!(set_aside(".tmp-old-ckpt-10-4242"), Some("ckpt-10"));
+        assert_eq!(set_aside(".tmp-ckpt-10-4242"), None);
+        assert_eq!(set_aside(".tmp-old-latest-4242"), None);
     }
 
     #[test]

@@ -306,7 +306,9 @@ fn group_table(cluster: &Cluster) -> String {
 }
 
 /// FNV-1a over the group's addresses: equal for every member of one cluster, different for
-/// another.
+/// another. It keeps two clusters that share hosts from joining each other by mistake; it is a
+/// checksum anyone who knows the addresses can compute, not a credential, and proves nothing
+/// about who presents it.
 fn cluster_identity(addresses: &[String]) -> u64 {
     addresses
         .iter()

@@ -39,7 +39,9 @@ const SPIN: Duration = Duration::from_micros(500);
 /// How a TCP group forms.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TcpOptions {
-    /// Every member must present the same identity; others are refused.
+    /// Every member must present the same identity; others are refused. It tells clusters
+    /// apart (by default a checksum of the addresses, which anyone can compute): a guard
+    /// against mistakes, not a credential.
     pub cluster: u64,
     /// How long to keep trying to reach all peers at start-up.
     pub rendezvous_timeout: Duration,
@@ -70,7 +72,8 @@ impl Default for TcpOptions {
 /// up again on every try, so a DNS record that appears late is found) and accepts every lower one.
 /// Dialling retries with backoff until the rendezvous deadline, so processes may start in any
 /// order. A connection that does not present this group's cluster identity, a valid rank and
-/// the right world size is closed and ignored. A peer whose address names this rank's own host
+/// the right world size is closed and ignored. The identity is not a secret: whoever can
+/// reach a task's port can present it. A peer whose address names this rank's own host
 /// is reached through a shared-memory ring beside a Unix-domain socket, or over the socket
 /// alone, when it offers them ([`SameHost`]), else over TCP.
 pub struct TcpTransport {
