@@ -279,3 +279,56 @@ fn the_evaluator_evaluates_each_new_checkpoint_once_until_max_steps() {
         "{steps:?}"
     );
 }
+
+/// One pass over the digits, whatever the mode: training that ends before any `max_steps`.
+fn one_pass(
+    _mode: ModeKeys,
+    context: &InputContext,
+) -> Result<impl Dataset<Item = (ndarray::Array2<f32>, ndarray::Array1<u8>)> + use<>, TrainError> {
+    Ok(digits()
+        .shard(context.num_input_pipelines, context.input_pipeline_id)?
+        .batch(BATCH, false))
+}
+
+#[test]
+fn the_evaluator_stops_after_the_last_checkpoint_when_the_input_ends_before_max_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = r#"{"cluster": {"worker": ["localhost:1"], "evaluator": ["localhost:2"]}, "task": {"type": "%", "index": 0}}"#;
+    let cluster =
+        |task: &str| Cluster::new(TfConfig::parse(&json.replace('%', task)).unwrap()).unwrap();
+    let evaluator_dir = dir.path().to_path_buf();
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut estimator = Estimator::new(
+            model_fn,
+            RunConfig::new(&evaluator_dir).cluster(cluster("evaluator")),
+        );
+        let mut eval_spec = EvalSpec::new(input_fn);
+        eval_spec.start_delay_secs = 0;
+        eval_spec.throttle_secs = 0;
+        let logs = train_and_evaluate(
+            &mut estimator,
+            &TrainSpec::new(one_pass, Some(1_000)),
+            &eval_spec,
+        );
+        let _ = done.send(logs.map(Option::unwrap_or_default));
+    });
+    let mut trainer = Estimator::new(
+        model_fn,
+        RunConfig::new(dir.path())
+            .save_checkpoints_steps(4)
+            .cluster(cluster("worker")),
+    );
+    train_and_evaluate(
+        &mut trainer,
+        &TrainSpec::new(one_pass, Some(1_000)),
+        &EvalSpec::new(input_fn),
+    )
+    .unwrap();
+    let steps = (EXAMPLES / BATCH) as f64;
+    let logs = result
+        .recv_timeout(std::time::Duration::from_mins(2))
+        .expect("the evaluator returns instead of waiting for step 1000")
+        .unwrap();
+    assert_eq!(logs.get("global_step"), Some(steps));
+}

@@ -2,6 +2,7 @@
 //! strategies and checkpoints: a `model_fn` returning an [`EstimatorSpec`], a [`RunConfig`],
 //! `train`/`evaluate`/`predict`, and [`train_and_evaluate`] with an evaluator task.
 
+pub(crate) mod finished_marker;
 mod run_config;
 mod spec;
 mod steps;
@@ -238,6 +239,9 @@ impl Estimator {
             );
             return Ok(self.global_step);
         }
+        if self.is_chief() {
+            finished_marker::clear(&self.model_dir)?;
+        }
         let mut pending = first;
         let kill_switch = KillSwitch::from_env()?;
         let mut loop_state = TrainLoop::new(&self.config, self.global_step, self.is_chief());
@@ -281,6 +285,10 @@ impl Estimator {
         }
         if saved_at != self.global_step {
             self.save(kill_switch)?;
+        }
+        if self.is_chief() {
+            // An evaluator waiting for max_steps learns that training ended here.
+            finished_marker::write(&self.model_dir, self.global_step)?;
         }
         loop_state.finish()?;
         Ok(self.global_step)

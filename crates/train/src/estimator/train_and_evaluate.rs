@@ -71,7 +71,8 @@ impl<F> EvalSpec<F> {
 /// trains in lockstep to `train_spec.max_steps` and the chief writes checkpoints; a task of
 /// type `evaluator` trains nothing: it waits `start_delay_secs`, then evaluates the newest
 /// checkpoint it has not evaluated, at most every `throttle_secs`, writes the metrics to
-/// `model_dir/eval_<name>`, and returns after evaluating the checkpoint at `max_steps`.
+/// `model_dir/eval_<name>`, and returns after evaluating the checkpoint at `max_steps`, or
+/// the last checkpoint when training ended before (the chief records where it ended).
 /// Without an evaluator task the chief evaluates the final checkpoint after training
 /// (TensorFlow evaluates nothing then). Returns the final evaluation's metrics where one ran
 /// (the evaluator, or the chief without one), `None` on the other workers.
@@ -134,8 +135,20 @@ where
     );
     let mut writer = eval_writer(estimator, eval_spec)?;
     let throttle = Duration::from_secs(eval_spec.throttle_secs);
+    let mut last: Option<(u64, Logs)> = None;
     loop {
-        let Some((_, _, checkpoint)) = watcher.wait_for_new(None)? else {
+        let Some((_, _, checkpoint)) = watcher.wait_for_new(Some(Instant::now() + poll * 5))?
+        else {
+            // No new checkpoint: training may have ended short of max_steps (its input ran
+            // out), which the chief records once its final checkpoint is saved.
+            if let (Some(end), Some((step, logs))) = (
+                super::finished_marker::read(estimator.model_dir()),
+                last.as_ref(),
+            ) && *step >= end
+            {
+                tracing::info!(global_step = step, "training ended before max_steps");
+                return Ok(logs.clone());
+            }
             continue;
         };
         let started = Instant::now();
@@ -151,6 +164,7 @@ where
         if step >= max_steps {
             return Ok(logs);
         }
+        last = Some((step, logs));
         if let Some(rest) = throttle.checked_sub(started.elapsed()) {
             std::thread::sleep(rest);
         }
