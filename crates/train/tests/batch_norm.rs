@@ -9,14 +9,14 @@
 
 mod common;
 
-use common::{digits, loss, workers};
+use common::{CrashAt, digits, loss, workers};
 use lockstep_data::Dataset;
 use lockstep_nn::{
     Activation, ActivationLayer, BatchNormalization, Dense, Network, NnError, Sequential, Sgd,
 };
 use lockstep_train::{
     BackupAndRestore, Callback, MirroredStrategy, Model, OneDeviceStrategy, SaveFreq, Strategy,
-    TrainError, TrainingContext,
+    TrainError,
 };
 
 /// Dense → batch normalization → relu → dense, on the flattened digits.
@@ -54,26 +54,6 @@ fn two_epochs(callbacks: Vec<Box<dyn Callback>>) -> Result<Model, TrainError> {
     }
     fit.run()?;
     Ok(model)
-}
-
-/// Fails training after `at` steps, as a crash would stop it.
-struct CrashAt(u64);
-
-impl Callback for CrashAt {
-    fn on_train_batch_end(
-        &mut self,
-        _batch: u64,
-        _logs: &lockstep_train::Logs,
-        ctx: &mut TrainingContext<'_>,
-    ) -> Result<(), TrainError> {
-        if ctx.step() == self.0 {
-            return Err(TrainError::Invalid {
-                what: "test",
-                why: "crashed on purpose".into(),
-            });
-        }
-        Ok(())
-    }
 }
 
 /// [`train`] on the first `examples` digits.

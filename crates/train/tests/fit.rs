@@ -10,14 +10,14 @@ use std::time::Duration;
 
 mod common;
 
-use common::{EXAMPLES, digits, loss, mlp, workers};
+use common::{CrashAt, EXAMPLES, digits, loss, mlp, workers};
 use lockstep_cluster::{Cluster, TfConfig};
 use lockstep_collective::{CommunicationOptions, Implementation};
 use lockstep_data::{AutoShardPolicy, Dataset, DatasetOptions};
 use lockstep_nn::{Adam, AdamW, LearningRateSchedule, Sgd, models};
 use lockstep_train::{
     BackupAndRestore, Callback, History, MirroredStrategy, Model, MultiWorkerMirroredStrategy,
-    OneDeviceStrategy, SaveFreq, Strategy, TrainError, TrainingContext,
+    OneDeviceStrategy, SaveFreq, Strategy, TrainError,
 };
 use ndarray::{Array1, Array2};
 
@@ -125,26 +125,6 @@ fn two_workers_with_two_replicas_each_train_as_four_mirrored_replicas() {
     let (four, _) = train(MirroredStrategy::new(4).unwrap(), 64, 1, Vec::new()).unwrap();
     assert_eq!(results[0], results[1]);
     assert!(max_difference(&four, &results[0]) < 1e-4);
-}
-
-/// Fails training with an error after `at` steps, as a crash would stop it.
-struct CrashAt(u64);
-
-impl Callback for CrashAt {
-    fn on_train_batch_end(
-        &mut self,
-        _batch: u64,
-        _logs: &lockstep_train::Logs,
-        ctx: &mut TrainingContext<'_>,
-    ) -> Result<(), TrainError> {
-        if ctx.step() == self.0 {
-            return Err(TrainError::Invalid {
-                what: "test",
-                why: "crashed on purpose".into(),
-            });
-        }
-        Ok(())
-    }
 }
 
 #[test]

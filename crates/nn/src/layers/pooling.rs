@@ -22,34 +22,41 @@ pub struct MaxPooling2D {
     padding: Padding,
 }
 
-impl MaxPooling2D {
-    /// A `pool_size` window moved by its own size, valid padding.
-    pub fn new(pool_size: (usize, usize)) -> Self {
-        Self {
-            pool_size,
-            strides: None,
-            padding: Padding::Valid,
+/// The settings both poolings share: a window, strides defaulting to it, and a padding.
+macro_rules! window_settings {
+    ($($pooling:ty),*) => {$(
+        impl $pooling {
+            /// A `pool_size` window moved by its own size, valid padding.
+            pub fn new(pool_size: (usize, usize)) -> Self {
+                Self {
+                    pool_size,
+                    strides: None,
+                    padding: Padding::Valid,
+                }
+            }
+
+            /// Sets the strides.
+            #[must_use]
+            pub fn strides(mut self, strides: (usize, usize)) -> Self {
+                self.strides = Some(strides);
+                self
+            }
+
+            /// Sets the padding.
+            #[must_use]
+            pub fn padding(mut self, padding: Padding) -> Self {
+                self.padding = padding;
+                self
+            }
+
+            fn stride(&self) -> (usize, usize) {
+                self.strides.unwrap_or(self.pool_size)
+            }
         }
-    }
-
-    /// Sets the strides.
-    #[must_use]
-    pub fn strides(mut self, strides: (usize, usize)) -> Self {
-        self.strides = Some(strides);
-        self
-    }
-
-    /// Sets the padding.
-    #[must_use]
-    pub fn padding(mut self, padding: Padding) -> Self {
-        self.padding = padding;
-        self
-    }
-
-    fn stride(&self) -> (usize, usize) {
-        self.strides.unwrap_or(self.pool_size)
-    }
+    )*};
 }
+
+window_settings!(MaxPooling2D, AveragePooling2D);
 
 /// The output shape of pooling `input_shape` (`[height, width, channels]`).
 fn pooled_shape(
@@ -145,35 +152,6 @@ pub struct AveragePooling2D {
     pool_size: (usize, usize),
     strides: Option<(usize, usize)>,
     padding: Padding,
-}
-
-impl AveragePooling2D {
-    /// A `pool_size` window moved by its own size, valid padding.
-    pub fn new(pool_size: (usize, usize)) -> Self {
-        Self {
-            pool_size,
-            strides: None,
-            padding: Padding::Valid,
-        }
-    }
-
-    /// Sets the strides.
-    #[must_use]
-    pub fn strides(mut self, strides: (usize, usize)) -> Self {
-        self.strides = Some(strides);
-        self
-    }
-
-    /// Sets the padding.
-    #[must_use]
-    pub fn padding(mut self, padding: Padding) -> Self {
-        self.padding = padding;
-        self
-    }
-
-    fn stride(&self) -> (usize, usize) {
-        self.strides.unwrap_or(self.pool_size)
-    }
 }
 
 impl Layer for AveragePooling2D {

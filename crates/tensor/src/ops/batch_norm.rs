@@ -31,16 +31,24 @@ pub struct Affine<'a> {
     pub beta: Option<&'a Tensor>,
 }
 
+/// An error unless `t` holds one value per channel (the input's last axis).
+fn per_channel(t: &Tensor, channels: usize, what: &str) -> Result<(), TensorError> {
+    if t.shape() == [channels] {
+        return Ok(());
+    }
+    Err(TensorError::mismatch(
+        OP,
+        &[channels],
+        t.shape(),
+        format!("{what} holds one value per channel (the last axis)"),
+    ))
+}
+
 impl Affine<'_> {
     fn check(&self, channels: usize) -> Result<(), TensorError> {
-        for t in [self.gamma, self.beta].into_iter().flatten() {
-            if t.shape() != [channels] {
-                return Err(TensorError::mismatch(
-                    OP,
-                    &[channels],
-                    t.shape(),
-                    "gamma and beta hold one value per channel (the last axis)",
-                ));
+        for (t, what) in [(self.gamma, "gamma"), (self.beta, "beta")] {
+            if let Some(t) = t {
+                per_channel(t, channels, what)?;
             }
         }
         Ok(())
@@ -252,11 +260,8 @@ pub fn batch_norm_inference(
 ) -> Result<Tensor, TensorError> {
     let channels = channels_of(x)?;
     affine_part.check(channels)?;
-    Affine {
-        gamma: Some(mean),
-        beta: Some(variance),
-    }
-    .check(channels)?;
+    per_channel(mean, channels, "the mean")?;
+    per_channel(variance, channels, "the variance")?;
     let mean = mean.to_vec()?;
     let inverse = inverse_deviation(&variance.to_vec()?, epsilon);
     let (a, b) = affine_part.coefficients(&mean, &inverse);

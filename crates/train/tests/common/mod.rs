@@ -20,7 +20,9 @@ use lockstep_collective::{CommunicationOptions, TcpOptions, TcpTransport};
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_data::{Dataset, from_vec};
 use lockstep_nn::{Adam, Sequential, SparseCategoricalCrossentropy, models};
-use lockstep_train::{MirroredStrategy, Model, MultiWorkerMirroredStrategy};
+use lockstep_train::{
+    Callback, MirroredStrategy, Model, MultiWorkerMirroredStrategy, TrainError, TrainingContext,
+};
 use ndarray::Array1;
 
 pub(crate) const EXAMPLES: usize = 640;
@@ -140,4 +142,24 @@ pub(crate) fn workers<R: Send + 'static>(
         })
         .collect();
     handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Fails training with an error after `at` steps, as a crash would stop it.
+pub(crate) struct CrashAt(pub(crate) u64);
+
+impl Callback for CrashAt {
+    fn on_train_batch_end(
+        &mut self,
+        _batch: u64,
+        _logs: &lockstep_train::Logs,
+        ctx: &mut TrainingContext<'_>,
+    ) -> Result<(), TrainError> {
+        if ctx.step() == self.0 {
+            return Err(TrainError::Invalid {
+                what: "test",
+                why: "crashed on purpose".into(),
+            });
+        }
+        Ok(())
+    }
 }
