@@ -370,6 +370,28 @@ impl Network {
                 node.readers == 1 && next.inputs == [Source::Node(index)] && inputs.len() == 1
             });
             let ctx = ctx.for_layer(node.params.start);
+            // Likewise a layer, an activation read only by the max pooling after it, and that
+            // pooling.
+            let third = next
+                .filter(|next| next.readers == 1)
+                .and(self.nodes.get(index + 2))
+                .filter(|third| third.inputs == [Source::Node(index + 1)]);
+            let fused = next.zip(third).and_then(|(next, third)| {
+                let activation = next.layer.as_activation()?;
+                let pool = third.layer.as_max_pool()?;
+                node.layer.forward_then_activation_max_pool(
+                    &node.name,
+                    &inputs[0],
+                    params,
+                    (activation, pool),
+                    ctx,
+                )
+            });
+            if let Some(pooled) = fused {
+                values[index + 2] = Some(pooled?);
+                index += 3;
+                continue;
+            }
             let fused = next.and_then(|next| {
                 let pool = next.layer.as_max_pool()?;
                 node.layer

@@ -336,6 +336,37 @@ proptest! {
     }
 
     #[test]
+    fn batch_norm_with_relu_and_max_pool_is_the_three_operations_bit_for_bit(
+        batch in dims(3), (h, w) in (2..8_usize, 2..8_usize), c in dims(5), pool in (1..4_usize, 1..4_usize),
+        relu: bool, overlapping: bool, affine: bool, x in values(3 * 7 * 7 * 5), gb in values(10),
+    ) {
+        // Non-overlapping windows take the fused pass (sizes the window does not divide leave
+        // rows and columns out); overlapping ones the three operations.
+        prop_assume!(pool.0 <= h && pool.1 <= w);
+        let stride = if overlapping { (1, 1) } else { pool };
+        let pool = MaxPool { size: pool, stride, padding: Padding::Valid };
+        let x = Tensor::parameter(x[..batch * h * w * c].to_vec(), &[batch, h, w, c]).unwrap();
+        let gamma = Tensor::parameter(gb[..c].to_vec(), &[c]).unwrap();
+        let beta = Tensor::parameter(gb[5..5 + c].to_vec(), &[c]).unwrap();
+        let parts = if affine { ops::Affine { gamma: Some(&gamma), beta: Some(&beta) } } else { ops::Affine::default() };
+        let (fused, moments) = ops::batch_norm_max_pool(&x, parts, 1e-3, None, relu, pool).unwrap();
+        let (y, apart_moments) = ops::batch_norm(&x, parts, 1e-3, None).unwrap();
+        let apart = ops::max_pool2d(&y, pool.size, pool.stride, pool.padding).unwrap();
+        let apart = if relu { ops::relu(&apart).unwrap() } else { apart };
+        prop_assert_eq!(moments, apart_moments);
+        prop_assert_eq!(fused.shape(), apart.shape());
+        prop_assert_eq!(fused.host_data().unwrap(), apart.host_data().unwrap());
+        let weights: Vec<f32> = (0..fused.len()).map(|i| (i % 5) as f32 - 2.0).collect();
+        let weights = Tensor::from_vec(weights, fused.shape()).unwrap();
+        let grads = |y: &Tensor| {
+            let loss = ops::sum(&ops::mul(y, &weights).unwrap(), &[0, 1, 2, 3], false).unwrap();
+            let g = loss.backward().unwrap();
+            [&x, &gamma, &beta].map(|t| g.get(t).map(|g| g.host_data().unwrap().to_vec()).unwrap_or_default())
+        };
+        prop_assert_eq!(grads(&fused), grads(&apart));
+    }
+
+    #[test]
     fn max_pool_gradients(
         batch in dims(2), (h, w) in (2..7_usize, 2..7_usize), c in dims(3), pool in (dims(3), dims(3)),
         stride in (dims(3), dims(3)), same: bool, x in distinct(2 * 6 * 6 * 3),

@@ -27,8 +27,8 @@ use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_examples::{ClusterArgs, ClusterTrainingArgs};
 use lockstep_nn::{
-    Activation, Adam, Dense, Input, LayerCall, Network, NnError, SparseCategoricalCrossentropy,
-    models,
+    Activation, Adam, Dense, Input, LayerCall, LearningRateSchedule, Network, NnError,
+    SparseCategoricalCrossentropy, models,
 };
 use lockstep_train::{Model, MultiWorkerMirroredStrategy};
 use ndarray::Array1;
@@ -50,6 +50,10 @@ struct Args {
     /// guide's 784 → 64 → 64 → 10).
     #[arg(long, default_value = "cnn")]
     model: String,
+    /// Decay Adam's learning rate (1e-3) along a cosine to zero over the whole run (Keras'
+    /// `CosineDecay`, stepped every batch) instead of keeping it constant.
+    #[arg(long)]
+    cosine_decay: bool,
 }
 
 /// The Keras guide's `get_compiled_model()` network, in the functional API.
@@ -67,8 +71,25 @@ fn guide_mlp(seed: u64) -> Result<Network, NnError> {
     Network::new(&[&inputs], &[&outputs], seed)
 }
 
+/// Adam at Keras' defaults; with `decay_steps`, its rate (1e-3) follows a cosine to zero over
+/// that many steps.
+fn adam(decay_steps: Option<u64>) -> Adam {
+    let adam = Adam::default();
+    match decay_steps {
+        Some(decay_steps) => adam.with_schedule(LearningRateSchedule::CosineDecay {
+            initial_learning_rate: 1e-3,
+            decay_steps,
+            alpha: 0.0,
+            warmup_target: None,
+            warmup_steps: 0,
+        }),
+        None => adam,
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
+    lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
     let cluster = args.cluster.resolve()?;
     lockstep_examples::start_kernel_threads(
@@ -105,13 +126,14 @@ fn main() -> anyhow::Result<()> {
         from_logits: true,
         ..Default::default()
     };
-    model.compile(Adam::default(), loss, &["sparse_categorical_accuracy"])?;
+    let fashion = Mnist::fashion().context("loading Fashion-MNIST")?;
+    let global_batch = args.training.global_batch(workers);
+    let steps = fashion.train.len().div_ceil(global_batch) as u64 * args.training.epochs;
+    let optimizer = adam(args.cosine_decay.then_some(steps));
+    model.compile(optimizer, loss, &["sparse_categorical_accuracy"])?;
     if model.is_chief() {
         eprintln!("{}", model.summary());
     }
-
-    let fashion = Mnist::fashion().context("loading Fashion-MNIST")?;
-    let global_batch = args.training.global_batch(workers);
     let started = Instant::now();
     // The guide flattens the images for its MLP; the CNN takes them as they are.
     let (history, logs) = if flat {

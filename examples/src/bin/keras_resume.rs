@@ -105,6 +105,7 @@ fn run_training(args: &Args, dir: &Path, epoch: u64) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
+    lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
     lockstep_examples::start_kernel_threads(0, args.replicas)
         .context("starting the kernel threads")?;

@@ -52,6 +52,7 @@ fn flat(x: &ndarray::Array3<u8>) -> Array1<f32> {
 
 fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
+    lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
     // The replicas' threads share this host's cores.
     lockstep_examples::start_kernel_threads(0, args.replicas)

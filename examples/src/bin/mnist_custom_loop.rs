@@ -56,6 +56,7 @@ fn images(x: ndarray::Array4<f32>) -> anyhow::Result<Tensor> {
 
 fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
+    lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
     let cluster = args.cluster.resolve()?;
     let Some(rank) = cluster.rank() else {

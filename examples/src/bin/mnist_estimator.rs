@@ -108,6 +108,7 @@ fn model_fn(
 
 fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
+    lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
     let cluster = args.cluster.resolve()?;
     lockstep_examples::start_kernel_threads(args.threads, cluster.group_tasks_on_this_host())

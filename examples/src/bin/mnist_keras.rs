@@ -232,6 +232,7 @@ fn peak_rss_mib() -> Option<u64> {
 fn main() -> anyhow::Result<()> {
     let process_started = Instant::now();
     lockstep_examples::init_logging();
+    lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
     let cluster = args.cluster.resolve()?;
     lockstep_examples::start_kernel_threads(

@@ -70,6 +70,10 @@ impl Layer for ActivationLayer {
         self.0.apply(x.clone(), name)
     }
 
+    fn as_activation(&self) -> Option<Activation> {
+        Some(self.0)
+    }
+
     /// Max pooling commutes with a non-decreasing function: `pool(relu(x)) = relu(pool(x))`,
     /// value for value and gradient for gradient (a window's maximum is where the gradient
     /// goes either way, and a window of non-positive values passes none). So the relu runs on

@@ -16,11 +16,13 @@
 //! which the moving variance follows too (Keras'; PyTorch's running variance is the unbiased
 //! one).
 
-use lockstep_tensor::Tensor;
-use lockstep_tensor::ops;
+use std::sync::Arc;
+
+use lockstep_tensor::ops::{self, AllReduceSum, MaxPool};
+use lockstep_tensor::{Tensor, TensorError};
 
 use super::config::{BuiltinLayerConfig, LayerConfig};
-use super::{ForwardContext, Layer};
+use super::{Activation, ForwardContext, Layer};
 use crate::error::{InLayer, NnError};
 use crate::initializers::Initializer;
 use crate::params::ParamBuilder;
@@ -127,6 +129,34 @@ impl BatchNormalization {
     }
 }
 
+impl BatchNormalization {
+    /// A training pass through `normalize` (given the affine parameters and the replicas to
+    /// synchronise with), its batch statistics observed for the moving averages.
+    fn training_pass(
+        &self,
+        name: &str,
+        params: &[Tensor],
+        ctx: ForwardContext<'_>,
+        normalize: impl FnOnce(
+            ops::Affine<'_>,
+            Option<&Arc<dyn AllReduceSum>>,
+        ) -> Result<(Tensor, ops::Moments), TensorError>,
+    ) -> Result<Tensor, NnError> {
+        let slots = self.slots();
+        let replicas = if self.synchronized {
+            ctx.replicas()
+        } else {
+            None
+        };
+        let (y, moments) = normalize(self.affine(params), replicas).in_layer(name)?;
+        let channels = moments.mean.len();
+        let observed = |values: Vec<f32>| Tensor::from_vec(values, &[channels]).in_layer(name);
+        ctx.observe(slots.moving_mean, &observed(moments.mean)?);
+        ctx.observe(slots.moving_variance, &observed(moments.variance)?);
+        Ok(y)
+    }
+}
+
 impl Default for BatchNormalization {
     fn default() -> Self {
         Self::new()
@@ -210,20 +240,46 @@ impl Layer for BatchNormalization {
             )
             .in_layer(name);
         }
-        let replicas = if self.synchronized {
-            ctx.replicas()
-        } else {
-            None
-        };
-        let (y, moments) =
-            ops::batch_norm(x, self.affine(params), self.epsilon, replicas).in_layer(name)?;
-        let channels = moments.mean.len();
-        let observed = |values: Vec<f32>| Tensor::from_vec(values, &[channels]).in_layer(name);
-        ctx.observe(slots.moving_mean, &observed(moments.mean)?);
-        ctx.observe(slots.moving_variance, &observed(moments.variance)?);
-        Ok(y)
+        self.training_pass(name, params, ctx, |parts, replicas| {
+            ops::batch_norm(x, parts, self.epsilon, replicas)
+        })
     }
 
+    /// Training passes only: inference normalises with fixed statistics, one pass either way.
+    fn forward_then_max_pool(
+        &self,
+        name: &str,
+        x: &Tensor,
+        params: &[Tensor],
+        pool: MaxPool,
+        ctx: ForwardContext<'_>,
+    ) -> Option<Result<Tensor, NnError>> {
+        self.forward_then_activation_max_pool(name, x, params, (Activation::Linear, pool), ctx)
+    }
+
+    /// In a training pass, the normalization, a relu (or the identity) and non-overlapping max
+    /// pooling run as one pass that never stores the full-size normalised activation or its
+    /// gradient ([`ops::batch_norm_max_pool`]): the same values as the layers apart.
+    fn forward_then_activation_max_pool(
+        &self,
+        name: &str,
+        x: &Tensor,
+        params: &[Tensor],
+        (activation, pool): (Activation, MaxPool),
+        ctx: ForwardContext<'_>,
+    ) -> Option<Result<Tensor, NnError>> {
+        let relu = match activation {
+            Activation::Relu => true,
+            Activation::Linear => false,
+            Activation::Softmax | Activation::Sigmoid => return None,
+        };
+        if !ctx.training {
+            return None;
+        }
+        Some(self.training_pass(name, params, ctx, |parts, replicas| {
+            ops::batch_norm_max_pool(x, parts, self.epsilon, replicas, relu, pool)
+        }))
+    }
     fn synchronizes_replicas(&self) -> bool {
         self.synchronized
     }

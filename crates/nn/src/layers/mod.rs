@@ -262,4 +262,30 @@ pub trait Layer: Send + Sync {
         let _ = (name, x, params, pool, ctx);
         None
     }
+
+    /// The activation this layer is, when it applies one and does nothing else (Keras'
+    /// `Activation` layer): the layer before it may then compute both, and a max pooling
+    /// after them, in one pass ([`Layer::forward_then_activation_max_pool`]).
+    fn as_activation(&self) -> Option<Activation> {
+        None
+    }
+
+    /// This layer, then `activation`, then max pooling `pool`, in one pass; `None` when the
+    /// layer has no such pass for that activation, and the network runs them as it would
+    /// otherwise. The result must equal the three layers'.
+    ///
+    /// # Errors
+    ///
+    /// When a tensor operation fails.
+    fn forward_then_activation_max_pool(
+        &self,
+        name: &str,
+        x: &Tensor,
+        params: &[Tensor],
+        (activation, pool): (Activation, MaxPool),
+        ctx: ForwardContext<'_>,
+    ) -> Option<Result<Tensor, NnError>> {
+        let _ = (name, x, params, activation, pool, ctx);
+        None
+    }
 }

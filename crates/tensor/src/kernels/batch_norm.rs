@@ -58,19 +58,54 @@ pub(crate) fn gradient_sums(
         .zip(x.par_chunks(ROWS * channels))
         .map(|(dy, x)| {
             let mut sums = vec![0.0_f64; 2 * channels];
-            let (s1, s2) = sums.split_at_mut(channels);
             for (dy, x) in dy.chunks_exact(channels).zip(x.chunks_exact(channels)) {
-                let row = dy.iter().zip(x).zip(mean.iter().zip(inverse_deviation));
-                for ((a, b), ((&d, &v), (&m, &s))) in s1.iter_mut().zip(s2.iter_mut()).zip(row) {
-                    let d = f64::from(d);
-                    *a += d;
-                    *b += d * f64::from((v - m) * s);
-                }
+                add_gradient_row(&mut sums, dy, x, mean, inverse_deviation);
             }
             sums
         })
         .collect();
     combine(partials, channels)
+}
+
+/// [`gradient_sums`] where `dy` is given row by row: `fill_dy(row, dy)` writes the gradient of
+/// row `row` of `x` (its index among all rows). The sums are the same, term for term, as those
+/// of the whole `dy`.
+pub(crate) fn gradient_sums_by_row(
+    x: &[f32],
+    mean: &[f32],
+    inverse_deviation: &[f32],
+    fill_dy: impl Fn(usize, &mut [f32]) + Sync,
+) -> (Vec<f64>, Vec<f64>) {
+    let channels = mean.len();
+    if channels == 0 {
+        return (Vec::new(), Vec::new());
+    }
+    let partials = x
+        .par_chunks(ROWS * channels)
+        .enumerate()
+        .map(|(block, x)| {
+            let mut sums = vec![0.0_f64; 2 * channels];
+            let mut dy = vec![0.0_f32; channels];
+            for (i, x) in x.chunks_exact(channels).enumerate() {
+                fill_dy(block * ROWS + i, &mut dy);
+                add_gradient_row(&mut sums, &dy, x, mean, inverse_deviation);
+            }
+            sums
+        })
+        .collect();
+    combine(partials, channels)
+}
+
+/// Adds one row's `dy` and `dy · x̂` to `sums` (`Σdy` then `Σdy · x̂`, `channels` each).
+#[inline]
+fn add_gradient_row(sums: &mut [f64], dy: &[f32], x: &[f32], mean: &[f32], inverse: &[f32]) {
+    let (s1, s2) = sums.split_at_mut(mean.len());
+    let row = dy.iter().zip(x).zip(mean.iter().zip(inverse));
+    for ((a, b), ((&d, &v), (&m, &s))) in s1.iter_mut().zip(s2.iter_mut()).zip(row) {
+        let d = f64::from(d);
+        *a += d;
+        *b += d * f64::from((v - m) * s);
+    }
 }
 
 /// `out = x · a[c] + b[c]`, and with `x2`, `+ x2 · k[c]` (the input gradient's form).
@@ -98,15 +133,54 @@ pub(crate) fn affine(x: &[f32], a: &[f32], b: &[f32], extra: Option<(&[f32], &[f
                     .zip(x.chunks_exact(channels))
                     .zip(x2.chunks_exact(channels));
                 for ((out, x), x2) in rows {
-                    let terms = x.iter().zip(x2).zip(a.iter().zip(b).zip(k));
-                    for (o, ((&v, &w), ((&a, &b), &k))) in out.iter_mut().zip(terms) {
-                        *o = v * a + b + w * k;
-                    }
+                    input_gradient_row(out, x, (a, b), x2, k);
                 }
             }
         }
     });
     out
+}
+
+/// The input gradient `dx = dy · a[c] + k1[c] + x · k2[c]` of rows of `x`, where `fill_dy(row,
+/// dy)` writes the output gradient of row `row`: [`affine`] with `extra`, without the whole
+/// `dy`, to the same bits.
+pub(crate) fn input_gradient_by_row(
+    x: &[f32],
+    a: &[f32],
+    (k1, k2): (&[f32], &[f32]),
+    fill_dy: impl Fn(usize, &mut [f32]) + Sync,
+) -> Vec<f32> {
+    let channels = a.len();
+    let mut out = vec![0.0_f32; x.len()];
+    if channels == 0 {
+        return out;
+    }
+    let block = ROWS * channels;
+    out.par_chunks_mut(block).enumerate().for_each(|(i, out)| {
+        let x = &x[i * block..i * block + out.len()];
+        let mut dy = vec![0.0_f32; channels];
+        let rows = out.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
+        for (r, (out, x)) in rows.enumerate() {
+            fill_dy(i * ROWS + r, &mut dy);
+            input_gradient_row(out, &dy, (a, k1), x, k2);
+        }
+    });
+    out
+}
+
+/// `out = dy · a + k1 + x · k2`, channel by channel.
+#[inline]
+fn input_gradient_row(
+    out: &mut [f32],
+    dy: &[f32],
+    (a, k1): (&[f32], &[f32]),
+    x: &[f32],
+    k2: &[f32],
+) {
+    let terms = dy.iter().zip(x).zip(a.iter().zip(k1).zip(k2));
+    for (o, ((&v, &w), ((&a, &b), &k))) in out.iter_mut().zip(terms) {
+        *o = v * a + b + w * k;
+    }
 }
 
 #[cfg(test)]

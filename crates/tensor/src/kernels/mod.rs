@@ -6,6 +6,7 @@
 //! to run (and, except inside GEMM, across thread counts).
 
 pub(crate) mod batch_norm;
+pub(crate) mod batch_norm_pool;
 pub(crate) mod conv;
 pub(crate) mod conv_pool;
 pub(crate) mod elementwise;

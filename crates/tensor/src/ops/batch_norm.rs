@@ -5,9 +5,13 @@
 use std::sync::Arc;
 
 use super::all_reduce::AllReduceSum;
+use super::conv::{Padding, geometry, max_pool2d};
+use super::fused::MaxPool;
 use super::gpu::{On, on};
 use crate::error::TensorError;
 use crate::kernels::batch_norm::{affine, channel_sums, gradient_sums};
+use crate::kernels::batch_norm_pool;
+use crate::kernels::window_max::{NO_POSITION, PooledGrad};
 use crate::tensor::Tensor;
 
 const OP: &str = "batch_norm";
@@ -112,14 +116,24 @@ struct Saved {
 }
 
 impl Saved {
-    /// The gradients of `x` (when `dx` gives its per-channel sums' use), `γ` and `β`.
+    fn new(x: &Tensor, affine_part: Affine<'_>, mean: Vec<f32>, inverse: Vec<f32>) -> Self {
+        Self {
+            x: x.clone(),
+            a: affine_part.coefficients(&mean, &inverse).0,
+            mean,
+            inverse,
+            has_gamma: affine_part.gamma.is_some(),
+            has_beta: affine_part.beta.is_some(),
+        }
+    }
+
+    /// The gradients of `x` (when `input` gives it from the per-channel sums), `γ` and `β`,
+    /// from this replica's `Σdy` and `Σdy · x̂`.
     fn gradients(
         &self,
-        dy: &Tensor,
+        (sum_dy, sum_dy_xhat): (Vec<f64>, Vec<f64>),
         input: impl FnOnce(&Self, &[f64], &[f64]) -> Result<Option<Tensor>, TensorError>,
     ) -> Result<Vec<Option<Tensor>>, TensorError> {
-        let (sum_dy, sum_dy_xhat) =
-            gradient_sums(dy.host(), self.x.host(), &self.mean, &self.inverse);
         let channels = self.mean.len();
         let to_tensor = |sums: &[f64]| {
             Tensor::raw(
@@ -136,6 +150,78 @@ impl Saved {
         }
         Ok(grads)
     }
+
+    /// Per channel, `(k1, k2)` of a training pass's input gradient `dx = a·dy + k1 + x·k2`
+    /// (that is `a·(dy − Σdy/N − x̂·Σ(dy·x̂)/N)`), the sums all-reduced over `replicas`.
+    fn input_coefficients(
+        &self,
+        (sum_dy, sum_dy_xhat): (&[f64], &[f64]),
+        replicas: Option<&Arc<dyn AllReduceSum>>,
+        inverse_count: f64,
+    ) -> Result<(Vec<f32>, Vec<f32>), TensorError> {
+        let channels = self.mean.len();
+        let mut global: Vec<f32> = sum_dy
+            .iter()
+            .chain(sum_dy_xhat)
+            .map(|&v| v as f32)
+            .collect();
+        if let Some(replicas) = replicas {
+            replicas
+                .all_reduce_sum(&mut global)
+                .map_err(|why| TensorError::Collective { op: OP, why })?;
+        }
+        let (global_dy, global_dy_xhat) = global.split_at(channels);
+        let mut k1 = Vec::with_capacity(channels);
+        let mut k2 = Vec::with_capacity(channels);
+        for c in 0..channels {
+            let a = f64::from(self.a[c]);
+            let s = f64::from(self.inverse[c]);
+            let m = f64::from(self.mean[c]);
+            let mean_dy = f64::from(global_dy[c]) * inverse_count;
+            let mean_dy_xhat = f64::from(global_dy_xhat[c]) * inverse_count;
+            k1.push((a * (s * m * mean_dy_xhat - mean_dy)) as f32);
+            k2.push((-a * s * mean_dy_xhat) as f32);
+        }
+        Ok((k1, k2))
+    }
+}
+
+/// The batch statistics of a training pass: per channel the mean and biased variance of `x`
+/// (of every replica's batch together, with `replicas`), and `1/N` for the `N` examples'
+/// values they cover (0 when there are none).
+fn batch_moments(
+    x: &Tensor,
+    channels: usize,
+    replicas: Option<&Arc<dyn AllReduceSum>>,
+) -> Result<(Moments, f64), TensorError> {
+    let (mut sums, mut squares) = channel_sums(x.host(), channels);
+    let mut count = (x.len() / channels.max(1)) as f64;
+    if let Some(replicas) = replicas {
+        let mut packed: Vec<f32> = sums.iter().chain(&squares).map(|&v| v as f32).collect();
+        packed.push(count as f32);
+        replicas
+            .all_reduce_sum(&mut packed)
+            .map_err(|why| TensorError::Collective { op: OP, why })?;
+        count = f64::from(packed[2 * channels]);
+        sums = packed[..channels].iter().map(|&v| f64::from(v)).collect();
+        squares = packed[channels..2 * channels]
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect();
+    }
+    // No example anywhere: nothing is normalised, and nothing is divided by zero.
+    let inverse_count = if count > 0.0 { 1.0 / count } else { 0.0 };
+    let mean = sums.iter().map(|s| (s * inverse_count) as f32).collect();
+    let variance = sums
+        .iter()
+        .zip(&squares)
+        .map(|(s, q)| {
+            let m = s * inverse_count;
+            // E[x²] − E[x]², never below zero (rounding can take it there).
+            (q * inverse_count - m * m).max(0.0) as f32
+        })
+        .collect();
+    Ok((Moments { mean, variance }, inverse_count))
 }
 
 /// A training pass of batch normalization over the last axis of `x`: each channel normalised
@@ -168,79 +254,97 @@ pub fn batch_norm(
 ) -> Result<(Tensor, Moments), TensorError> {
     let channels = channels_of(x)?;
     affine_part.check(channels)?;
-    let (mut sums, mut squares) = channel_sums(x.host(), channels);
-    let mut count = (x.len() / channels.max(1)) as f64;
-    if let Some(replicas) = replicas {
-        let mut packed: Vec<f32> = sums.iter().chain(&squares).map(|&v| v as f32).collect();
-        packed.push(count as f32);
-        replicas
-            .all_reduce_sum(&mut packed)
-            .map_err(|why| TensorError::Collective { op: OP, why })?;
-        count = f64::from(packed[2 * channels]);
-        sums = packed[..channels].iter().map(|&v| f64::from(v)).collect();
-        squares = packed[channels..2 * channels]
-            .iter()
-            .map(|&v| f64::from(v))
-            .collect();
-    }
-    // No example anywhere: nothing is normalised, and nothing is divided by zero.
-    let inverse_count = if count > 0.0 { 1.0 / count } else { 0.0 };
-    let mean: Vec<f32> = sums.iter().map(|s| (s * inverse_count) as f32).collect();
-    let variance: Vec<f32> = sums
-        .iter()
-        .zip(&squares)
-        .map(|(s, q)| {
-            let m = s * inverse_count;
-            // E[x²] − E[x]², never below zero (rounding can take it there).
-            (q * inverse_count - m * m).max(0.0) as f32
-        })
-        .collect();
-    let inverse = inverse_deviation(&variance, epsilon);
-    let (a, b) = affine_part.coefficients(&mean, &inverse);
+    let (moments, inverse_count) = batch_moments(x, channels, replicas)?;
+    let inverse = inverse_deviation(&moments.variance, epsilon);
+    let (a, b) = affine_part.coefficients(&moments.mean, &inverse);
     let y = affine(x.host(), &a, &b, None);
-    let saved = Saved {
-        x: x.clone(),
-        mean: mean.clone(),
-        inverse,
-        a,
-        has_gamma: affine_part.gamma.is_some(),
-        has_beta: affine_part.beta.is_some(),
-    };
+    let saved = Saved::new(x, affine_part, moments.mean.clone(), inverse);
     let replicas = replicas.cloned();
     let shape = x.shape().to_vec();
     let output = Tensor::from_op(y, shape.clone(), &affine_part.inputs(x), move |dy, _| {
-        saved.gradients(dy, |saved, sum_dy, sum_dy_xhat| {
+        let sums = gradient_sums(dy.host(), saved.x.host(), &saved.mean, &saved.inverse);
+        saved.gradients(sums, |saved, sum_dy, sum_dy_xhat| {
             if !saved.x.requires_grad() {
                 return Ok(None);
             }
-            let mut global: Vec<f32> = sum_dy
-                .iter()
-                .chain(sum_dy_xhat)
-                .map(|&v| v as f32)
-                .collect();
-            if let Some(replicas) = &replicas {
-                replicas
-                    .all_reduce_sum(&mut global)
-                    .map_err(|why| TensorError::Collective { op: OP, why })?;
-            }
-            let (global_dy, global_dy_xhat) = global.split_at(channels);
-            // dx = a·(dy − Σdy/N − x̂·Σ(dy·x̂)/N), as a·dy + k1 + x·k2 per channel.
-            let mut k1 = Vec::with_capacity(channels);
-            let mut k2 = Vec::with_capacity(channels);
-            for c in 0..channels {
-                let a = f64::from(saved.a[c]);
-                let s = f64::from(saved.inverse[c]);
-                let m = f64::from(saved.mean[c]);
-                let mean_dy = f64::from(global_dy[c]) * inverse_count;
-                let mean_dy_xhat = f64::from(global_dy_xhat[c]) * inverse_count;
-                k1.push((a * (s * m * mean_dy_xhat - mean_dy)) as f32);
-                k2.push((-a * s * mean_dy_xhat) as f32);
-            }
+            let (k1, k2) = saved.input_coefficients(
+                (sum_dy, sum_dy_xhat),
+                replicas.as_ref(),
+                inverse_count,
+            )?;
             let dx = affine(dy.host(), &saved.a, &k1, Some((saved.x.host(), &k2)));
             Ok(Some(Tensor::raw(dx, shape.clone())))
         })
     });
-    Ok((output, Moments { mean, variance }))
+    Ok((output, moments))
+}
+
+/// [`batch_norm`] followed by a relu (when `relu`) and max pooling `pool` over NHWC `x`: what
+/// `BatchNormalization → Activation("relu") → MaxPooling2D` computes, with the same values and
+/// gradients bit for bit. Where the pooling windows do not overlap (stride equal to the
+/// window, `valid` padding) it runs as one pass that never stores the full-size normalised
+/// activation or its gradient; otherwise it is the three operations one after the other.
+///
+/// # Errors
+///
+/// As [`batch_norm`], and as [`super::max_pool2d`] for the pooling of its output.
+pub fn batch_norm_max_pool(
+    x: &Tensor,
+    affine_part: Affine<'_>,
+    epsilon: f32,
+    replicas: Option<&Arc<dyn AllReduceSum>>,
+    relu: bool,
+    pool: MaxPool,
+) -> Result<(Tensor, Moments), TensorError> {
+    let channels = channels_of(x)?;
+    affine_part.check(channels)?;
+    let g = geometry(
+        "max_pool2d",
+        x.shape(),
+        pool.size,
+        pool.stride,
+        pool.padding,
+    )?;
+    let fused = pool.stride == pool.size
+        && pool.padding == Padding::Valid
+        && (1..usize::from(NO_POSITION)).contains(&(pool.size.0 * pool.size.1));
+    if !fused {
+        let (y, moments) = batch_norm(x, affine_part, epsilon, replicas)?;
+        let pooled = max_pool2d(&y, pool.size, pool.stride, pool.padding)?;
+        let pooled = if relu { super::relu(&pooled)? } else { pooled };
+        return Ok((pooled, moments));
+    }
+    let (moments, inverse_count) = batch_moments(x, channels, replicas)?;
+    let inverse = inverse_deviation(&moments.variance, epsilon);
+    let (a, b) = affine_part.coefficients(&moments.mean, &inverse);
+    let (pooled, argmax) = batch_norm_pool::forward(x.host(), (&a, &b), relu, &g);
+    let saved = Saved::new(x, affine_part, moments.mean.clone(), inverse);
+    let replicas = replicas.cloned();
+    let shape = x.shape().to_vec();
+    let pooled_shape = vec![g.batch, g.out_h, g.out_w, g.channels];
+    let output = Tensor::from_op(pooled, pooled_shape, &affine_part.inputs(x), move |d, y| {
+        let grad = PooledGrad {
+            values: d.host(),
+            relu_output: relu.then(|| y.host()),
+            argmax: &argmax,
+        };
+        let statistics = (&saved.mean[..], &saved.inverse[..]);
+        let sums = batch_norm_pool::gradient_sums(grad, saved.x.host(), statistics, &g);
+        saved.gradients(sums, |saved, sum_dy, sum_dy_xhat| {
+            if !saved.x.requires_grad() {
+                return Ok(None);
+            }
+            let (k1, k2) = saved.input_coefficients(
+                (sum_dy, sum_dy_xhat),
+                replicas.as_ref(),
+                inverse_count,
+            )?;
+            let dx =
+                batch_norm_pool::input_gradient(grad, saved.x.host(), &saved.a, (&k1, &k2), &g);
+            Ok(Some(Tensor::raw(dx, shape.clone())))
+        })
+    });
+    Ok((output, moments))
 }
 
 /// An inference pass of batch normalization over the last axis of `x`, with given statistics
@@ -266,21 +370,15 @@ pub fn batch_norm_inference(
     let inverse = inverse_deviation(&variance.to_vec()?, epsilon);
     let (a, b) = affine_part.coefficients(&mean, &inverse);
     let y = affine(x.host(), &a, &b, None);
-    let saved = Saved {
-        x: x.clone(),
-        mean,
-        inverse,
-        a,
-        has_gamma: affine_part.gamma.is_some(),
-        has_beta: affine_part.beta.is_some(),
-    };
+    let saved = Saved::new(x, affine_part, mean, inverse);
     let shape = x.shape().to_vec();
     Ok(Tensor::from_op(
         y,
         shape.clone(),
         &affine_part.inputs(x),
         move |dy, _| {
-            saved.gradients(dy, |saved, _, _| {
+            let sums = gradient_sums(dy.host(), saved.x.host(), &saved.mean, &saved.inverse);
+            saved.gradients(sums, |saved, _, _| {
                 if !saved.x.requires_grad() {
                     return Ok(None);
                 }

@@ -22,7 +22,7 @@ mod reshape;
 pub use activation::{abs, clip, exp, log, relu, sigmoid, softmax};
 pub use all_reduce::{AllReduceSum, all_reduce_sum};
 pub use arith::{add, bias_add, div, mul, scale, sub};
-pub use batch_norm::{Affine, Moments, batch_norm, batch_norm_inference};
+pub use batch_norm::{Affine, Moments, batch_norm, batch_norm_inference, batch_norm_max_pool};
 pub use concat::concat;
 pub use conv::{Padding, avg_pool2d, conv2d, max_pool2d};
 pub use dropout::dropout;
