@@ -5,12 +5,12 @@
 //! reading, so two ranks sending to each other never block each other.
 
 mod link;
+mod rendezvous;
 mod shared_ring;
 mod stream;
 
 use std::fmt;
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::num::NonZeroUsize;
 use std::os::fd::AsFd;
 use std::thread;
@@ -21,14 +21,13 @@ use lockstep_cluster::{Address, Host};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use self::link::{Arrived, Link, MAX_PAYLOAD, Placing, Progress};
+use self::rendezvous::{Hello, accept_lower, dial};
 pub use self::stream::SameHost;
-use self::stream::{Listeners, Stream, connect_unix};
+use self::stream::{Listeners, Stream};
 use super::{Arrival, Completion, Flow, Transport};
 use crate::error::CollectiveError;
 use crate::header::{HEADER_LEN, Header, Message};
 
-const HELLO_MAGIC: u32 = 0x4C53_4848; // "LSHH"
-const HELLO_LEN: usize = 4 + 8 + 4 + 4 + 4;
 /// How long a wait checks its connections in a loop before sleeping in `poll`: a wake-up from
 /// `poll` costs tens of microseconds on a VM, a round trip on loopback less, and a 1 MiB pack
 /// through a shared-memory ring a few hundred (2 ranks, 16–256 MiB: 2.2–2.8 GB/s busbw with
@@ -225,7 +224,7 @@ impl TcpTransport {
                     (peer, handle)
                 })
                 .collect();
-            let accepted = accept_lower(&listeners, &mut streams, me, addresses, options, deadline);
+            let accepted = accept_lower(&listeners, me, addresses, options, deadline);
             let dialled: Vec<(usize, Result<Stream, CollectiveError>)> = dials
                 .into_iter()
                 .map(|(peer, handle)| {
@@ -237,7 +236,15 @@ impl TcpTransport {
                 .collect();
             (accepted, dialled)
         });
-        let mut failures: Vec<String> = accepted.err().into_iter().map(|e| e.to_string()).collect();
+        let mut failures = Vec::new();
+        match accepted {
+            Ok(lower) => {
+                for (peer, stream) in lower.into_iter().enumerate() {
+                    streams[peer] = stream;
+                }
+            }
+            Err(e) => failures.push(e.to_string()),
+        }
         for (peer, stream) in dialled {
             match stream {
                 Ok(stream) => streams[peer] = Some(stream),
@@ -322,134 +329,6 @@ impl TcpTransport {
     }
 }
 
-/// Accepts every lower rank of the group on `listeners` into `streams`, refusing (and
-/// logging) connections from outside the group, until the deadline.
-fn accept_lower(
-    listeners: &Listeners,
-    streams: &mut [Option<Stream>],
-    me: Hello,
-    addresses: &[String],
-    options: &TcpOptions,
-    deadline: Instant,
-) -> Result<(), CollectiveError> {
-    let (rank, world) = (me.rank, me.world);
-    // The last connection refused for another identity: the likeliest reason a missing
-    // rank never arrives is that its cluster spec differs from this one's.
-    let mut refused: Option<String> = None;
-    loop {
-        let missing: Vec<usize> = (0..rank).filter(|&p| streams[p].is_none()).collect();
-        if missing.is_empty() {
-            break;
-        }
-        if Instant::now() >= deadline {
-            let refused = refused.as_ref().map_or_else(String::new, |r| {
-                format!("; refused {r}, whose cluster spec differs from this task's")
-            });
-            return Err(setup(format!(
-                "rank(s) {missing:?} did not connect within {:?}{refused}",
-                options.rendezvous_timeout
-            )));
-        }
-        match listeners.accept() {
-            Ok(Some((mut stream, from))) => {
-                stream.set_nonblocking(false).map_err(setup)?;
-                stream
-                    .set_read_timeout(Some(Duration::from_secs(5)))
-                    .map_err(setup)?;
-                match Hello::read(&mut stream) {
-                    Ok(theirs)
-                        if theirs.cluster == options.cluster
-                            && theirs.world == world
-                            && theirs.rank < rank
-                            && streams[theirs.rank].is_none() =>
-                    {
-                        // A peer on this host that reached the TCP port first (a
-                        // launcher's socket accepts before this rank offers its Unix
-                        // socket) is sent round to the Unix socket.
-                        let redirect = matches!(stream, Stream::Tcp(_))
-                            && listeners.unix.is_some()
-                            && theirs.flags & Hello::SAME_HOST != 0;
-                        let ring = matches!(stream, Stream::Unix(_))
-                            && options.same_host == SameHost::SharedMemory
-                            && theirs.flags & Hello::SHARED_RING != 0;
-                        let flags = if redirect {
-                            Hello::USE_UNIX
-                        } else if ring {
-                            Hello::SHARED_RING
-                        } else {
-                            0
-                        };
-                        stream
-                            .write_all(&Hello { flags, ..me }.encode())
-                            .map_err(setup)?;
-                        if redirect {
-                            continue;
-                        }
-                        match upgrade(stream, ring, shared_ring::accept) {
-                            Ok(stream) => streams[theirs.rank] = Some(stream),
-                            Err(e) => {
-                                // The dialler retries, as after any failed attempt.
-                                tracing::warn!(%from, peer = theirs.rank, %e, "the shared-ring handshake failed");
-                            }
-                        }
-                    }
-                    Ok(theirs) => {
-                        tracing::warn!(%from, cluster = format_args!("{:x}", theirs.cluster), peer = theirs.rank, peer_world = theirs.world, "refused a connection from outside this group");
-                        // Answering tells the dialler why it is refused.
-                        let _ = stream.write_all(&me.encode());
-                        refused = Some(format!(
-                            "a connection from {from} as rank {} of {} (cluster {:x}, this group's {:x})",
-                            theirs.rank, theirs.world, theirs.cluster, options.cluster
-                        ));
-                    }
-                    Err(e) => {
-                        tracing::warn!(%from, %e, "refused a connection that did not say hello");
-                    }
-                }
-            }
-            Ok(None) => thread::sleep(Duration::from_millis(5)),
-            Err(e) => return Err(setup(format!("accepting on {}: {e}", addresses[rank]))),
-        }
-    }
-    Ok(())
-}
-
-/// Turns a Unix socket whose hellos agreed on a ring (`ring`) into a ring, through one side's
-/// half of the handshake; the socket stays plain when that side or the other cannot map one.
-fn upgrade(
-    stream: Stream,
-    ring: bool,
-    handshake: fn(
-        std::os::unix::net::UnixStream,
-    )
-        -> io::Result<Result<shared_ring::SharedRing, std::os::unix::net::UnixStream>>,
-) -> io::Result<Stream> {
-    match stream {
-        Stream::Unix(socket) if ring => Ok(match handshake(socket)? {
-            Ok(ring) => Stream::Shared(ring),
-            Err(socket) => Stream::Unix(socket),
-        }),
-        other => Ok(other),
-    }
-}
-
-/// Connects to the first of the addresses `address` resolves to that accepts: a name such
-/// as `localhost` may resolve to `::1` before `127.0.0.1`, and a peer listening on all IPv4
-/// interfaces accepts only the second.
-fn connect_any(address: &str, deadline: Instant) -> io::Result<TcpStream> {
-    let mut last = io::Error::new(io::ErrorKind::NotFound, "the name resolves to no address");
-    for target in address.to_socket_addrs()? {
-        let wait = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        match TcpStream::connect_timeout(&target, wait) {
-            Ok(stream) => return Ok(stream),
-            Err(e) => last = e,
-        }
-    }
-    Err(last)
-}
-
 /// Whether two addresses name the same host, by the rule of
 /// `lockstep_cluster::Cluster::group_tasks_on_this_host`: hosts compare as parsed (`[::1]` and
 /// `[0::1]` are one host, names ignore case), but `localhost` and `127.0.0.1` are two.
@@ -468,141 +347,6 @@ fn oversubscribed(addresses: &[String], rank: usize) -> bool {
         .filter(|a| same_host(a, &addresses[rank]))
         .count();
     colocated > thread::available_parallelism().map_or(1, NonZeroUsize::get)
-}
-
-/// What one side of a connection says first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Hello {
-    cluster: u64,
-    rank: usize,
-    world: usize,
-    /// [`Hello::SAME_HOST`], [`Hello::USE_UNIX`], [`Hello::SHARED_RING`].
-    flags: u32,
-}
-
-impl Hello {
-    /// From a dialer: it is on the acceptor's host and would take its Unix socket.
-    const SAME_HOST: u32 = 1;
-    /// From an acceptor: come back over my Unix socket (this TCP connection is dropped).
-    const USE_UNIX: u32 = 2;
-    /// From a dialler over a Unix socket: it would pass a shared-memory ring next; from the
-    /// acceptor: it takes one. Both must say so before the dialler sends it.
-    const SHARED_RING: u32 = 4;
-
-    fn encode(self) -> [u8; HELLO_LEN] {
-        let mut out = [0_u8; HELLO_LEN];
-        out[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-        out[4..12].copy_from_slice(&self.cluster.to_le_bytes());
-        out[12..16].copy_from_slice(&(self.rank as u32).to_le_bytes());
-        out[16..20].copy_from_slice(&(self.world as u32).to_le_bytes());
-        out[20..24].copy_from_slice(&self.flags.to_le_bytes());
-        out
-    }
-
-    fn read(stream: &mut impl Read) -> io::Result<Self> {
-        let mut raw = [0_u8; HELLO_LEN];
-        stream.read_exact(&mut raw)?;
-        let word = |at: usize| u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
-        if word(0) != HELLO_MAGIC {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "not a Lockstep collective peer",
-            ));
-        }
-        let mut cluster = [0_u8; 8];
-        cluster.copy_from_slice(&raw[4..12]);
-        Ok(Self {
-            cluster: u64::from_le_bytes(cluster),
-            rank: word(12) as usize,
-            world: word(16) as usize,
-            flags: word(20),
-        })
-    }
-
-    /// The same group and world, ignoring flags.
-    fn matches(self, other: Self) -> bool {
-        (self.cluster, self.rank, self.world) == (other.cluster, other.rank, other.world)
-    }
-}
-
-/// Dials `address` until it answers with the expected hello, or the deadline passes. A peer
-/// on this host (`same_host`) is tried over its Unix socket first; one reached over TCP that
-/// offers a Unix socket sends this rank round to it, unless that socket cannot be reached
-/// from here (another network namespace), in which case TCP it is.
-fn dial(
-    address: &str,
-    peer: usize,
-    me: Hello,
-    same_host: bool,
-    ring: bool,
-    deadline: Instant,
-) -> Result<Stream, CollectiveError> {
-    let expected = Hello { rank: peer, ..me };
-    let mut unix_reachable = same_host;
-    let mut redirected = false;
-    let mut backoff = Duration::from_millis(10);
-    loop {
-        let mut attempt = || -> io::Result<Option<Stream>> {
-            let unix = if unix_reachable {
-                connect_unix(address).ok().map(Stream::Unix)
-            } else {
-                None
-            };
-            if unix.is_none() && redirected {
-                // Sent round to a Unix socket this rank cannot see: the peer is in another
-                // network namespace. The next hello says so, and TCP is accepted.
-                unix_reachable = false;
-            }
-            let mut stream = if let Some(stream) = unix {
-                stream
-            } else {
-                Stream::Tcp(connect_any(address, deadline)?)
-            };
-            stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-            let mut flags = if unix_reachable { Hello::SAME_HOST } else { 0 };
-            let unix = matches!(stream, Stream::Unix(_));
-            if ring && unix {
-                flags |= Hello::SHARED_RING;
-            }
-            stream.write_all(&Hello { flags, ..me }.encode())?;
-            let theirs = Hello::read(&mut stream)?;
-            if !theirs.matches(expected) {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!(
-                        "{address} answers as rank {} of {} in cluster {:x}, where this task expects rank {} of {} in cluster {:x}: the two tasks' cluster specs differ",
-                        theirs.rank,
-                        theirs.world,
-                        theirs.cluster,
-                        expected.rank,
-                        expected.world,
-                        expected.cluster
-                    ),
-                ));
-            }
-            if theirs.flags & Hello::USE_UNIX != 0 {
-                // The peer's Unix socket is bound by now: try it at once.
-                redirected = true;
-                return Ok(None);
-            }
-            let agreed = ring && unix && theirs.flags & Hello::SHARED_RING != 0;
-            upgrade(stream, agreed, shared_ring::offer).map(Some)
-        };
-        match attempt() {
-            Ok(Some(stream)) => return Ok(stream),
-            Ok(None) => {}
-            Err(e) if Instant::now() + backoff < deadline => {
-                tracing::debug!(peer, address, %e, "peer not ready; retrying");
-                thread::sleep(backoff);
-                backoff = (backoff * 2).min(Duration::from_millis(500));
-            }
-            Err(e) => {
-                return Err(setup(format!(
-                    "could not reach rank {peer} at {address} before the deadline: {e}"
-                )));
-            }
-        }
-    }
 }
 
 impl TcpTransport {

@@ -1,0 +1,167 @@
+//! The TCP rendezvous against broken and hostile connections: whatever else arrives, the
+//! group's own ranks rendezvous within the deadline and reduce the right values, or a rank
+//! fails naming the cause. Real sockets on 127.0.0.1; every wait is bounded.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test helper that meets an error must fail the test loudly"
+)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{fresh_cluster, listeners};
+use lockstep_collective::{
+    CollectiveError, CommunicationOptions, Communicator, ReduceOp, SameHost, TcpOptions,
+    TcpTransport,
+};
+
+/// The hello rank `rank` of a group of `world` sends, as anyone who knows the (public) cluster
+/// identity can write it.
+fn hello(cluster: u64, rank: u32, world: u32) -> Vec<u8> {
+    let mut h = 0x4C53_4848_u32.to_le_bytes().to_vec();
+    h.extend(cluster.to_le_bytes());
+    h.extend(rank.to_le_bytes());
+    h.extend(world.to_le_bytes());
+    h.extend(0_u32.to_le_bytes());
+    h
+}
+
+fn options(timeout: Duration) -> TcpOptions {
+    TcpOptions {
+        cluster: fresh_cluster(),
+        rendezvous_timeout: timeout,
+        // Over TCP only: the connections under test are TCP ones.
+        same_host: SameHost::Tcp,
+        ..TcpOptions::default()
+    }
+}
+
+/// Starts rank 0 after `delay` and rank 1 at once on `listeners`, and returns each rank's
+/// all-reduce of `[rank + 1, 2·(rank + 1)]` (or its error) and how long the slower took.
+fn reduce_pair(
+    mut listeners: Vec<TcpListener>,
+    addresses: &[String],
+    options: &TcpOptions,
+    delay: Duration,
+) -> (Vec<Result<[f32; 2], CollectiveError>>, Duration) {
+    let started = Instant::now();
+    let handles: Vec<_> = [(0_usize, delay), (1, Duration::ZERO)]
+        .into_iter()
+        .map(|(rank, delay)| {
+            let listener = listeners.remove(0);
+            let (addresses, options) = (addresses.to_vec(), options.clone());
+            thread::spawn(move || {
+                thread::sleep(delay);
+                let transport = TcpTransport::connect_on(listener, rank, &addresses, &options)?;
+                let mut comm = Communicator::new(
+                    transport,
+                    CommunicationOptions {
+                        timeout: Duration::from_secs(5),
+                        ..CommunicationOptions::default()
+                    },
+                );
+                let one = (rank + 1) as f32;
+                let mut data = [one, 2.0 * one];
+                comm.all_reduce(&mut data, ReduceOp::Sum).map(|()| data)
+            })
+        })
+        .collect();
+    let results = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    (results, started.elapsed())
+}
+
+fn assert_reduced(results: &[Result<[f32; 2], CollectiveError>]) {
+    for result in results {
+        assert_eq!(result.as_ref().unwrap(), &[3.0, 6.0]);
+    }
+}
+
+#[test]
+fn a_dialler_that_gave_up_leaves_no_stale_connection_behind() {
+    let (listeners, addresses) = listeners(2);
+    let options = options(Duration::from_secs(10));
+    // Rank 0's hello, left in rank 1's backlog by a connection closed before rank 1 accepts
+    // it: a dialler that gave up. Twice, so that one of them meets rank 1 mid-rendezvous.
+    for _ in 0..2 {
+        let mut stale = TcpStream::connect(&addresses[1]).unwrap();
+        stale.write_all(&hello(options.cluster, 0, 2)).unwrap();
+    }
+    let (results, _) = reduce_pair(listeners, &addresses, &options, Duration::ZERO);
+    assert_reduced(&results);
+}
+
+#[test]
+fn a_silent_impostor_with_the_public_identity_does_not_take_a_rank_place() {
+    let (listeners, addresses) = listeners(2);
+    let options = options(Duration::from_secs(10));
+    // Says rank 0's hello to rank 1 first, then stays connected and silent.
+    let mut impostor = TcpStream::connect(&addresses[1]).unwrap();
+    impostor.write_all(&hello(options.cluster, 0, 2)).unwrap();
+    let (results, _) = reduce_pair(listeners, &addresses, &options, Duration::from_millis(200));
+    assert_reduced(&results);
+    drop(impostor);
+}
+
+#[test]
+fn a_hello_fed_a_byte_at_a_time_does_not_hold_up_the_rendezvous() {
+    let (listeners, addresses) = listeners(2);
+    let options = options(Duration::from_secs(6));
+    let hello = hello(options.cluster, 0, 2);
+    let target = addresses[1].clone();
+    // One byte every 300 ms: the whole hello would take 7 s, past the rendezvous deadline.
+    let drip = thread::spawn(move || {
+        let mut stream = TcpStream::connect(&target).unwrap();
+        for byte in hello {
+            if stream.write_all(&[byte]).is_err() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(300));
+        }
+    });
+    let (results, took) = reduce_pair(listeners, &addresses, &options, Duration::from_millis(200));
+    assert_reduced(&results);
+    assert!(
+        took < Duration::from_secs(5),
+        "the rendezvous took {took:?}"
+    );
+    drip.join().unwrap();
+}
+
+#[test]
+fn a_refusal_is_not_taken_for_acceptance() {
+    let (mut listeners, addresses) = listeners(2);
+    let options = options(Duration::from_secs(3));
+    let (a1, o1, l1) = (addresses.clone(), options.clone(), listeners.remove(1));
+    let rank1 = thread::spawn(move || TcpTransport::connect_on(l1, 1, &a1, &o1));
+    // An impostor that knows the protocol completes the handshake as rank 0 first: without a
+    // shared secret nothing tells it apart, but the real rank 0, refused, must say so.
+    let mut impostor = loop {
+        if let Ok(stream) = TcpStream::connect(&addresses[1]) {
+            break stream;
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    impostor
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    impostor.write_all(&hello(options.cluster, 0, 2)).unwrap();
+    let mut reply = [0_u8; 24];
+    impostor.read_exact(&mut reply).unwrap();
+    impostor.write_all(b"LSHC").unwrap();
+    let mut verdict = [0_u8; 4];
+    impostor.read_exact(&mut verdict).unwrap();
+    assert_eq!(&verdict, b"LSHA");
+    let started = Instant::now();
+    let err = TcpTransport::connect_on(listeners.remove(0), 0, &addresses, &options)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("refused"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(rank1.join().unwrap());
+    drop(impostor);
+}
