@@ -1,7 +1,8 @@
 //! `cargo xtask`: the project's automation, written in Rust so it needs nothing but cargo.
 //!
 //! - `cargo xtask run-cluster`: build an example and start it as a local cluster on
-//!   127.0.0.1, one process per task, each with its own `TF_CONFIG`.
+//!   127.0.0.1, one process per task, each with its own `TF_CONFIG` and the job's fresh
+//!   cluster secret.
 //! - `cargo xtask bench allreduce`: all-reduce bandwidth and latency between real processes
 //!   (the `allreduce_bench` example on clusters of 2 and 4 workers).
 //! - `cargo xtask gpu-check`: build the GPU tests and the GPU benchmark, in release, into a
@@ -11,7 +12,8 @@
 //!
 //! Dependencies: `clap` for the command line, `ctrlc` to turn Ctrl-C and SIGTERM into an
 //! orderly shutdown, `nix` to signal whole process groups, `serde_json` to read cargo's
-//! build messages, `lockstep-cluster` to write each task's `TF_CONFIG`, `serde-saphyr` to write the
+//! build messages, `lockstep-cluster` to write each task's `TF_CONFIG`, `lockstep-collective` for
+//! a fresh cluster secret per local job, `serde-saphyr` to write the
 //! Kubernetes manifests as YAML, `shlex` to quote arguments in the sbatch script.
 
 mod bench;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 
 use lockstep_cluster::{TaskId, TfConfig};
+use lockstep_collective::{ClusterSecret, SECRET_FILE_VARIABLE, SECRET_VARIABLE};
 use lockstep_train::{KILL_AT_STEP, KILL_IN_SAVE};
 
 use crate::build_example::build_example;
@@ -129,7 +130,7 @@ fn task_commands(
     executable: &std::path::Path,
     planned: &[(TaskId, TfConfig)],
     args: &RunClusterArgs,
-    first: bool,
+    (first, secret): (bool, Option<&str>),
 ) -> Vec<(TaskId, Command)> {
     planned
         .iter()
@@ -140,6 +141,9 @@ fn task_commands(
                 .env("TF_CONFIG", config.to_json())
                 .env_remove(KILL_AT_STEP)
                 .env_remove(KILL_IN_SAVE);
+            if let Some(secret) = secret {
+                command.env(SECRET_VARIABLE, secret);
+            }
             if let Some(kill) = args.kill.iter().find(|k| k.task == *task).filter(|_| first) {
                 let var = if kill.in_save {
                     KILL_IN_SAVE
@@ -151,6 +155,21 @@ fn task_commands(
             (task.clone(), command)
         })
         .collect()
+}
+
+/// The cluster secret this job's tasks are given: a fresh one per job (kept across its
+/// restarts), unless this process's environment gives one already (`LOCKSTEP_CLUSTER_SECRET`
+/// or `LOCKSTEP_CLUSTER_SECRET_FILE`), which the tasks then inherit.
+fn job_secret() -> anyhow::Result<Option<String>> {
+    let given = [SECRET_VARIABLE, SECRET_FILE_VARIABLE]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()));
+    if given {
+        return Ok(None);
+    }
+    Ok(Some(
+        ClusterSecret::generate_hex().context("making the job's cluster secret")?,
+    ))
 }
 
 /// Builds the example, starts the cluster and waits for it.
@@ -174,6 +193,7 @@ pub(crate) fn run(args: &RunClusterArgs) -> anyhow::Result<()> {
     }
     let executable = build_example(&args.example, &args.profile)?;
 
+    let secret = job_secret()?;
     let interrupted = interrupted_flag()?;
     let count = planned.len();
     let deadline = args
@@ -187,7 +207,12 @@ pub(crate) fn run(args: &RunClusterArgs) -> anyhow::Result<()> {
             None => TaskListeners::rebind(&ports)
                 .context("binding the cluster's ports again to restart it")?,
         };
-        let mut commands = task_commands(&executable, &planned, args, restarts == 0);
+        let mut commands = task_commands(
+            &executable,
+            &planned,
+            args,
+            (restarts == 0, secret.as_deref()),
+        );
         listeners.hand_over(commands.iter_mut().map(|(_, command)| command))?;
         tracing::info!(example = %args.example, tasks = count, restarts, "starting local cluster");
         let supervisor = Supervisor::start(commands, Duration::from_secs(args.grace_secs))?;

@@ -7,6 +7,7 @@ use crate::element::{Element, ReduceOp};
 use crate::error::CollectiveError;
 use crate::flight::{FlightRecord, FlightRecorder};
 use crate::header::{DType, Header, Kind, Op};
+use crate::secret::{ClusterSecret, SECRET_FILE_VARIABLE, SECRET_VARIABLE};
 use crate::session::Session;
 use crate::transport::{ClusterTransport, TcpOptions, Transport, inherited};
 use lockstep_cluster::Cluster;
@@ -268,8 +269,21 @@ impl<T: ClusterTransport> Communicator<T> {
             .into_iter()
             .map(str::to_owned)
             .collect();
+        let secret = match &transport.secret {
+            Some(secret) => Some(secret.clone()),
+            None => ClusterSecret::from_env()?,
+        };
+        if secret.is_none()
+            && addresses.len() > 1
+            && !transport.bind.is_some_and(|ip| ip.is_loopback())
+        {
+            tracing::warn!(
+                "this task listens on every interface and its cluster has no secret: anyone who can reach its port can take a rank's place. Give every task the same {SECRET_VARIABLE} (16 bytes or more), or {SECRET_FILE_VARIABLE} naming a file only its owner can read"
+            );
+        }
         let tcp = TcpOptions {
             cluster: cluster_identity(&addresses),
+            secret,
             ..transport.clone()
         };
         let transport = if addresses.is_empty() {

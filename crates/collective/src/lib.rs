@@ -40,7 +40,9 @@
 //! same-host socket is; `rustix` for the shared-memory rings
 //! between processes on one host (`memfd_create` with seals, `mmap`, and passing the file over
 //! a Unix socket with `SCM_RIGHTS`, which `rustix` receives as an owned descriptor without
-//! `unsafe`); `lockstep-cluster` for ranks and addresses;
+//! `unsafe`); `lockstep-cluster` for ranks and addresses; the `RustCrypto` crates `hmac` and `sha2` for
+//! the proofs of the cluster secret each connection's handshake exchanges ([`ClusterSecret`]),
+//! and `getrandom` for their nonces (the operating system's generator);
 //! `thiserror` and `tracing`.
 
 mod algorithm;
@@ -50,6 +52,7 @@ mod error;
 mod flight;
 mod header;
 mod hierarchical;
+mod secret;
 mod session;
 mod transport;
 
@@ -61,6 +64,7 @@ pub use flight::{FLIGHT_RECORDS, FlightRecord};
 pub use half::bf16;
 pub use header::{DType, HEADER_LEN, Header, HeaderError, Kind, Message, Op};
 pub use hierarchical::HierarchicalCommunicator;
+pub use secret::{ClusterSecret, MIN_SECRET_LEN, SECRET_FILE_VARIABLE, SECRET_VARIABLE};
 pub use transport::{
     Arrival, ClusterTransport, Completion, Flow, GrpcTransport, LocalTransport, SameHost,
     SharedMemoryTransport, TcpOptions, TcpSettings, TcpTransport, Transport,

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::{fresh_cluster, listeners};
 use lockstep_collective::{
-    CollectiveError, CommunicationOptions, Communicator, ReduceOp, SameHost, TcpOptions,
-    TcpTransport,
+    ClusterSecret, CollectiveError, CommunicationOptions, Communicator, ReduceOp, SameHost,
+    TcpOptions, TcpTransport,
 };
 
 /// The hello rank `rank` of a group of `world` sends, as anyone who knows the (public) cluster
@@ -29,6 +29,22 @@ fn hello(cluster: u64, rank: u32, world: u32) -> Vec<u8> {
     h.extend(world.to_le_bytes());
     h.extend(0_u32.to_le_bytes());
     h
+}
+
+/// Rank 0's proof to rank 1 of a group of 2 with no secret (the key empty), as the handshake
+/// computes it: whoever knows the protocol can, which is why a cluster wants a secret.
+fn proof_without_secret(cluster: u64, dialler_nonce: &[u8], acceptor_nonce: &[u8]) -> Vec<u8> {
+    use hmac::{Hmac, KeyInit, Mac};
+    let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(&[]).unwrap();
+    mac.update(b"lockstep dialler");
+    mac.update(&1_u32.to_le_bytes());
+    mac.update(&cluster.to_le_bytes());
+    mac.update(&2_u64.to_le_bytes());
+    mac.update(&0_u64.to_le_bytes());
+    mac.update(&1_u64.to_le_bytes());
+    mac.update(dialler_nonce);
+    mac.update(acceptor_nonce);
+    mac.finalize().into_bytes().to_vec()
 }
 
 fn options(timeout: Duration) -> TcpOptions {
@@ -150,9 +166,14 @@ fn a_refusal_is_not_taken_for_acceptance() {
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
     impostor.write_all(&hello(options.cluster, 0, 2)).unwrap();
-    let mut reply = [0_u8; 24];
+    impostor.write_all(&[7; 32]).unwrap(); // its nonce
+    // Rank 1's hello, nonce and proof of the (empty) secret.
+    let mut reply = [0_u8; 24 + 32 + 32];
     impostor.read_exact(&mut reply).unwrap();
+    // Without a secret the key is empty: anyone can prove that.
+    let proof = proof_without_secret(options.cluster, &[7; 32], &reply[24..56]);
     impostor.write_all(b"LSHC").unwrap();
+    impostor.write_all(&proof).unwrap();
     let mut verdict = [0_u8; 4];
     impostor.read_exact(&mut verdict).unwrap();
     assert_eq!(&verdict, b"LSHA");
@@ -164,4 +185,79 @@ fn a_refusal_is_not_taken_for_acceptance() {
     assert!(started.elapsed() < Duration::from_secs(5));
     drop(rank1.join().unwrap());
     drop(impostor);
+}
+
+fn secret(text: &str) -> ClusterSecret {
+    ClusterSecret::new(text.as_bytes()).unwrap()
+}
+
+#[test]
+fn a_process_without_the_secret_takes_no_place_and_the_group_forms() {
+    let (listeners, addresses) = listeners(2);
+    let options = TcpOptions {
+        secret: Some(secret("the secret of this cluster")),
+        ..options(Duration::from_secs(10))
+    };
+    // Two impostors dial rank 1 as rank 0 with the public identity first: one with another
+    // secret, one with none. Each fails, saying why; neither takes the place.
+    let impostors: Vec<_> = [Some(secret("another secret entirely")), None]
+        .into_iter()
+        .map(|wrong| {
+            let (addresses, options) = (
+                addresses.clone(),
+                TcpOptions {
+                    secret: wrong,
+                    rendezvous_timeout: Duration::from_secs(2),
+                    ..options.clone()
+                },
+            );
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            thread::spawn(move || TcpTransport::connect_on(listener, 0, &addresses, &options))
+        })
+        .collect();
+    let (results, _) = reduce_pair(listeners, &addresses, &options, Duration::from_millis(300));
+    assert_reduced(&results);
+    for impostor in impostors {
+        let err = impostor.join().unwrap().err().unwrap().to_string();
+        assert!(err.contains("cluster secret"), "{err}");
+    }
+}
+
+#[test]
+fn ranks_given_different_secrets_both_fail_naming_the_secret() {
+    let (mut listeners, addresses) = listeners(2);
+    let base = options(Duration::from_secs(2));
+    let (a0, l0) = (addresses.clone(), listeners.remove(0));
+    let o0 = TcpOptions {
+        secret: Some(secret("the secret of rank zero")),
+        ..base.clone()
+    };
+    let rank0 = thread::spawn(move || TcpTransport::connect_on(l0, 0, &a0, &o0));
+    let o1 = TcpOptions {
+        secret: Some(secret("the secret of rank one!")),
+        ..base
+    };
+    let rank1 = TcpTransport::connect_on(listeners.remove(0), 1, &addresses, &o1);
+    let errors =
+        [rank0.join().unwrap().err().unwrap(), rank1.err().unwrap()].map(|e| e.to_string());
+    assert!(errors[0].contains("cluster secret"), "{}", errors[0]);
+    assert!(
+        errors[1].contains("did not connect") && errors[1].contains("cluster secret"),
+        "{}",
+        errors[1]
+    );
+}
+
+#[test]
+fn ranks_sharing_a_secret_over_every_same_host_path_reduce() {
+    for same_host in [SameHost::Tcp, SameHost::UnixSocket, SameHost::SharedMemory] {
+        let (listeners, addresses) = listeners(2);
+        let options = TcpOptions {
+            secret: Some(secret("the secret of this cluster")),
+            same_host,
+            ..options(Duration::from_secs(10))
+        };
+        let (results, _) = reduce_pair(listeners, &addresses, &options, Duration::ZERO);
+        assert_reduced(&results);
+    }
 }

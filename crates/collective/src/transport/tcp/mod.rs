@@ -27,6 +27,7 @@ use self::stream::{Listeners, Stream};
 use super::{Arrival, Completion, Flow, Transport};
 use crate::error::CollectiveError;
 use crate::header::{HEADER_LEN, Header, Message};
+use crate::secret::ClusterSecret;
 
 /// How long a wait checks its connections in a loop before sleeping in `poll`: a wake-up from
 /// `poll` costs tens of microseconds on a VM, a round trip on loopback less, and a 1 MiB pack
@@ -51,6 +52,11 @@ pub struct TcpOptions {
     /// cluster spec is how *peers* reach this task (on Kubernetes a service name), and need
     /// not name an interface of this machine.
     pub bind: Option<IpAddr>,
+    /// The secret every connection proves it holds, both ways, in its handshake
+    /// ([`crate::ClusterSecret`]); `None` proves nothing, and a peer with a secret refuses a
+    /// peer without one. [`crate::Communicator::from_cluster_with`] takes it from the
+    /// environment when this is `None`.
+    pub secret: Option<ClusterSecret>,
 }
 
 impl Default for TcpOptions {
@@ -60,6 +66,7 @@ impl Default for TcpOptions {
             rendezvous_timeout: Duration::from_mins(1),
             same_host: SameHost::default(),
             bind: None,
+            secret: None,
         }
     }
 }
@@ -71,8 +78,10 @@ impl Default for TcpOptions {
 /// up again on every try, so a DNS record that appears late is found) and accepts every lower one.
 /// Dialling retries with backoff until the rendezvous deadline, so processes may start in any
 /// order. A connection that does not present this group's cluster identity, a valid rank and
-/// the right world size is closed and ignored. The identity is not a secret: whoever can
-/// reach a task's port can present it. A peer whose address names this rank's own host
+/// the right world size, or that does not prove it holds the cluster secret
+/// ([`TcpOptions::secret`]), is closed and ignored. The identity is not a secret: whoever can
+/// reach a task's port can present it; without a secret, whoever can reach a port can take a
+/// rank's place. A peer whose address names this rank's own host
 /// is reached through a shared-memory ring beside a Unix-domain socket, or over the socket
 /// alone, when it offers them ([`SameHost`]), else over TCP.
 pub struct TcpTransport {
@@ -219,8 +228,10 @@ impl TcpTransport {
                     let unix_first =
                         options.same_host != SameHost::Tcp && same_host(address, &addresses[rank]);
                     let ring = options.same_host == SameHost::SharedMemory;
-                    let handle =
-                        scope.spawn(move || dial(address, peer, me, unix_first, ring, deadline));
+                    let secret = options.secret.as_ref();
+                    let handle = scope.spawn(move || {
+                        dial(address, peer, me, (unix_first, ring), secret, deadline)
+                    });
                     (peer, handle)
                 })
                 .collect();

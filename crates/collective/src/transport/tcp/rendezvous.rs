@@ -4,12 +4,16 @@
 //! Each pair has one connection, dialled by the higher rank. Its handshake:
 //!
 //! 1. dialler → acceptor: a [`Hello`] (cluster identity, ranks, world size, what the dialler
-//!    offers: a same-host socket, a shared-memory ring);
+//!    offers: a same-host socket, a shared-memory ring) and a fresh nonce;
 //! 2. acceptor → dialler: its own `Hello`, whose flags accept, refuse ([`Hello::REFUSED`]: another
-//!    cluster, or the rank is connected already) or send the dialler round to the Unix socket;
-//! 3. dialler → acceptor: [`CONFIRM`], which only a dialler still waiting sends;
-//! 4. acceptor → dialler: [`ACCEPTED`] when the rank's place was still free, else [`REFUSED`];
-//!    then the shared-memory ring's own exchange, where both offered one.
+//!    cluster, or the rank is connected already) or send the dialler round to the Unix socket,
+//!    its own fresh nonce, and its proof of the cluster secret over both nonces
+//!    ([`crate::secret`]), which the dialler checks before anything else;
+//! 3. dialler → acceptor: [`CONFIRM`], which only a dialler still waiting sends, and its own
+//!    proof, which the acceptor checks;
+//! 4. acceptor → dialler: [`ACCEPTED`] when the proof holds and the rank's place was still
+//!    free, else [`REFUSED`]; then the shared-memory ring's own exchange, where both offered
+//!    one.
 //!
 //! A rank's place is taken at step 4 and only then, so a connection whose dialler gave up
 //! (its hello still in the acceptor's backlog) or went silent never takes it, and of two
@@ -29,6 +33,10 @@ use super::shared_ring;
 use super::stream::{Listeners, SameHost, Stream, connect_unix};
 use super::{TcpOptions, setup};
 use crate::error::CollectiveError;
+use crate::secret::{Binding, ClusterSecret, NONCE_LEN, PROOF_LEN, Proof, Side, nonce};
+
+/// The handshake's version, bound into every proof.
+const VERSION: u32 = 1;
 
 const HELLO_MAGIC: u32 = 0x4C53_4848; // "LSHH"
 const HELLO_LEN: usize = 4 + 8 + 4 + 4 + 4;
@@ -38,6 +46,9 @@ pub(super) const CONFIRM: [u8; 4] = *b"LSHC";
 pub(super) const ACCEPTED: [u8; 4] = *b"LSHA";
 /// Step 4: another connection took the rank's place first.
 pub(super) const REFUSED: [u8; 4] = *b"LSHR";
+/// Step 3, instead of [`CONFIRM`]: the acceptor's proof did not hold (the two sides' secrets
+/// differ); the dialler closes after it, and the acceptor can say why.
+pub(super) const DENIED: [u8; 4] = *b"LSHD";
 
 /// The longest one connection's handshake may take, from its accept (or dial) to its last
 /// byte: a peer on the other side of the world answers in well under a second.
@@ -174,9 +185,10 @@ fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Admission> {
 }
 
 /// What a handshake thread needs to know of this rank.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Acceptor {
     me: Hello,
+    secret: Option<ClusterSecret>,
     /// Whether this rank offers a Unix socket.
     unix: bool,
     same_host: SameHost,
@@ -201,6 +213,7 @@ pub(super) fn accept_lower(
     }));
     let acceptor = Acceptor {
         me,
+        secret: options.secret.clone(),
         unix: listeners.unix.is_some(),
         same_host: options.same_host,
         deadline,
@@ -214,9 +227,10 @@ pub(super) fn accept_lower(
             if missing.is_empty() || Instant::now() >= deadline {
                 places.closed = true;
                 if !missing.is_empty() {
-                    let refused = places.refused.as_ref().map_or_else(String::new, |r| {
-                        format!("; refused {r}, whose cluster spec differs from this task's")
-                    });
+                    let refused = places
+                        .refused
+                        .as_ref()
+                        .map_or_else(String::new, |r| format!("; refused {r}"));
                     return Err(setup(format!(
                         "rank(s) {missing:?} did not connect within {:?}{refused}",
                         options.rendezvous_timeout
@@ -242,6 +256,7 @@ pub(super) fn accept_lower(
                 places.in_flight += 1;
                 drop(places);
                 let theirs = Arc::clone(&shared);
+                let acceptor = acceptor.clone();
                 let spawned = thread::Builder::new()
                     .name("lockstep-handshake".into())
                     .spawn(move || {
@@ -265,7 +280,7 @@ pub(super) fn accept_lower(
 impl Acceptor {
     /// One accepted connection's handshake, to its end: the rank's place taken, or the
     /// connection refused or failed (logged) and dropped.
-    fn handshake(self, mut stream: Stream, from: &str, shared: &Shared) {
+    fn handshake(&self, mut stream: Stream, from: &str, shared: &Shared) {
         let deadline = self.deadline.min(Instant::now() + HANDSHAKE_TIMEOUT);
         match self.exchange(&mut stream, from, shared, deadline) {
             Ok(Some((peer, ring))) => match upgrade(stream, ring, shared_ring::accept) {
@@ -292,7 +307,7 @@ impl Acceptor {
     /// Steps 1 to 4 of the handshake: `Some((rank, ring))` once the connection holds the
     /// place of `rank` (claimed), `None` when it was refused or sent round to the Unix socket.
     fn exchange(
-        self,
+        &self,
         stream: &mut Stream,
         from: &str,
         shared: &Shared,
@@ -301,16 +316,18 @@ impl Acceptor {
         let me = self.me;
         stream.set_nonblocking(false)?;
         let theirs = Hello::read_by(stream, deadline)?;
+        let mut their_nonce = [0_u8; NONCE_LEN];
+        read_exact_by(stream, &mut their_nonce, deadline)?;
         let ours =
             theirs.cluster == me.cluster && theirs.world == me.world && theirs.rank < me.rank;
         if !ours {
             tracing::warn!(%from, cluster = format_args!("{:x}", theirs.cluster), peer = theirs.rank, peer_world = theirs.world, "refused a connection from outside this group");
             lock(shared).refused = Some(format!(
-                "a connection from {from} as rank {} of {} (cluster {:x}, this group's {:x})",
+                "a connection from {from} as rank {} of {} (cluster {:x}, this group's {:x}), whose cluster spec differs from this task's",
                 theirs.rank, theirs.world, theirs.cluster, me.cluster
             ));
             // Answering tells the dialler who refuses it, and why.
-            let _ = stream.write_all(&refusal(me).encode());
+            let _ = stream.write_all(&unproven(refusal(me)));
             return Ok(None);
         }
         let peer = theirs.rank;
@@ -320,7 +337,7 @@ impl Acceptor {
         };
         if taken {
             tracing::warn!(%from, peer, "refused a connection for a rank that is connected already");
-            let _ = stream.write_all(&refusal(me).encode());
+            let _ = stream.write_all(&unproven(refusal(me)));
             return Ok(None);
         }
         // A peer on this host that reached the TCP port first (a launcher's socket accepts
@@ -337,17 +354,72 @@ impl Acceptor {
         } else {
             0
         };
-        stream.write_all(&Hello { flags, ..me }.encode())?;
+        let binding = Binding {
+            version: VERSION,
+            cluster: me.cluster,
+            world: me.world,
+            dialler: peer,
+            acceptor: me.rank,
+        };
+        let our_nonce = nonce()?;
+        let nonces = (&their_nonce, &our_nonce);
+        let proof = Proof::make(self.secret.as_ref(), Side::Acceptor, binding, nonces);
+        let mut reply = Vec::with_capacity(REPLY_LEN);
+        reply.extend(Hello { flags, ..me }.encode());
+        reply.extend(our_nonce);
+        reply.extend(proof);
+        stream.write_all(&reply)?;
         if redirect {
             return Ok(None);
         }
-        let mut confirm = [0_u8; CONFIRM.len()];
-        read_exact_by(stream, &mut confirm, deadline)?;
-        if confirm != CONFIRM {
+        if !self.confirmed(stream, (from, peer), shared, (binding, nonces), deadline)? {
+            return Ok(None);
+        }
+        Ok(Some((peer, ring)))
+    }
+
+    /// Steps 3 and 4: whether the dialler confirmed with a proof that holds and the place of
+    /// `peer` was still free (it is claimed then); a refusal is answered and logged.
+    fn confirmed(
+        &self,
+        stream: &mut Stream,
+        (from, peer): (&str, usize),
+        shared: &Shared,
+        (binding, nonces): (Binding, (&[u8; NONCE_LEN], &[u8; NONCE_LEN])),
+        deadline: Instant,
+    ) -> io::Result<bool> {
+        let mut confirm = [0_u8; CONFIRM.len() + PROOF_LEN];
+        let mut denied = [0_u8; DENIED.len()];
+        read_exact_by(stream, &mut denied, deadline)?;
+        if denied == DENIED {
+            tracing::warn!(%from, peer, "a connection found this rank's proof of the cluster secret wrong: the two tasks were given different secrets (or one has none)");
+            lock(shared).refused = Some(format!(
+                "a connection from {from} as rank {peer} that holds another cluster secret than this task's"
+            ));
+            return Ok(false);
+        }
+        confirm[..DENIED.len()].copy_from_slice(&denied);
+        read_exact_by(stream, &mut confirm[DENIED.len()..], deadline)?;
+        if confirm[..CONFIRM.len()] != CONFIRM {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "the dialler did not confirm its hello",
             ));
+        }
+        let proven = Proof::check(
+            self.secret.as_ref(),
+            Side::Dialler,
+            binding,
+            nonces,
+            &confirm[CONFIRM.len()..],
+        );
+        if !proven {
+            tracing::warn!(%from, peer, "refused a connection that did not prove it holds the cluster secret (LOCKSTEP_CLUSTER_SECRET)");
+            lock(shared).refused = Some(format!(
+                "a connection from {from} as rank {peer} without this task's cluster secret"
+            ));
+            let _ = stream.write_all(&REFUSED);
+            return Ok(false);
         }
         let claimed = {
             let mut places = lock(shared);
@@ -360,13 +432,13 @@ impl Acceptor {
         if !claimed {
             tracing::warn!(%from, peer, "refused a second connection for a rank, confirmed after the first");
             let _ = stream.write_all(&REFUSED);
-            return Ok(None);
+            return Ok(false);
         }
         if let Err(e) = stream.write_all(&ACCEPTED) {
             lock(shared).places[peer] = Place::Free;
             return Err(e);
         }
-        Ok(Some((peer, ring)))
+        Ok(true)
     }
 }
 
@@ -376,6 +448,16 @@ fn refusal(me: Hello) -> Hello {
         flags: Hello::REFUSED,
         ..me
     }
+}
+
+/// Bytes of the acceptor's reply: its hello, its nonce and its proof.
+const REPLY_LEN: usize = HELLO_LEN + NONCE_LEN + PROOF_LEN;
+
+/// A reply that proves nothing (a refusal needs no proof: the dialler gives up on it).
+fn unproven(hello: Hello) -> Vec<u8> {
+    let mut reply = hello.encode().to_vec();
+    reply.resize(REPLY_LEN, 0);
+    reply
 }
 
 /// Turns a Unix socket whose hellos agreed on a ring (`ring`) into a ring, through one side's
@@ -422,95 +504,204 @@ pub(super) fn dial(
     address: &str,
     peer: usize,
     me: Hello,
-    same_host: bool,
-    ring: bool,
+    (same_host, ring): (bool, bool),
+    secret: Option<&ClusterSecret>,
     deadline: Instant,
 ) -> Result<Stream, CollectiveError> {
-    let expected = Hello { rank: peer, ..me };
-    let mut unix_reachable = same_host;
-    let mut redirected = false;
+    let mut dialler = Dialler {
+        address,
+        peer,
+        me,
+        ring,
+        secret,
+        deadline,
+        unix_reachable: same_host,
+        redirected: false,
+    };
     let mut backoff = Duration::from_millis(10);
+    // The last refusal: once the peer is gone (its rendezvous over), "connection refused"
+    // says less than why it refused this rank.
+    let mut refusal: Option<String> = None;
     loop {
-        let mut attempt = || -> io::Result<Option<Stream>> {
-            let unix = if unix_reachable {
-                connect_unix(address).ok().map(Stream::Unix)
-            } else {
-                None
-            };
-            if unix.is_none() && redirected {
-                // Sent round to a Unix socket this rank cannot see: the peer is in another
-                // network namespace. The next hello says so, and TCP is accepted.
-                unix_reachable = false;
-            }
-            let mut stream = if let Some(stream) = unix {
-                stream
-            } else {
-                Stream::Tcp(connect_any(address, deadline)?)
-            };
-            let by = deadline.min(Instant::now() + HANDSHAKE_TIMEOUT);
-            let mut flags = if unix_reachable { Hello::SAME_HOST } else { 0 };
-            let unix = matches!(stream, Stream::Unix(_));
-            if ring && unix {
-                flags |= Hello::SHARED_RING;
-            }
-            stream.write_all(&Hello { flags, ..me }.encode())?;
-            let theirs = Hello::read_by(&mut stream, by)?;
-            if !theirs.matches(expected) {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!(
-                        "{address} answers as rank {} of {} in cluster {:x}, where this task expects rank {} of {} in cluster {:x}: the two tasks' cluster specs differ",
-                        theirs.rank,
-                        theirs.world,
-                        theirs.cluster,
-                        expected.rank,
-                        expected.world,
-                        expected.cluster
-                    ),
-                ));
-            }
-            if theirs.flags & Hello::REFUSED != 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!(
-                        "rank {peer} refused this rank's connection: another connection holds this rank's place there"
-                    ),
-                ));
-            }
-            if theirs.flags & Hello::USE_UNIX != 0 {
-                // The peer's Unix socket is bound by now: try it at once.
-                redirected = true;
-                return Ok(None);
-            }
-            stream.write_all(&CONFIRM)?;
-            let mut verdict = [0_u8; ACCEPTED.len()];
-            read_exact_by(&mut stream, &mut verdict, by)?;
-            if verdict != ACCEPTED {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!(
-                        "rank {peer} refused this rank's connection: another connection confirmed this rank's place there first"
-                    ),
-                ));
-            }
-            let agreed = ring && unix && theirs.flags & Hello::SHARED_RING != 0;
-            upgrade(stream, agreed, shared_ring::offer).map(Some)
-        };
-        match attempt() {
+        match dialler.attempt() {
             Ok(Some(stream)) => return Ok(stream),
             Ok(None) => {}
             Err(e) if Instant::now() + backoff < deadline => {
                 tracing::debug!(peer, address, %e, "peer not ready; retrying");
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::PermissionDenied | io::ErrorKind::AddrInUse
+                ) {
+                    refusal = Some(e.to_string());
+                }
                 thread::sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_millis(500));
             }
             Err(e) => {
+                let earlier = refusal
+                    .filter(|r| *r != e.to_string())
+                    .map_or_else(String::new, |r| format!(" (before that: {r})"));
                 return Err(setup(format!(
-                    "could not reach rank {peer} at {address} before the deadline: {e}"
+                    "could not reach rank {peer} at {address} before the deadline: {e}{earlier}"
                 )));
             }
         }
     }
+}
+
+/// One rank dialling a higher one, across its attempts.
+struct Dialler<'a> {
+    address: &'a str,
+    peer: usize,
+    me: Hello,
+    ring: bool,
+    secret: Option<&'a ClusterSecret>,
+    deadline: Instant,
+    unix_reachable: bool,
+    redirected: bool,
+}
+
+impl Dialler<'_> {
+    /// One connection's handshake: its stream once accepted, `None` when sent round to the
+    /// Unix socket, an error when refused or failed.
+    fn attempt(&mut self) -> io::Result<Option<Stream>> {
+        let unix = if self.unix_reachable {
+            connect_unix(self.address).ok().map(Stream::Unix)
+        } else {
+            None
+        };
+        if unix.is_none() && self.redirected {
+            // Sent round to a Unix socket this rank cannot see: the peer is in another
+            // network namespace. The next hello says so, and TCP is accepted.
+            self.unix_reachable = false;
+        }
+        let mut stream = if let Some(stream) = unix {
+            stream
+        } else {
+            Stream::Tcp(connect_any(self.address, self.deadline)?)
+        };
+        let by = self.deadline.min(Instant::now() + HANDSHAKE_TIMEOUT);
+        let mut flags = if self.unix_reachable {
+            Hello::SAME_HOST
+        } else {
+            0
+        };
+        let unix = matches!(stream, Stream::Unix(_));
+        if self.ring && unix {
+            flags |= Hello::SHARED_RING;
+        }
+        let our_nonce = nonce()?;
+        let mut hello = Hello { flags, ..self.me }.encode().to_vec();
+        hello.extend(our_nonce);
+        stream.write_all(&hello)?;
+        let mut reply = [0_u8; REPLY_LEN];
+        read_exact_by(&mut stream, &mut reply, by)?;
+        let theirs = self.check_reply(&reply, &our_nonce, &mut stream)?;
+        if theirs.flags & Hello::USE_UNIX != 0 {
+            // The peer's Unix socket is bound by now: try it at once.
+            self.redirected = true;
+            return Ok(None);
+        }
+        let mut confirm = CONFIRM.to_vec();
+        let their_nonce = nonce_of(&reply);
+        let nonces = (&our_nonce, &their_nonce);
+        confirm.extend(Proof::make(
+            self.secret,
+            Side::Dialler,
+            self.binding(),
+            nonces,
+        ));
+        stream.write_all(&confirm)?;
+        let mut verdict = [0_u8; ACCEPTED.len()];
+        read_exact_by(&mut stream, &mut verdict, by)?;
+        if verdict != ACCEPTED {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!(
+                    "rank {} refused this rank's connection: it did not take this rank's proof of the cluster secret (the two tasks were given different secrets), or another connection confirmed this rank's place there first",
+                    self.peer
+                ),
+            ));
+        }
+        let agreed = self.ring && unix && theirs.flags & Hello::SHARED_RING != 0;
+        upgrade(stream, agreed, shared_ring::offer).map(Some)
+    }
+
+    fn binding(&self) -> Binding {
+        Binding {
+            version: VERSION,
+            cluster: self.me.cluster,
+            world: self.me.world,
+            dialler: self.me.rank,
+            acceptor: self.peer,
+        }
+    }
+
+    /// The acceptor's hello from its reply, once it is the expected peer's, not a refusal,
+    /// and its proof of the secret holds (else the acceptor is told, and this is an error).
+    fn check_reply(
+        &self,
+        reply: &[u8; REPLY_LEN],
+        our_nonce: &[u8; NONCE_LEN],
+        stream: &mut Stream,
+    ) -> io::Result<Hello> {
+        let (address, peer) = (self.address, self.peer);
+        let expected = Hello {
+            rank: peer,
+            ..self.me
+        };
+        let mut raw = [0_u8; HELLO_LEN];
+        raw.copy_from_slice(&reply[..HELLO_LEN]);
+        let theirs = Hello::decode(&raw)?;
+        if !theirs.matches(expected) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{address} answers as rank {} of {} in cluster {:x}, where this task expects rank {} of {} in cluster {:x}: the two tasks' cluster specs differ",
+                    theirs.rank,
+                    theirs.world,
+                    theirs.cluster,
+                    expected.rank,
+                    expected.world,
+                    expected.cluster
+                ),
+            ));
+        }
+        if theirs.flags & Hello::REFUSED != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!(
+                    "rank {peer} refused this rank's connection: another connection holds this rank's place there"
+                ),
+            ));
+        }
+        let their_nonce = nonce_of(reply);
+        let proven = Proof::check(
+            self.secret,
+            Side::Acceptor,
+            self.binding(),
+            (our_nonce, &their_nonce),
+            &reply[HELLO_LEN + NONCE_LEN..],
+        );
+        if !proven {
+            // Telling the acceptor lets it name the cause too.
+            let _ = stream.write_all(&DENIED);
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "rank {peer} did not prove it holds this task's cluster secret: the two tasks were given different secrets (or one has none: LOCKSTEP_CLUSTER_SECRET)"
+                ),
+            ));
+        }
+        Ok(theirs)
+    }
+}
+
+/// The acceptor's nonce in its reply.
+fn nonce_of(reply: &[u8; REPLY_LEN]) -> [u8; NONCE_LEN] {
+    let mut nonce = [0_u8; NONCE_LEN];
+    nonce.copy_from_slice(&reply[HELLO_LEN..HELLO_LEN + NONCE_LEN]);
+    nonce
 }
 
 #[cfg(test)]

@@ -1,0 +1,315 @@
+//! The cluster secret: what every connection of a group proves it knows, in both directions,
+//! before it is let in.
+//!
+//! A connection's handshake (the TCP transport's rendezvous, same-host sockets included)
+//! exchanges a fresh random nonce from each side, and each side answers the other's with an
+//! HMAC-SHA-256, keyed by the secret, over both nonces, the cluster identity, both ranks, the
+//! world size and the protocol version ([`Proof`]). A process without the secret cannot take a
+//! rank's place, and a recorded handshake replays to nothing: the other side's nonce is new
+//! each time. Without a secret the key is empty: the same exchange, which proves nothing, and
+//! a task with a secret refuses a peer without one (and the other way round).
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+
+use crate::error::CollectiveError;
+
+/// The variable that holds the secret itself.
+pub const SECRET_VARIABLE: &str = "LOCKSTEP_CLUSTER_SECRET";
+/// The variable that names a file holding the secret (readable by its owner only).
+pub const SECRET_FILE_VARIABLE: &str = "LOCKSTEP_CLUSTER_SECRET_FILE";
+/// Hexadecimal digits, for a generated secret.
+const DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// The shortest secret accepted: 128 bits.
+pub const MIN_SECRET_LEN: usize = 16;
+
+/// A secret that every task of one cluster holds. Its bytes never appear in `Debug` output or
+/// in errors.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterSecret(Arc<[u8]>);
+
+impl fmt::Debug for ClusterSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ClusterSecret(..)")
+    }
+}
+
+fn secret_error(why: impl fmt::Display) -> CollectiveError {
+    CollectiveError::InvalidArgument {
+        op: "cluster secret",
+        why: why.to_string(),
+    }
+}
+
+impl ClusterSecret {
+    /// A secret of these bytes.
+    ///
+    /// # Errors
+    ///
+    /// When it is shorter than [`MIN_SECRET_LEN`] bytes.
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self, CollectiveError> {
+        let bytes = bytes.into();
+        if bytes.len() < MIN_SECRET_LEN {
+            return Err(secret_error(format!(
+                "a cluster secret must be at least {MIN_SECRET_LEN} bytes long, not {}",
+                bytes.len()
+            )));
+        }
+        Ok(Self(bytes.into()))
+    }
+
+    /// A fresh random secret (32 bytes from the operating system's generator), written as 64
+    /// hexadecimal digits: what a launcher hands to each task of a new job.
+    ///
+    /// # Errors
+    ///
+    /// When the operating system's random generator fails.
+    pub fn generate_hex() -> Result<String, CollectiveError> {
+        let mut bytes = [0_u8; 32];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| secret_error(format!("no random bytes for a new secret: {e}")))?;
+        Ok(bytes
+            .iter()
+            .flat_map(|b| [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 15)]])
+            .map(char::from)
+            .collect())
+    }
+
+    /// The secret the environment gives: [`SECRET_VARIABLE`] itself, or the contents of the
+    /// file [`SECRET_FILE_VARIABLE`] names (one trailing newline ignored), or none.
+    ///
+    /// # Errors
+    ///
+    /// Both variables set, a secret that is too short, or a file that cannot be read or that
+    /// others than its owner may read.
+    pub fn from_env() -> Result<Option<Self>, CollectiveError> {
+        let value = std::env::var_os(SECRET_VARIABLE).filter(|v| !v.is_empty());
+        let file = std::env::var_os(SECRET_FILE_VARIABLE).filter(|v| !v.is_empty());
+        match (value, file) {
+            (Some(_), Some(_)) => Err(secret_error(format!(
+                "both {SECRET_VARIABLE} and {SECRET_FILE_VARIABLE} are set: set one"
+            ))),
+            (Some(value), None) => Self::new(value.into_encoded_bytes()).map(Some),
+            (None, Some(path)) => Self::from_file(Path::new(&path)).map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// The secret held in the file at `path` (one trailing newline ignored).
+    ///
+    /// # Errors
+    ///
+    /// A file that cannot be read, that its group or others may read, or whose secret is too
+    /// short.
+    pub fn from_file(path: &Path) -> Result<Self, CollectiveError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let unreadable = |e: std::io::Error| {
+            secret_error(format!("reading the secret file {}: {e}", path.display()))
+        };
+        let metadata = std::fs::metadata(path).map_err(unreadable)?;
+        if metadata.mode() & 0o077 != 0 {
+            return Err(secret_error(format!(
+                "the secret file {} may be read by others than its owner (mode {:o}): chmod 600 it",
+                path.display(),
+                metadata.mode() & 0o777
+            )));
+        }
+        let mut bytes = std::fs::read(path).map_err(unreadable)?;
+        if bytes.last() == Some(&b'\n') {
+            bytes.pop();
+            if bytes.last() == Some(&b'\r') {
+                bytes.pop();
+            }
+        }
+        Self::new(bytes)
+    }
+}
+
+/// Bytes of a handshake nonce.
+pub(crate) const NONCE_LEN: usize = 32;
+/// Bytes of a [`Proof`].
+pub(crate) const PROOF_LEN: usize = 32;
+
+/// A fresh nonce for one handshake.
+pub(crate) fn nonce() -> std::io::Result<[u8; NONCE_LEN]> {
+    let mut nonce = [0_u8; NONCE_LEN];
+    getrandom::fill(&mut nonce).map_err(std::io::Error::other)?;
+    Ok(nonce)
+}
+
+/// Which side of a connection a proof speaks for: each side's proof differs, so one cannot
+/// be reflected back as the other's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Dialler,
+    Acceptor,
+}
+
+/// What one handshake's proofs cover, besides the nonces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Binding {
+    pub(crate) version: u32,
+    pub(crate) cluster: u64,
+    pub(crate) world: usize,
+    pub(crate) dialler: usize,
+    pub(crate) acceptor: usize,
+}
+
+/// The HMAC-SHA-256 one side of a handshake sends: keyed by the secret (empty without one),
+/// over the side, the binding and both nonces (the dialler's first).
+pub(crate) struct Proof;
+
+impl Proof {
+    fn mac(
+        secret: Option<&ClusterSecret>,
+        side: Side,
+        binding: Binding,
+        nonces: (&[u8; NONCE_LEN], &[u8; NONCE_LEN]),
+    ) -> Hmac<Sha256> {
+        let key: &[u8] = secret.map_or(&[], |s| &s.0);
+        // HMAC takes a key of any length.
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key)
+            .unwrap_or_else(|_| unreachable!("HMAC accepts keys of every length"));
+        mac.update(match side {
+            Side::Dialler => b"lockstep dialler",
+            Side::Acceptor => b"lockstep acceptor",
+        });
+        mac.update(&binding.version.to_le_bytes());
+        mac.update(&binding.cluster.to_le_bytes());
+        mac.update(&(binding.world as u64).to_le_bytes());
+        mac.update(&(binding.dialler as u64).to_le_bytes());
+        mac.update(&(binding.acceptor as u64).to_le_bytes());
+        mac.update(nonces.0);
+        mac.update(nonces.1);
+        mac
+    }
+
+    /// `side`'s proof for this handshake.
+    pub(crate) fn make(
+        secret: Option<&ClusterSecret>,
+        side: Side,
+        binding: Binding,
+        nonces: (&[u8; NONCE_LEN], &[u8; NONCE_LEN]),
+    ) -> [u8; PROOF_LEN] {
+        let mut out = [0_u8; PROOF_LEN];
+        out.copy_from_slice(
+            &Self::mac(secret, side, binding, nonces)
+                .finalize()
+                .into_bytes(),
+        );
+        out
+    }
+
+    /// Whether `proof` is `side`'s for this handshake (compared in constant time).
+    pub(crate) fn check(
+        secret: Option<&ClusterSecret>,
+        side: Side,
+        binding: Binding,
+        nonces: (&[u8; NONCE_LEN], &[u8; NONCE_LEN]),
+        proof: &[u8],
+    ) -> bool {
+        Self::mac(secret, side, binding, nonces)
+            .verify_slice(proof)
+            .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BINDING: Binding = Binding {
+        version: 1,
+        cluster: 7,
+        world: 2,
+        dialler: 1,
+        acceptor: 0,
+    };
+
+    #[test]
+    fn a_proof_checks_only_with_the_same_secret_side_binding_and_nonces() {
+        let secret = ClusterSecret::new(*b"0123456789abcdef").unwrap();
+        let other = ClusterSecret::new(*b"0123456789abcdeF").unwrap();
+        let (a, b) = ([1_u8; NONCE_LEN], [2_u8; NONCE_LEN]);
+        let proof = Proof::make(Some(&secret), Side::Dialler, BINDING, (&a, &b));
+        assert!(Proof::check(
+            Some(&secret),
+            Side::Dialler,
+            BINDING,
+            (&a, &b),
+            &proof
+        ));
+        assert!(!Proof::check(
+            Some(&other),
+            Side::Dialler,
+            BINDING,
+            (&a, &b),
+            &proof
+        ));
+        assert!(!Proof::check(
+            None,
+            Side::Dialler,
+            BINDING,
+            (&a, &b),
+            &proof
+        ));
+        assert!(!Proof::check(
+            Some(&secret),
+            Side::Acceptor,
+            BINDING,
+            (&a, &b),
+            &proof
+        ));
+        assert!(!Proof::check(
+            Some(&secret),
+            Side::Dialler,
+            BINDING,
+            (&b, &a),
+            &proof
+        ));
+        let moved = Binding {
+            dialler: 0,
+            acceptor: 1,
+            ..BINDING
+        };
+        assert!(!Proof::check(
+            Some(&secret),
+            Side::Dialler,
+            moved,
+            (&a, &b),
+            &proof
+        ));
+    }
+
+    #[test]
+    fn short_secrets_are_refused_and_debug_output_hides_the_bytes() {
+        assert!(ClusterSecret::new(*b"short").is_err());
+        let secret = ClusterSecret::new(*b"a secret of enough bytes").unwrap();
+        assert_eq!(format!("{secret:?}"), "ClusterSecret(..)");
+        let hex = ClusterSecret::generate_hex().unwrap();
+        assert_eq!(hex.len(), 64);
+        assert_ne!(hex, ClusterSecret::generate_hex().unwrap());
+    }
+
+    #[test]
+    fn a_secret_file_readable_by_others_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        std::fs::write(&path, "0123456789abcdef0123\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = ClusterSecret::from_file(&path).unwrap_err();
+        assert!(err.to_string().contains("chmod 600"), "{err}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let secret = ClusterSecret::from_file(&path).unwrap();
+        assert_eq!(
+            secret,
+            ClusterSecret::new(*b"0123456789abcdef0123").unwrap()
+        );
+    }
+}
