@@ -1,6 +1,8 @@
 //! All-reduce of f32 buffers between ranks on threads of this process: channel messages, shared
-//! memory (in place), and TCP over loopback, for 2 and 4 ranks. Criterion's throughput is the
-//! algorithm bandwidth (buffer bytes / time); bus bandwidth is that × 2(n − 1)/n.
+//! memory (in place), and TCP over loopback (with and without a cluster secret), for 2 and 4
+//! ranks. Criterion's throughput is the algorithm bandwidth (buffer bytes / time); bus
+//! bandwidth is that × 2(n − 1)/n. The `rendezvous` group times forming a TCP group, with
+//! and without a secret (its handshake's proofs).
 //!
 //! `cargo bench -p lockstep-benches --bench allreduce`
 //!
@@ -13,8 +15,8 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use lockstep_collective::{
-    CommunicationOptions, Communicator, Implementation, LocalTransport, ReduceOp, SameHost,
-    SharedMemoryTransport, TcpOptions, TcpTransport, Transport,
+    ClusterSecret, CommunicationOptions, Communicator, Implementation, LocalTransport, ReduceOp,
+    SameHost, SharedMemoryTransport, TcpOptions, TcpTransport, Transport,
 };
 
 /// Builds the transports of a fresh group.
@@ -79,7 +81,12 @@ impl Drop for Group {
     }
 }
 
-fn tcp(n: usize) -> Vec<Box<dyn Transport>> {
+/// A secret for the rows that use one.
+fn secret() -> Option<ClusterSecret> {
+    Some(ClusterSecret::new(*b"a cluster secret for benchmarks").expect("long enough"))
+}
+
+fn tcp(n: usize, secret: Option<ClusterSecret>) -> Vec<Box<dyn Transport>> {
     let listeners: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("port"))
         .collect();
@@ -92,6 +99,7 @@ fn tcp(n: usize) -> Vec<Box<dyn Transport>> {
         rendezvous_timeout: Duration::from_secs(20),
         // Threads of one process over TCP on loopback: what the row measures.
         same_host: SameHost::Tcp,
+        secret,
         ..TcpOptions::default()
     };
     let handles: Vec<_> = listeners
@@ -120,7 +128,7 @@ fn allreduce(c: &mut Criterion) {
         let elements = bytes / 4;
         group.throughput(Throughput::Bytes(bytes as u64));
         for ranks in [2_usize, 4] {
-            let wires: [(&str, MakeGroup); 3] = [
+            let wires: [(&str, MakeGroup); 4] = [
                 (
                     "shared_memory",
                     Box::new(move || {
@@ -139,7 +147,11 @@ fn allreduce(c: &mut Criterion) {
                             .collect()
                     }),
                 ),
-                ("tcp_loopback_ring", Box::new(move || tcp(ranks))),
+                ("tcp_loopback_ring", Box::new(move || tcp(ranks, None))),
+                (
+                    "tcp_loopback_ring_secret",
+                    Box::new(move || tcp(ranks, secret())),
+                ),
             ];
             for (wire, make) in &wires {
                 let g = Group::new(make(), elements, Implementation::Ring);
@@ -153,5 +165,24 @@ fn allreduce(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, allreduce);
+/// Forming a TCP group on loopback, from binding to every rank connected.
+fn rendezvous(c: &mut Criterion) {
+    let mut group = c.benchmark_group("rendezvous");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    for ranks in [2_usize, 4] {
+        group.bench_function(BenchmarkId::new("tcp", format!("{ranks}ranks")), |b| {
+            b.iter(|| tcp(ranks, None));
+        });
+        group.bench_function(
+            BenchmarkId::new("tcp_secret", format!("{ranks}ranks")),
+            |b| b.iter(|| tcp(ranks, secret())),
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, allreduce, rendezvous);
 criterion_main!(benches);

@@ -202,6 +202,11 @@ impl GrpcTransport {
         options: &TcpOptions,
     ) -> Result<Self, CollectiveError> {
         own_address(rank, addresses)?;
+        if options.secret.is_some() {
+            tracing::warn!(
+                "the gRPC transport does not prove the cluster secret: its connections are not authenticated (the TCP transport's are)"
+            );
+        }
         let world = addresses.len();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
