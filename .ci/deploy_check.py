@@ -2,8 +2,8 @@
 controllers' own projects publish, so a misspelt, misplaced or mistyped field fails here and
 not on a cluster:
 
-- Kubernetes' own objects (the volume claim, and every Job and pod template inside the custom
-  resources) with kubernetes-validate's schemas of Kubernetes, strictly: an unknown field is
+- Kubernetes' own objects (the volume claim, the cluster secret, and every Job and pod
+  template inside the custom resources) with kubernetes-validate's schemas of Kubernetes, strictly: an unknown field is
   an error;
 - JobSet, TrainingRuntime and TrainJob with the models of kubeflow-trainer-api (Kubeflow
   Trainer v2's, which include JobSet's);
@@ -102,11 +102,11 @@ def self_test(jobset):
 
 def main(folder):
     checked = 0
-    for file in ["jobset.yaml", "trainjob.yaml", "tfjob.yaml"]:
+    for file in ["jobset.yaml", "trainjob.yaml", "tfjob.yaml", "cluster-secret.yaml"]:
         for doc in yaml.safe_load_all((folder / file).read_text()):
             what = f"{file}: {doc['kind']} {doc['metadata']['name']}"
             kind = doc["kind"]
-            if kind == "PersistentVolumeClaim":
+            if kind in ("PersistentVolumeClaim", "Secret"):
                 validate_core(doc, what)
             elif kind == "JobSet":
                 self_test(doc)
@@ -127,8 +127,10 @@ def main(folder):
                 raise SystemExit(f"{what}: no check for kind {kind}")
             print(f"ok: {what}")
             checked += 1
-    if checked != 7:
-        raise SystemExit(f"expected 7 objects (3 volume claims, JobSet, TrainingRuntime, TrainJob, TFJob), checked {checked}")
+    if checked != 8:
+        raise SystemExit(
+            f"expected 8 objects (3 volume claims, JobSet, TrainingRuntime, TrainJob, TFJob, the cluster secret), checked {checked}"
+        )
 
 
 if __name__ == "__main__":

@@ -82,8 +82,8 @@ impl Drop for Group {
 }
 
 /// A secret for the rows that use one.
-fn secret() -> Option<ClusterSecret> {
-    Some(ClusterSecret::new(*b"a cluster secret for benchmarks").expect("long enough"))
+fn secret() -> ClusterSecret {
+    ClusterSecret::new(*b"a cluster secret for benchmarks").expect("long enough")
 }
 
 fn tcp(n: usize, secret: Option<ClusterSecret>) -> Vec<Box<dyn Transport>> {
@@ -150,7 +150,7 @@ fn allreduce(c: &mut Criterion) {
                 ("tcp_loopback_ring", Box::new(move || tcp(ranks, None))),
                 (
                     "tcp_loopback_ring_secret",
-                    Box::new(move || tcp(ranks, secret())),
+                    Box::new(move || tcp(ranks, Some(secret()))),
                 ),
             ];
             for (wire, make) in &wires {
@@ -178,7 +178,7 @@ fn rendezvous(c: &mut Criterion) {
         });
         group.bench_function(
             BenchmarkId::new("tcp_secret", format!("{ranks}ranks")),
-            |b| b.iter(|| tcp(ranks, secret())),
+            |b| b.iter(|| tcp(ranks, Some(secret()))),
         );
     }
     group.finish();

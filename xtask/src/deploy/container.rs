@@ -22,11 +22,13 @@ pub(super) fn files() -> Vec<Artefact> {
     vec![
         Artefact {
             name: "Containerfile",
+            private: false,
             text: containerfile(),
         },
         Artefact {
             // BuildKit and Podman read `<file>.dockerignore` beside the file given with `-f`.
             name: "Containerfile.dockerignore",
+            private: false,
             text: "/target\n/.git\n".to_owned(),
         },
     ]

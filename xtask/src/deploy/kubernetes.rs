@@ -6,6 +6,7 @@
 //! construction; the tests read them back and check what each controller and the resolver
 //! need.
 
+use anyhow::Context as _;
 use serde_json::{Value, json};
 
 use super::container::{self, BIN_DIR, NONROOT_ID};
@@ -76,6 +77,7 @@ pub(crate) fn files(args: &KubernetesArgs) -> anyhow::Result<Vec<Artefact>> {
     let mut files = vec![
         Artefact {
             name: "jobset.yaml",
+            private: false,
             text: yaml(
                 "A JobSet: the workers as one indexed Job, all recreated when one fails.",
                 &manifests.jobset(),
@@ -83,6 +85,7 @@ pub(crate) fn files(args: &KubernetesArgs) -> anyhow::Result<Vec<Artefact>> {
         },
         Artefact {
             name: "trainjob.yaml",
+            private: false,
             text: yaml(
                 "A Kubeflow Trainer v2 TrainJob and the TrainingRuntime it refers to.",
                 &manifests.trainjob(),
@@ -90,15 +93,30 @@ pub(crate) fn files(args: &KubernetesArgs) -> anyhow::Result<Vec<Artefact>> {
         },
         Artefact {
             name: "tfjob.yaml",
+            private: false,
             text: yaml(
                 "A Kubeflow TFJob (training-operator v1): a chief, workers and an evaluator.",
                 &manifests.tfjob(),
             )?,
         },
     ];
+    files.push(Artefact {
+        name: SECRET_FILE,
+        private: true,
+        text: yaml(
+            "The cluster secret every pod's tasks prove to each other (docs/SECURITY.md): fresh for this deployment; apply it before the job, and keep this file to yourself.",
+            &[manifests.cluster_secret()?],
+        )?,
+    });
     files.extend(container::files());
     Ok(files)
 }
+
+/// The file of the `Secret` every manifest's pods read the cluster secret from.
+pub(crate) const SECRET_FILE: &str = "cluster-secret.yaml";
+
+/// The key of the cluster secret in its `Secret`.
+const SECRET_KEY: &str = "secret";
 
 /// The settings every manifest is built from, checked.
 struct Manifests<'a> {
@@ -181,8 +199,34 @@ impl<'a> Manifests<'a> {
         json!({"requests": amounts, "limits": amounts})
     }
 
-    /// A container running the example, listening on the job's port.
+    /// The name of the `Secret` that holds the cluster secret.
+    fn secret_name(&self) -> String {
+        format!("{}-cluster-secret", self.name)
+    }
+
+    /// The `Secret` holding a fresh cluster secret, which every container reads into
+    /// `LOCKSTEP_CLUSTER_SECRET`.
+    fn cluster_secret(&self) -> anyhow::Result<Value> {
+        let secret = lockstep_collective::ClusterSecret::generate_hex()
+            .context("making the deployment's cluster secret")?;
+        Ok(json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": self.secret_name(), "labels": self.labels()},
+            "type": "Opaque",
+            "stringData": {SECRET_KEY: secret},
+        }))
+    }
+
+    /// A container running the example, listening on the job's port, with the cluster secret
+    /// from its `Secret` (an environment variable: a mounted file would be readable by the
+    /// pod's `fsGroup`, which the secret file's check refuses).
     fn container(&self, name: &str, port_name: &str, env: &[Value], with_evaluator: bool) -> Value {
+        let mut env = env.to_vec();
+        env.push(json!({
+            "name": lockstep_collective::SECRET_VARIABLE,
+            "valueFrom": {"secretKeyRef": {"name": self.secret_name(), "key": SECRET_KEY}},
+        }));
         json!({
             "name": name,
             "image": self.args.image,
@@ -437,6 +481,9 @@ mod tests {
             .iter()
             .map(|var| {
                 let name = var["name"].as_str().unwrap().to_owned();
+                if let Some(secret) = var["valueFrom"]["secretKeyRef"].as_object() {
+                    return (name, format!("the secret {}", secret["name"]));
+                }
                 let value = var["value"].as_str().map_or_else(
                     || {
                         let path = var["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap();
@@ -452,6 +499,58 @@ mod tests {
                 (name, value)
             })
             .collect()
+    }
+
+    /// Every container of every pod template in `value`, however deep.
+    fn containers(value: &Value) -> Vec<&Value> {
+        match value {
+            Value::Object(map) => map
+                .iter()
+                .flat_map(|(key, v)| match (key.as_str(), v) {
+                    ("containers", Value::Array(list)) => list.iter().collect(),
+                    _ => containers(v),
+                })
+                .collect(),
+            Value::Array(list) => list.iter().flat_map(containers).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    #[test]
+    fn every_container_reads_the_cluster_secret_from_the_secret_written_beside_it() {
+        let secret_doc = &documents(&[], SECRET_FILE)[0];
+        assert_eq!(secret_doc["kind"], "Secret");
+        let name = secret_doc["metadata"]["name"].as_str().unwrap();
+        let value = secret_doc["stringData"][SECRET_KEY].as_str().unwrap();
+        assert_eq!(value.len(), 64);
+        assert!(value.bytes().all(|b| b.is_ascii_hexdigit()));
+        // Fresh for every deployment.
+        let again = &documents(&[], SECRET_FILE)[0];
+        assert_ne!(again["stringData"][SECRET_KEY].as_str().unwrap(), value);
+        let mut checked = 0;
+        for file in ["jobset.yaml", "trainjob.yaml", "tfjob.yaml"] {
+            for doc in documents(&[], file) {
+                for container in containers(&doc) {
+                    let var = container["env"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|v| v["name"] == lockstep_collective::SECRET_VARIABLE)
+                        .unwrap_or_else(|| panic!("{file}: {container}"));
+                    assert_eq!(var["valueFrom"]["secretKeyRef"]["name"], name);
+                    assert_eq!(var["valueFrom"]["secretKeyRef"]["key"], SECRET_KEY);
+                    checked += 1;
+                }
+            }
+        }
+        // The JobSet's pod, the runtime's pod, and the TFJob's chief, workers and evaluator.
+        assert_eq!(checked, 5);
+        let secret_file = files(&args(&[])).unwrap();
+        assert!(
+            secret_file
+                .iter()
+                .any(|f| f.name == SECRET_FILE && f.private)
+        );
     }
 
     /// Checks the volume claim and that every pod of `pod_specs` mounts it where the state

@@ -181,13 +181,29 @@ impl Trainer {
 pub(crate) struct Artefact {
     name: &'static str,
     text: String,
+    /// Holds a secret: written readable by its owner only.
+    private: bool,
 }
 
 fn write_files(out: &Path, files: &[Artefact]) -> anyhow::Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     for file in files {
         let path = out.join(file.name);
-        std::fs::write(&path, &file.text).with_context(|| format!("writing {}", path.display()))?;
+        let write = || -> std::io::Result<()> {
+            use std::io::Write as _;
+            use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+            let mode = if file.private { 0o600 } else { 0o644 };
+            let mut out = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(mode)
+                .open(&path)?;
+            // A file there already keeps its mode through `open`: set it.
+            out.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            out.write_all(file.text.as_bytes())
+        };
+        write().with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
     }
     Ok(())
@@ -260,5 +276,36 @@ mod tests {
         let err = check_host_name(&"a".repeat(64), "pod").unwrap_err();
         assert!(err.to_string().contains("choose a shorter --name"), "{err}");
         assert!(check_host_name(&"a".repeat(63), "pod").is_ok());
+    }
+
+    #[test]
+    fn a_private_artefact_is_written_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let files = [
+            Artefact {
+                name: "secret.yaml",
+                private: true,
+                text: "s".into(),
+            },
+            Artefact {
+                name: "open.yaml",
+                private: false,
+                text: "o".into(),
+            },
+        ];
+        // Twice: a file that exists already gets the mode too.
+        for _ in 0..2 {
+            write_files(dir.path(), &files).unwrap();
+            let mode = |name: &str| {
+                std::fs::metadata(dir.path().join(name))
+                    .unwrap()
+                    .permissions()
+                    .mode()
+                    & 0o777
+            };
+            assert_eq!(mode("secret.yaml"), 0o600);
+            assert_eq!(mode("open.yaml"), 0o644);
+        }
     }
 }

@@ -34,6 +34,7 @@ pub(crate) const SCRIPT: &str = "lockstep.sbatch";
 pub(crate) fn files(args: &SlurmArgs) -> anyhow::Result<Vec<Artefact>> {
     Ok(vec![Artefact {
         name: SCRIPT,
+        private: false,
         text: script(args)?,
     }])
 }
@@ -101,6 +102,15 @@ state=\"${{LOCKSTEP_STATE_DIR:-{state}}}\"
 # The port of the first task on each node (the k-th task on a node listens k above it).
 export LOCKSTEP_PORT=\"${{LOCKSTEP_PORT:-{port}}}\"
 max_restarts={max_restarts}
+# The cluster secret the tasks prove to each other (docs/SECURITY.md): unless one is given,
+# a fresh one for this job, in a file only you can read, where every node sees it.
+if [ -z \"${{LOCKSTEP_CLUSTER_SECRET:-}}${{LOCKSTEP_CLUSTER_SECRET_FILE:-}}\" ]; then
+    mkdir -p \"$state\"
+    secret_file=\"$state/cluster-secret-${{SLURM_JOB_ID:-$$}}\"
+    (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > \"$secret_file\")
+    trap 'rm -f \"$secret_file\"' EXIT
+    export LOCKSTEP_CLUSTER_SECRET_FILE=\"$secret_file\"
+fi
 
 restarts=0
 while true; do

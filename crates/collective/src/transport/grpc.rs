@@ -202,11 +202,7 @@ impl GrpcTransport {
         options: &TcpOptions,
     ) -> Result<Self, CollectiveError> {
         own_address(rank, addresses)?;
-        if options.secret.is_some() {
-            tracing::warn!(
-                "the gRPC transport does not prove the cluster secret: its connections are not authenticated (the TCP transport's are)"
-            );
-        }
+        warn_unauthenticated(options);
         let world = addresses.len();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -466,5 +462,14 @@ impl Drop for GrpcTransport {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(Duration::from_secs(1));
         }
+    }
+}
+
+/// A secret given to this transport, which does not prove it, is said so.
+fn warn_unauthenticated(options: &TcpOptions) {
+    if options.secret.is_some() {
+        tracing::warn!(
+            "the gRPC transport does not prove the cluster secret: its connections are not authenticated (the TCP transport's are)"
+        );
     }
 }
