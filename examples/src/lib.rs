@@ -58,6 +58,42 @@ pub fn start_kernel_threads(
     Ok(threads)
 }
 
+/// A directory for this user's default example state (backups, checkpoints, model
+/// directories) under the system's temporary directory: `lockstep-<uid>`, made readable and
+/// writable by this user only when missing. The names inside stay predictable, so a restarted
+/// task finds its backup, but no other local user can plant a checkpoint there: a directory of
+/// that name that is a link, belongs to another user, or is open to others is refused.
+///
+/// # Errors
+///
+/// When the directory cannot be made, or is not this user's alone.
+pub fn private_state_dir() -> anyhow::Result<std::path::PathBuf> {
+    private_dir_in(&std::env::temp_dir())
+}
+
+/// [`private_state_dir`] under `base`.
+fn private_dir_in(base: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    let uid = nix::unistd::geteuid().as_raw();
+    let dir = base.join(format!("lockstep-{uid}"));
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e).with_context(|| format!("making {}", dir.display())),
+    }
+    let metadata =
+        std::fs::symlink_metadata(&dir).with_context(|| format!("checking {}", dir.display()))?;
+    if !metadata.is_dir() || metadata.uid() != uid || metadata.mode() & 0o077 != 0 {
+        anyhow::bail!(
+            "{} is not a directory of this user's alone (owner {}, mode {:o}): another local user may have made it to plant state; remove it, or name the directory with the example's flag",
+            dir.display(),
+            metadata.uid(),
+            metadata.mode() & 0o7777
+        );
+    }
+    Ok(dir)
+}
+
 /// `mi_option_purge_delay` in mimalloc's option enum (the same in its versions 2 and 3).
 const MIMALLOC_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
@@ -165,6 +201,28 @@ mod tests {
         unsafe {
             libmimalloc_sys::mi_option_get(MIMALLOC_PURGE_DELAY)
         }
+    }
+
+    #[test]
+    fn the_private_state_dir_is_this_users_alone() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let base = tempfile::tempdir().unwrap();
+        let dir = private_dir_in(base.path()).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+        // Opened to others (as a planted directory would be), it is refused, naming it.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = private_dir_in(base.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("not a directory of this user's alone"),
+            "{err}"
+        );
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(private_dir_in(base.path()).unwrap(), dir);
+        // A link in its place is refused too.
+        std::fs::remove_dir(&dir).unwrap();
+        std::os::unix::fs::symlink(base.path(), &dir).unwrap();
+        assert!(private_dir_in(base.path()).is_err());
     }
 
     #[test]

@@ -43,8 +43,9 @@ const LEARNING_RATE: f32 = 1e-4;
 struct Args {
     #[command(flatten)]
     cluster: ClusterArgs,
-    /// Where the chief writes checkpoints and event files (default: a directory under the
-    /// system's temporary directory named after the settings).
+    /// Where the chief writes checkpoints and event files (default: a directory named after
+    /// the settings in `lockstep-<uid>` under the system's temporary directory, which only
+    /// this user may use).
     #[arg(long)]
     model_dir: Option<PathBuf>,
     /// Train until the global step reaches this (default: one pass over the training digits).
@@ -118,12 +119,13 @@ fn main() -> anyhow::Result<()> {
     let max_steps = args
         .max_steps
         .unwrap_or((mnist.train.len() / (BATCH_SIZE * workers)) as u64);
-    let model_dir = args.model_dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!(
-            "lockstep-mnist-estimator-{workers}w-seed{}-{max_steps}steps",
+    let model_dir = match args.model_dir.clone() {
+        Some(dir) => dir,
+        None => lockstep_examples::private_state_dir()?.join(format!(
+            "mnist-estimator-{workers}w-seed{}-{max_steps}steps",
             args.seed
-        ))
-    });
+        )),
+    };
     let mut config = RunConfig::new(model_dir).cluster(cluster.clone());
     config.save_checkpoints_steps = Some(args.save_checkpoints_steps);
     config.random_seed = Some(args.seed);

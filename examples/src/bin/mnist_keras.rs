@@ -29,7 +29,7 @@
 //! (The evaluator evaluates the newest checkpoint each time it looks, so `evaluated` may be
 //! fewer than the epochs; the last is always the last epoch's.)
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -58,8 +58,9 @@ struct Args {
     #[command(flatten)]
     cluster: ClusterArgs,
     /// Where the chief keeps the backup that a restarted cluster resumes from (deleted after
-    /// a run that completes). By default a directory under the system's temporary directory
-    /// named after the run's settings, so a run resumes only a backup of the same settings.
+    /// a run that completes). By default a directory named after the run's settings (so a run
+    /// resumes only a backup of the same settings) in `lockstep-<uid>` under the system's
+    /// temporary directory, which only this user may use.
     #[arg(long)]
     backup_dir: Option<PathBuf>,
     /// Train without `BackupAndRestore` (as the reference scripts measure throughput).
@@ -83,8 +84,8 @@ struct Args {
     checkpoint_path: Option<String>,
     /// The chief saves the weights at every epoch's end as `DIR/ckpt-{epoch}`, and a task of
     /// type `evaluator` evaluates each. With an evaluator in `TF_CONFIG` and no directory
-    /// given, one under the system's temporary directory named after the cluster's
-    /// addresses, removed by the evaluator when it is done.
+    /// given, one named after the cluster's addresses in `lockstep-<uid>` under the system's
+    /// temporary directory, removed by the evaluator when it is done.
     #[arg(long, value_name = "DIR")]
     checkpoint_dir: Option<PathBuf>,
     /// Units of the CNN's hidden dense layer (the tutorial's 128). Every worker must use the
@@ -104,7 +105,7 @@ fn fnv1a(words: impl Iterator<Item = u64>) -> u64 {
 }
 
 /// Where the chief saves `ckpt-{epoch}` for the evaluator, and whether it is the default.
-fn checkpoint_dir(args: &Args, cluster: &Cluster) -> Option<(PathBuf, bool)> {
+fn checkpoint_dir(args: &Args, cluster: &Cluster, state_dir: &Path) -> Option<(PathBuf, bool)> {
     if let Some(dir) = &args.checkpoint_dir {
         return Some((dir.clone(), false));
     }
@@ -115,7 +116,7 @@ fn checkpoint_dir(args: &Args, cluster: &Cluster) -> Option<(PathBuf, bool)> {
     // differ): an evaluator shown an earlier run's checkpoints would report them.
     let hash = fnv1a(format!("{:?}", cluster.spec()).bytes().map(u64::from));
     Some((
-        std::env::temp_dir().join(format!("lockstep-mnist-keras-checkpoints-{hash:016x}")),
+        state_dir.join(format!("mnist-keras-checkpoints-{hash:016x}")),
         true,
     ))
 }
@@ -140,7 +141,8 @@ fn compiled_model(strategy: impl lockstep_train::Strategy, args: &Args) -> anyho
 /// The evaluator task: the Keras guide's `SidecarEvaluator` over the test digits, until the
 /// last epoch's checkpoint.
 fn run_evaluator(args: &Args, cluster: &Cluster) -> anyhow::Result<()> {
-    let Some((dir, scratch)) = checkpoint_dir(args, cluster) else {
+    let state_dir = lockstep_examples::private_state_dir()?;
+    let Some((dir, scratch)) = checkpoint_dir(args, cluster, &state_dir) else {
         anyhow::bail!("an evaluator needs the chief's checkpoints: pass --checkpoint-dir");
     };
     let mut model = compiled_model(OneDeviceStrategy::new(), args)?;
@@ -179,14 +181,19 @@ fn run_evaluator(args: &Args, cluster: &Cluster) -> anyhow::Result<()> {
 }
 
 /// The `BackupAndRestore` callback `args` ask for, if any.
-fn backup(args: &Args, global_batch: usize, workers: usize) -> Option<BackupAndRestore> {
+fn backup(
+    args: &Args,
+    global_batch: usize,
+    workers: usize,
+    state_dir: &Path,
+) -> Option<BackupAndRestore> {
     if args.no_backup {
         return None;
     }
     let backup_dir = args.backup_dir.clone().unwrap_or_else(|| {
         let t = &args.training;
-        std::env::temp_dir().join(format!(
-            "lockstep-mnist-keras-backup-{}-lr{}-{}x{}-seed{}",
+        state_dir.join(format!(
+            "mnist-keras-backup-{}-lr{}-{}x{}-seed{}",
             args.optimizer,
             args.learning_rate,
             global_batch / workers,
@@ -285,7 +292,8 @@ fn main() -> anyhow::Result<()> {
         .fit(&train)
         .epochs(args.training.epochs)
         .callback(&mut first_step);
-    if let Some(backup) = backup(&args, global_batch, workers) {
+    let state_dir = lockstep_examples::private_state_dir()?;
+    if let Some(backup) = backup(&args, global_batch, workers, &state_dir) {
         fit = fit.callback(backup);
     }
     if let Some(dir) = &args.tensorboard_dir {
@@ -294,7 +302,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(pattern) = &args.checkpoint_path {
         fit = fit.callback(ModelCheckpoint::new(pattern.as_str()).save_weights_only(true));
     }
-    if let Some((dir, _)) = checkpoint_dir(&args, &cluster) {
+    if let Some((dir, _)) = checkpoint_dir(&args, &cluster, &state_dir) {
         let pattern = dir.join("ckpt-{epoch}");
         // Weights files, which the evaluator's SidecarEvaluator reads.
         fit = fit.callback(ModelCheckpoint::new(pattern.to_string_lossy()).save_weights_only(true));
