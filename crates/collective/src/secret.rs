@@ -73,11 +73,7 @@ impl ClusterSecret {
         let mut bytes = [0_u8; 32];
         getrandom::fill(&mut bytes)
             .map_err(|e| secret_error(format!("no random bytes for a new secret: {e}")))?;
-        Ok(bytes
-            .iter()
-            .flat_map(|b| [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 15)]])
-            .map(char::from)
-            .collect())
+        Ok(to_hex(&bytes))
     }
 
     /// The secret the environment gives: [`SECRET_VARIABLE`] itself, or the contents of the
@@ -128,6 +124,27 @@ impl ClusterSecret {
         }
         Self::new(bytes)
     }
+}
+
+/// `bytes` as lower-case hexadecimal digits.
+pub(crate) fn to_hex(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .flat_map(|b| [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 15)]])
+        .map(char::from)
+        .collect()
+}
+
+/// The bytes of hexadecimal `text`, or `None` where it is not that.
+pub(crate) fn from_hex(text: &str) -> Option<Vec<u8>> {
+    let digit = |c: u8| char::from(c).to_digit(16).map(|d| d as u8);
+    let text = text.as_bytes();
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    text.chunks_exact(2)
+        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
+        .collect()
 }
 
 /// Bytes of a handshake nonce.
@@ -284,6 +301,16 @@ mod tests {
             (&a, &b),
             &proof
         ));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn hex_round_trips_and_any_text_parses_or_is_refused(bytes: Vec<u8>, text in ".{0,80}") {
+            proptest::prop_assert_eq!(from_hex(&to_hex(&bytes)), Some(bytes));
+            if let Some(parsed) = from_hex(&text) {
+                proptest::prop_assert_eq!(to_hex(&parsed), text.to_ascii_lowercase());
+            }
+        }
     }
 
     #[test]

@@ -1,9 +1,16 @@
 //! Ranks connected by gRPC (tonic over HTTP/2): a `Hello` rendezvous that checks identity, then
 //! one bidirectional `Exchange` stream per pair carrying the same framed messages as every
 //! transport. Payloads travel as `bytes::Bytes`, never encoded element by element.
+//!
+//! The cluster secret is proven both ways as over TCP ([`crate::secret`]): the caller's `Hello`
+//! carries its nonce, the server answers with its own nonce and proof and keeps a session for
+//! it; the caller's `Exchange` must present that session and the caller's proof over both
+//! nonces. A stream opened without a `Hello` of its own, or with a session another stream
+//! used, is refused, so calling first wins no rank. Inbound frames wait in a bounded queue:
+//! while it is full, the stream is not read, and HTTP/2's flow control holds the sender.
 
 use std::pin::Pin;
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,6 +27,7 @@ use super::tcp::{bind_own, own_address};
 use super::{TcpOptions, Transport};
 use crate::error::CollectiveError;
 use crate::header::{HEADER_LEN, Header, Message};
+use crate::secret::{Binding, ClusterSecret, NONCE_LEN, Proof, Side, from_hex, nonce, to_hex};
 
 #[allow(
     missing_docs,
@@ -39,6 +47,12 @@ use proto::{Frame, Identity};
 const STREAM_WINDOW: u32 = 16 << 20;
 const CONNECTION_WINDOW: u32 = 32 << 20;
 const MAX_MESSAGE: usize = (1 << 30) + HEADER_LEN;
+/// Inbound frames queued per peer before its stream is read no further.
+const INBOX_FRAMES: usize = 16;
+/// `Hello` sessions kept for `Exchange` calls to come; the oldest goes first beyond.
+const MAX_SESSIONS: usize = 256;
+/// The handshake's version, bound into every proof (the TCP handshake's is another protocol).
+const VERSION: u32 = 0x4752_5043; // "GRPC"
 
 fn setup(what: impl std::fmt::Display) -> CollectiveError {
     CollectiveError::Setup(what.to_string())
@@ -69,13 +83,28 @@ fn from_frame(frame: Frame) -> Result<Message, String> {
     })
 }
 
+/// Queues `item` in `inbox`, waiting (without reading the stream meanwhile) while it is full;
+/// `false` once the transport is gone.
+async fn queue(inbox: &SyncSender<Inbound>, mut item: Inbound) -> bool {
+    loop {
+        match inbox.try_send(item) {
+            Ok(()) => return true,
+            Err(TrySendError::Full(back)) => {
+                item = back;
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            Err(TrySendError::Disconnected(_)) => return false,
+        }
+    }
+}
+
 /// Pushes every frame of an inbound stream into `inbox`, then says why the stream ended.
-async fn pump(mut frames: Streaming<Frame>, inbox: Sender<Inbound>) {
+async fn pump(mut frames: Streaming<Frame>, inbox: SyncSender<Inbound>) {
     let reason = loop {
         match frames.message().await {
             Ok(Some(frame)) => match from_frame(frame) {
                 Ok(message) => {
-                    if inbox.send(Inbound::Message(message)).is_err() {
+                    if !queue(&inbox, Inbound::Message(message)).await {
                         return;
                     }
                 }
@@ -85,16 +114,75 @@ async fn pump(mut frames: Streaming<Frame>, inbox: Sender<Inbound>) {
             Err(status) => break status.message().to_owned(),
         }
     };
-    let _ = inbox.send(Inbound::Closed(reason));
+    let _ = queue(&inbox, Inbound::Closed(reason)).await;
 }
 
 /// What the server side of a pair needs once the lower rank opens its stream.
-type Link = (Sender<Inbound>, UnboundedReceiver<Frame>);
+type Link = (SyncSender<Inbound>, UnboundedReceiver<Frame>);
+
+/// A `Hello` answered, awaiting its caller's `Exchange`.
+struct Session {
+    rank: usize,
+    caller_nonce: [u8; NONCE_LEN],
+    our_nonce: [u8; NONCE_LEN],
+}
 
 struct Service {
     me: Identity,
+    secret: Option<ClusterSecret>,
     /// Per lower rank, the link its `Exchange` stream will use (taken once).
     links: Arc<Mutex<Vec<Option<Link>>>>,
+    sessions: Mutex<Vec<Session>>,
+}
+
+impl Service {
+    fn binding(&self, caller: usize) -> Binding {
+        Binding {
+            version: VERSION,
+            cluster: self.me.cluster,
+            world: self.me.world as usize,
+            dialler: caller,
+            acceptor: self.me.rank as usize,
+        }
+    }
+
+    /// The session `Exchange` metadata names for `rank`, taken (each serves one stream), once
+    /// the caller's proof over its nonces holds.
+    fn take_session(&self, rank: usize, session: &str, proof: &str) -> Result<(), Status> {
+        let refused = |why: &str| {
+            tracing::warn!(peer = rank, "refused a gRPC stream: {why}");
+            Err(Status::permission_denied(why.to_owned()))
+        };
+        let (Some(session), Some(proof)) = (from_hex(session), from_hex(proof)) else {
+            return refused("its lockstep-session or lockstep-proof metadata is not hexadecimal");
+        };
+        let found = {
+            let mut sessions = self
+                .sessions
+                .lock()
+                .map_err(|_| Status::internal("poisoned"))?;
+            let at = sessions
+                .iter()
+                .position(|s| s.rank == rank && s.our_nonce[..] == session[..]);
+            at.map(|at| sessions.remove(at))
+        };
+        let Some(found) = found else {
+            return refused("no Hello of its own opened this session (or another stream used it)");
+        };
+        let nonces = (&found.caller_nonce, &found.our_nonce);
+        if !Proof::check(
+            self.secret.as_ref(),
+            Side::Dialler,
+            self.binding(rank),
+            nonces,
+            &proof,
+        ) {
+            return refused(
+                "it did not prove it holds this task's cluster secret (LOCKSTEP_CLUSTER_SECRET)",
+            );
+        }
+        Ok(())
+    }
 }
 
 fn metadata_u64(request_meta: &tonic::metadata::MetadataMap, key: &str) -> Option<u64> {
@@ -107,14 +195,46 @@ impl Collective for Service {
         let them = request.into_inner();
         if them.cluster != self.me.cluster
             || them.world != self.me.world
-            || them.rank >= self.me.world
+            || them.rank >= self.me.rank
         {
             return Err(Status::permission_denied(format!(
-                "rank {} of {} in cluster {:x} is not a member of cluster {:x} of {}",
+                "rank {} of {} in cluster {:x} is not a lower rank of cluster {:x} of {}",
                 them.rank, them.world, them.cluster, self.me.cluster, self.me.world
             )));
         }
-        Ok(Response::new(self.me))
+        let Ok(caller_nonce) = <[u8; NONCE_LEN]>::try_from(&them.nonce[..]) else {
+            return Err(Status::invalid_argument(format!(
+                "a Hello carries a nonce of {NONCE_LEN} bytes, not {}",
+                them.nonce.len()
+            )));
+        };
+        let our_nonce = nonce().map_err(|e| Status::internal(e.to_string()))?;
+        let rank = them.rank as usize;
+        let proof = Proof::make(
+            self.secret.as_ref(),
+            Side::Acceptor,
+            self.binding(rank),
+            (&caller_nonce, &our_nonce),
+        );
+        {
+            let mut sessions = self
+                .sessions
+                .lock()
+                .map_err(|_| Status::internal("poisoned"))?;
+            if sessions.len() >= MAX_SESSIONS {
+                sessions.remove(0);
+            }
+            sessions.push(Session {
+                rank,
+                caller_nonce,
+                our_nonce,
+            });
+        }
+        Ok(Response::new(Identity {
+            nonce: our_nonce.to_vec().into(),
+            proof: proof.to_vec().into(),
+            ..self.me.clone()
+        }))
     }
 
     type ExchangeStream = Pin<Box<dyn Stream<Item = Result<Frame, Status>> + Send + 'static>>;
@@ -137,6 +257,15 @@ impl Collective for Service {
                 self.me.cluster
             )));
         }
+        let text = |key: &str| {
+            request
+                .metadata()
+                .get(key)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        self.take_session(rank, &text("lockstep-session"), &text("lockstep-proof"))?;
         let link = self
             .links
             .lock()
@@ -202,7 +331,6 @@ impl GrpcTransport {
         options: &TcpOptions,
     ) -> Result<Self, CollectiveError> {
         own_address(rank, addresses)?;
-        warn_unauthenticated(options);
         let world = addresses.len();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -214,6 +342,8 @@ impl GrpcTransport {
             cluster: options.cluster,
             rank: rank as u32,
             world: world as u32,
+            nonce: bytes::Bytes::new(),
+            proof: bytes::Bytes::new(),
         };
         let mut outbound: Vec<Option<UnboundedSender<Frame>>> = (0..world).map(|_| None).collect();
         let mut inbox: Vec<Option<Receiver<Inbound>>> = (0..world).map(|_| None).collect();
@@ -221,7 +351,7 @@ impl GrpcTransport {
         // Links for the lower ranks, which will open streams to this rank's server.
         let mut links: Vec<Option<Link>> = (0..world).map(|_| None).collect();
         for peer in 0..rank {
-            let (in_tx, in_rx) = channel();
+            let (in_tx, in_rx) = sync_channel(INBOX_FRAMES);
             let (out_tx, out_rx) = unbounded_channel();
             links[peer] = Some((in_tx, out_rx));
             outbound[peer] = Some(out_tx);
@@ -236,8 +366,10 @@ impl GrpcTransport {
                 .map_err(|e| setup(format!("serving on {}: {e}", addresses[rank])))?
         };
         let service = CollectiveServer::new(Service {
-            me,
+            me: me.clone(),
+            secret: options.secret.clone(),
             links: Arc::clone(&links),
+            sessions: Mutex::new(Vec::new()),
         })
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
@@ -260,11 +392,9 @@ impl GrpcTransport {
             .enumerate()
             .skip(rank + 1)
             .map(|(peer, address)| {
-                let address = address.clone();
-                (
-                    peer,
-                    runtime.spawn(async move { open(&address, me, peer, deadline).await }),
-                )
+                let (address, me, secret) = (address.clone(), me.clone(), options.secret.clone());
+                let dial = async move { open(&address, me, peer, secret.as_ref(), deadline).await };
+                (peer, runtime.spawn(dial))
             })
             .collect();
         for (peer, dial) in dials {
@@ -311,22 +441,35 @@ async fn open(
     address: &str,
     me: Identity,
     peer: usize,
+    secret: Option<&ClusterSecret>,
     deadline: Instant,
 ) -> Result<(UnboundedSender<Frame>, Receiver<Inbound>), CollectiveError> {
+    let binding = Binding {
+        version: VERSION,
+        cluster: me.cluster,
+        world: me.world as usize,
+        dialler: me.rank as usize,
+        acceptor: peer,
+    };
     let endpoint = Endpoint::from_shared(format!("http://{address}"))
         .map_err(setup)?
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .tcp_nodelay(true);
     let mut backoff = Duration::from_millis(10);
-    let mut client = loop {
+    let (mut client, session, proof) = loop {
         let attempt = async {
             let channel: Channel = endpoint.connect().await.map_err(|e| e.to_string())?;
             let mut client = CollectiveClient::new(channel)
                 .max_decoding_message_size(MAX_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE);
+            let our_nonce = nonce().map_err(|e| e.to_string())?;
+            let hello = Identity {
+                nonce: our_nonce.to_vec().into(),
+                ..me.clone()
+            };
             let them = client
-                .hello(me)
+                .hello(hello)
                 .await
                 .map_err(|s| s.message().to_owned())?
                 .into_inner();
@@ -336,10 +479,19 @@ async fn open(
                     them.rank, them.world, them.cluster
                 ));
             }
-            Ok(client)
+            let their_nonce = <[u8; NONCE_LEN]>::try_from(&them.nonce[..])
+                .map_err(|_| format!("{address} answered without a nonce"))?;
+            let nonces = (&our_nonce, &their_nonce);
+            if !Proof::check(secret, Side::Acceptor, binding, nonces, &them.proof) {
+                return Err(format!(
+                    "rank {peer} did not prove it holds this task's cluster secret: the two tasks were given different secrets (or one has none: LOCKSTEP_CLUSTER_SECRET)"
+                ));
+            }
+            let proof = Proof::make(secret, Side::Dialler, binding, nonces);
+            Ok((client, to_hex(&their_nonce), to_hex(&proof)))
         };
         match attempt.await {
-            Ok(client) => break client,
+            Ok(opened) => break opened,
             Err(e) if Instant::now() + backoff < deadline => {
                 tracing::debug!(peer, address, %e, "peer not ready; retrying");
                 tokio::time::sleep(backoff).await;
@@ -354,13 +506,12 @@ async fn open(
     };
     let (out_tx, out_rx) = unbounded_channel::<Frame>();
     let mut request = Request::new(UnboundedReceiverStream::new(out_rx));
-    let value = |v: u64| MetadataValue::try_from(v.to_string()).map_err(setup);
-    request
-        .metadata_mut()
-        .insert("lockstep-cluster", value(me.cluster)?);
-    request
-        .metadata_mut()
-        .insert("lockstep-rank", value(u64::from(me.rank))?);
+    let value = |v: String| MetadataValue::try_from(v).map_err(setup);
+    let metadata = request.metadata_mut();
+    metadata.insert("lockstep-cluster", value(me.cluster.to_string())?);
+    metadata.insert("lockstep-rank", value(me.rank.to_string())?);
+    metadata.insert("lockstep-session", value(session)?);
+    metadata.insert("lockstep-proof", value(proof)?);
     let frames = client
         .exchange(request)
         .await
@@ -371,7 +522,7 @@ async fn open(
             ))
         })?
         .into_inner();
-    let (in_tx, in_rx) = channel();
+    let (in_tx, in_rx) = sync_channel(INBOX_FRAMES);
     tokio::spawn(pump(frames, in_tx));
     Ok((out_tx, in_rx))
 }
@@ -465,11 +616,116 @@ impl Drop for GrpcTransport {
     }
 }
 
-/// A secret given to this transport, which does not prove it, is said so.
-fn warn_unauthenticated(options: &TcpOptions) {
-    if options.secret.is_some() {
-        tracing::warn!(
-            "the gRPC transport does not prove the cluster secret: its connections are not authenticated (the TCP transport's are)"
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        reason = "a test that meets an error must fail loudly"
+    )]
+
+    use super::*;
+
+    /// Two listeners on loopback and their addresses.
+    fn listeners() -> (Vec<std::net::TcpListener>, Vec<String>) {
+        let listeners: Vec<_> = (0..2)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let addresses = listeners
+            .iter()
+            .map(|l| l.local_addr().unwrap().to_string())
+            .collect();
+        (listeners, addresses)
+    }
+
+    #[test]
+    fn an_exchange_without_a_hello_of_its_own_is_refused_and_the_group_still_forms() {
+        let (mut listeners, addresses) = listeners();
+        let options = TcpOptions {
+            cluster: 77,
+            rendezvous_timeout: Duration::from_secs(10),
+            secret: Some(ClusterSecret::new(*b"a secret for the gRPC test").unwrap()),
+            ..TcpOptions::default()
+        };
+        let (a1, o1, l1) = (addresses.clone(), options.clone(), listeners.remove(1));
+        let rank1 = std::thread::spawn(move || GrpcTransport::connect_on(l1, 1, &a1, &o1));
+        // An impostor opens rank 0's stream first, with the public metadata and a made-up
+        // session: refused, whatever it claims.
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let refused = runtime.block_on(async {
+            let endpoint = Endpoint::from_shared(format!("http://{}", addresses[1])).unwrap();
+            let channel = loop {
+                if let Ok(channel) = endpoint.connect().await {
+                    break channel;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            let mut client = CollectiveClient::new(channel);
+            let (_tx, rx) = unbounded_channel::<Frame>();
+            let mut request = Request::new(UnboundedReceiverStream::new(rx));
+            let metadata = request.metadata_mut();
+            metadata.insert("lockstep-cluster", MetadataValue::try_from("77").unwrap());
+            metadata.insert("lockstep-rank", MetadataValue::try_from("0").unwrap());
+            metadata.insert(
+                "lockstep-session",
+                MetadataValue::try_from(to_hex(&[1; NONCE_LEN])).unwrap(),
+            );
+            metadata.insert(
+                "lockstep-proof",
+                MetadataValue::try_from(to_hex(&[2; 32])).unwrap(),
+            );
+            client.exchange(request).await.err().unwrap()
+        });
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        assert!(
+            refused.message().contains("no Hello"),
+            "{}",
+            refused.message()
         );
+        let mut rank0 =
+            GrpcTransport::connect_on(listeners.remove(0), 0, &addresses, &options).unwrap();
+        let mut rank1 = rank1.join().unwrap().unwrap();
+        // The real rank 0's stream carries its frames to rank 1.
+        let message = Message {
+            header: Header {
+                kind: crate::header::Kind::Data,
+                op: crate::header::Op::AllReduce,
+                dtype: crate::header::DType::F32,
+                reduce: 0,
+                cluster: 77,
+                seq: 0,
+                count: 1,
+                source: 0,
+            },
+            payload: bytes::Bytes::from_static(&[0, 0, 128, 63]),
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        assert!(rank0.send(1, message, deadline).unwrap());
+        let received = rank1.recv(0, deadline).unwrap().unwrap();
+        assert_eq!(&received.payload[..], &[0, 0, 128, 63]);
+    }
+
+    #[test]
+    fn grpc_ranks_given_different_secrets_fail_naming_the_secret() {
+        let (mut listeners, addresses) = listeners();
+        let options = |secret: &[u8]| TcpOptions {
+            cluster: 78,
+            rendezvous_timeout: Duration::from_secs(2),
+            secret: Some(ClusterSecret::new(secret).unwrap()),
+            ..TcpOptions::default()
+        };
+        let (a1, l1) = (addresses.clone(), listeners.remove(1));
+        let o1 = options(b"the secret of rank one");
+        let rank1 = std::thread::spawn(move || GrpcTransport::connect_on(l1, 1, &a1, &o1));
+        let err = GrpcTransport::connect_on(
+            listeners.remove(0),
+            0,
+            &addresses,
+            &options(b"the secret of rank zero"),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains("cluster secret"), "{err}");
+        assert!(rank1.join().unwrap().is_err());
     }
 }
