@@ -34,8 +34,13 @@ fn hello(cluster: u64, rank: u32, world: u32) -> Vec<u8> {
 /// Rank 0's proof to rank 1 of a group of 2 with no secret (the key empty), as the handshake
 /// computes it: whoever knows the protocol can, which is why a cluster wants a secret.
 fn proof_without_secret(cluster: u64, dialler_nonce: &[u8], acceptor_nonce: &[u8]) -> Vec<u8> {
+    dialler_proof(b"", cluster, dialler_nonce, acceptor_nonce)
+}
+
+/// Rank 0's proof to rank 1 of a group of 2 keyed by `key`.
+fn dialler_proof(key: &[u8], cluster: u64, dialler_nonce: &[u8], acceptor_nonce: &[u8]) -> Vec<u8> {
     use hmac::{Hmac, KeyInit, Mac};
-    let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(&[]).unwrap();
+    let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(key).unwrap();
     mac.update(b"lockstep dialler");
     mac.update(&1_u32.to_le_bytes());
     mac.update(&cluster.to_le_bytes());
@@ -260,4 +265,39 @@ fn ranks_sharing_a_secret_over_every_same_host_path_reduce() {
         let (results, _) = reduce_pair(listeners, &addresses, &options, Duration::ZERO);
         assert_reduced(&results);
     }
+}
+
+#[test]
+fn a_replayed_handshake_takes_no_place_and_the_group_forms() {
+    let (listeners, addresses) = listeners(2);
+    let key = b"the secret of this cluster";
+    let options = TcpOptions {
+        secret: Some(secret("the secret of this cluster")),
+        ..options(Duration::from_secs(10))
+    };
+    // What a recorded handshake of rank 0 holds: its hello and nonce, and a confirmation
+    // whose proof is valid, for the nonce rank 1 sent then. Replayed, rank 1's nonce is new.
+    let (recorded_nonce, old_acceptor_nonce) = ([5_u8; 32], [6_u8; 32]);
+    let recorded_proof = dialler_proof(key, options.cluster, &recorded_nonce, &old_acceptor_nonce);
+    let mut replay = TcpStream::connect(&addresses[1]).unwrap();
+    replay
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    replay.write_all(&hello(options.cluster, 0, 2)).unwrap();
+    replay.write_all(&recorded_nonce).unwrap();
+    let (listeners, addresses, options) = (listeners, addresses, options);
+    let started = thread::spawn({
+        let (addresses, options) = (addresses.clone(), options.clone());
+        move || reduce_pair(listeners, &addresses, &options, Duration::from_millis(300))
+    });
+    let mut reply = [0_u8; 24 + 32 + 32];
+    replay.read_exact(&mut reply).unwrap();
+    assert_ne!(&reply[24..56], &old_acceptor_nonce);
+    replay.write_all(b"LSHC").unwrap();
+    replay.write_all(&recorded_proof).unwrap();
+    let mut verdict = [0_u8; 4];
+    replay.read_exact(&mut verdict).unwrap();
+    assert_eq!(&verdict, b"LSHR");
+    let (results, _) = started.join().unwrap();
+    assert_reduced(&results);
 }
