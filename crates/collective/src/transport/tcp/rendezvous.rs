@@ -316,8 +316,6 @@ impl Acceptor {
         let me = self.me;
         stream.set_nonblocking(false)?;
         let theirs = Hello::read_by(stream, deadline)?;
-        let mut their_nonce = [0_u8; NONCE_LEN];
-        read_exact_by(stream, &mut their_nonce, deadline)?;
         let ours =
             theirs.cluster == me.cluster && theirs.world == me.world && theirs.rank < me.rank;
         if !ours {
@@ -330,6 +328,9 @@ impl Acceptor {
             let _ = stream.write_all(&unproven(refusal(me)));
             return Ok(None);
         }
+        // Its nonce only once it is one of this group's: a stranger is refused on its hello.
+        let mut their_nonce = [0_u8; NONCE_LEN];
+        read_exact_by(stream, &mut their_nonce, deadline)?;
         let peer = theirs.rank;
         let taken = {
             let places = lock(shared);
