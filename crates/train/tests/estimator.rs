@@ -332,3 +332,24 @@ fn the_evaluator_stops_after_the_last_checkpoint_when_the_input_ends_before_max_
         .unwrap();
     assert_eq!(logs.get("global_step"), Some(steps));
 }
+
+#[test]
+fn a_ps_task_under_train_and_evaluate_trains_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = r#"{"cluster": {"worker": ["localhost:1"], "ps": ["localhost:2"]}, "task": {"type": "ps", "index": 0}}"#;
+    let cluster = Cluster::new(TfConfig::parse(json).unwrap()).unwrap();
+    let model_dir = dir.path().join("model");
+    let mut estimator = Estimator::new(model_fn, RunConfig::new(&model_dir).cluster(cluster));
+    let result = train_and_evaluate(
+        &mut estimator,
+        &TrainSpec::new(input_fn, Some(10)),
+        &EvalSpec::new(input_fn),
+    )
+    .unwrap();
+    assert!(result.is_none());
+    assert!(
+        !model_dir.exists(),
+        "a ps task wrote {:?}",
+        std::fs::read_dir(&model_dir).map(|d| d.count())
+    );
+}

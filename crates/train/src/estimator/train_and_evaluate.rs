@@ -74,8 +74,9 @@ impl<F> EvalSpec<F> {
 /// `model_dir/eval_<name>`, and returns after evaluating the checkpoint at `max_steps`, or
 /// the last checkpoint when training ended before (the chief records where it ended).
 /// Without an evaluator task the chief evaluates the final checkpoint after training
-/// (TensorFlow evaluates nothing then). Returns the final evaluation's metrics where one ran
-/// (the evaluator, or the chief without one), `None` on the other workers.
+/// (TensorFlow evaluates nothing then). A task outside the collective group and not the
+/// evaluator (a `ps` task) trains and writes nothing. Returns the final evaluation's metrics
+/// where one ran (the evaluator, or the chief without one), `None` on the other tasks.
 ///
 /// # Errors
 ///
@@ -103,6 +104,15 @@ where
             )
         })?;
         return run_evaluator(estimator, max_steps, eval_spec).map(Some);
+    }
+    if cluster.rank().is_none() {
+        // A `ps` task (or any other outside the collective group) trains nothing, so it must
+        // not write into the model directory the trainers share either.
+        tracing::info!(
+            task = %cluster.task(),
+            "this task has no training role under train_and_evaluate: it writes nothing"
+        );
+        return Ok(None);
     }
     let has_evaluator = cluster.spec().has_job(EVALUATOR);
     estimator.train(&train_spec.input_fn, None, train_spec.max_steps)?;
