@@ -350,6 +350,6 @@ fn a_ps_task_under_train_and_evaluate_trains_and_writes_nothing() {
     assert!(
         !model_dir.exists(),
         "a ps task wrote {:?}",
-        std::fs::read_dir(&model_dir).map(|d| d.count())
+        std::fs::read_dir(&model_dir).map(Iterator::count)
     );
 }
