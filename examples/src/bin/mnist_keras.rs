@@ -29,7 +29,7 @@
 //! (The evaluator evaluates the newest checkpoint each time it looks, so `evaluated` may be
 //! fewer than the epochs; the last is always the last epoch's.)
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -105,20 +105,21 @@ fn fnv1a(words: impl Iterator<Item = u64>) -> u64 {
 }
 
 /// Where the chief saves `ckpt-{epoch}` for the evaluator, and whether it is the default.
-fn checkpoint_dir(args: &Args, cluster: &Cluster, state_dir: &Path) -> Option<(PathBuf, bool)> {
+fn checkpoint_dir(args: &Args, cluster: &Cluster) -> anyhow::Result<Option<(PathBuf, bool)>> {
     if let Some(dir) = &args.checkpoint_dir {
-        return Some((dir.clone(), false));
+        return Ok(Some((dir.clone(), false)));
     }
     if !cluster.spec().has_job(EVALUATOR) {
-        return None;
+        return Ok(None);
     }
     // The same for every task of a cluster and new for each start of one (its ports
     // differ): an evaluator shown an earlier run's checkpoints would report them.
     let hash = fnv1a(format!("{:?}", cluster.spec()).bytes().map(u64::from));
-    Some((
-        state_dir.join(format!("mnist-keras-checkpoints-{hash:016x}")),
+    let dir = lockstep_examples::private_state_dir()?;
+    Ok(Some((
+        dir.join(format!("mnist-keras-checkpoints-{hash:016x}")),
         true,
-    ))
+    )))
 }
 
 /// The tutorial's model, compiled as `args` asks.
@@ -141,8 +142,7 @@ fn compiled_model(strategy: impl lockstep_train::Strategy, args: &Args) -> anyho
 /// The evaluator task: the Keras guide's `SidecarEvaluator` over the test digits, until the
 /// last epoch's checkpoint.
 fn run_evaluator(args: &Args, cluster: &Cluster) -> anyhow::Result<()> {
-    let state_dir = lockstep_examples::private_state_dir()?;
-    let Some((dir, scratch)) = checkpoint_dir(args, cluster, &state_dir) else {
+    let Some((dir, scratch)) = checkpoint_dir(args, cluster)? else {
         anyhow::bail!("an evaluator needs the chief's checkpoints: pass --checkpoint-dir");
     };
     let mut model = compiled_model(OneDeviceStrategy::new(), args)?;
@@ -185,28 +185,27 @@ fn backup(
     args: &Args,
     global_batch: usize,
     workers: usize,
-    state_dir: &Path,
-) -> Option<BackupAndRestore> {
+) -> anyhow::Result<Option<BackupAndRestore>> {
     if args.no_backup {
-        return None;
+        return Ok(None);
     }
-    let backup_dir = args.backup_dir.clone().unwrap_or_else(|| {
-        let t = &args.training;
-        state_dir.join(format!(
+    let backup_dir = match &args.backup_dir {
+        Some(dir) => dir.clone(),
+        None => lockstep_examples::private_state_dir()?.join(format!(
             "mnist-keras-backup-{}-lr{}-{}x{}-seed{}",
             args.optimizer,
             args.learning_rate,
             global_batch / workers,
             workers,
-            t.seed
-        ))
-    });
-    Some(
+            args.training.seed
+        )),
+    };
+    Ok(Some(
         BackupAndRestore::new(backup_dir).save_freq(
             args.backup_every_steps
                 .map_or(SaveFreq::Epoch, SaveFreq::Steps),
         ),
-    )
+    ))
 }
 
 /// Records when the first training step ended, counted from `started`.
@@ -292,8 +291,7 @@ fn main() -> anyhow::Result<()> {
         .fit(&train)
         .epochs(args.training.epochs)
         .callback(&mut first_step);
-    let state_dir = lockstep_examples::private_state_dir()?;
-    if let Some(backup) = backup(&args, global_batch, workers, &state_dir) {
+    if let Some(backup) = backup(&args, global_batch, workers)? {
         fit = fit.callback(backup);
     }
     if let Some(dir) = &args.tensorboard_dir {
@@ -302,7 +300,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(pattern) = &args.checkpoint_path {
         fit = fit.callback(ModelCheckpoint::new(pattern.as_str()).save_weights_only(true));
     }
-    if let Some((dir, _)) = checkpoint_dir(&args, &cluster, &state_dir) {
+    if let Some((dir, _)) = checkpoint_dir(&args, &cluster)? {
         let pattern = dir.join("ckpt-{epoch}");
         // Weights files, which the evaluator's SidecarEvaluator reads.
         fit = fit.callback(ModelCheckpoint::new(pattern.to_string_lossy()).save_weights_only(true));

@@ -116,10 +116,17 @@ struct Saved {
 }
 
 impl Saved {
-    fn new(x: &Tensor, affine_part: Affine<'_>, mean: Vec<f32>, inverse: Vec<f32>) -> Self {
+    /// What the backward pass keeps of a pass over `x` that normalised with `mean` and
+    /// `inverse` into `y = x · a + b`.
+    fn new(
+        x: &Tensor,
+        affine_part: Affine<'_>,
+        (mean, inverse): (Vec<f32>, Vec<f32>),
+        a: Vec<f32>,
+    ) -> Self {
         Self {
             x: x.clone(),
-            a: affine_part.coefficients(&mean, &inverse).0,
+            a,
             mean,
             inverse,
             has_gamma: affine_part.gamma.is_some(),
@@ -149,6 +156,25 @@ impl Saved {
             grads.push(Some(to_tensor(&sum_dy)));
         }
         Ok(grads)
+    }
+
+    /// [`Saved::gradients`] of a training pass: the input's gradient is `dx(a, (k1, k2))`
+    /// once the sums are all-reduced over `replicas` ([`Saved::input_coefficients`]).
+    fn training_gradients(
+        &self,
+        sums: (Vec<f64>, Vec<f64>),
+        (replicas, inverse_count): (Option<&Arc<dyn AllReduceSum>>, f64),
+        shape: &[usize],
+        dx: impl FnOnce(&[f32], (&[f32], &[f32])) -> Vec<f32>,
+    ) -> Result<Vec<Option<Tensor>>, TensorError> {
+        self.gradients(sums, |saved, sum_dy, sum_dy_xhat| {
+            if !saved.x.requires_grad() {
+                return Ok(None);
+            }
+            let (k1, k2) =
+                saved.input_coefficients((sum_dy, sum_dy_xhat), replicas, inverse_count)?;
+            Ok(Some(Tensor::raw(dx(&saved.a, (&k1, &k2)), shape.to_vec())))
+        })
     }
 
     /// Per channel, `(k1, k2)` of a training pass's input gradient `dx = a·dy + k1 + x·k2`
@@ -258,22 +284,14 @@ pub fn batch_norm(
     let inverse = inverse_deviation(&moments.variance, epsilon);
     let (a, b) = affine_part.coefficients(&moments.mean, &inverse);
     let y = affine(x.host(), &a, &b, None);
-    let saved = Saved::new(x, affine_part, moments.mean.clone(), inverse);
+    let saved = Saved::new(x, affine_part, (moments.mean.clone(), inverse), a);
     let replicas = replicas.cloned();
     let shape = x.shape().to_vec();
     let output = Tensor::from_op(y, shape.clone(), &affine_part.inputs(x), move |dy, _| {
         let sums = gradient_sums(dy.host(), saved.x.host(), &saved.mean, &saved.inverse);
-        saved.gradients(sums, |saved, sum_dy, sum_dy_xhat| {
-            if !saved.x.requires_grad() {
-                return Ok(None);
-            }
-            let (k1, k2) = saved.input_coefficients(
-                (sum_dy, sum_dy_xhat),
-                replicas.as_ref(),
-                inverse_count,
-            )?;
-            let dx = affine(dy.host(), &saved.a, &k1, Some((saved.x.host(), &k2)));
-            Ok(Some(Tensor::raw(dx, shape.clone())))
+        let reduce = (replicas.as_ref(), inverse_count);
+        saved.training_gradients(sums, reduce, &shape, |a, (k1, k2)| {
+            affine(dy.host(), a, k1, Some((saved.x.host(), k2)))
         })
     });
     Ok((output, moments))
@@ -318,7 +336,7 @@ pub fn batch_norm_max_pool(
     let inverse = inverse_deviation(&moments.variance, epsilon);
     let (a, b) = affine_part.coefficients(&moments.mean, &inverse);
     let (pooled, argmax) = batch_norm_pool::forward(x.host(), (&a, &b), relu, &g);
-    let saved = Saved::new(x, affine_part, moments.mean.clone(), inverse);
+    let saved = Saved::new(x, affine_part, (moments.mean.clone(), inverse), a);
     let replicas = replicas.cloned();
     let shape = x.shape().to_vec();
     let pooled_shape = vec![g.batch, g.out_h, g.out_w, g.channels];
@@ -330,18 +348,9 @@ pub fn batch_norm_max_pool(
         };
         let statistics = (&saved.mean[..], &saved.inverse[..]);
         let sums = batch_norm_pool::gradient_sums(grad, saved.x.host(), statistics, &g);
-        saved.gradients(sums, |saved, sum_dy, sum_dy_xhat| {
-            if !saved.x.requires_grad() {
-                return Ok(None);
-            }
-            let (k1, k2) = saved.input_coefficients(
-                (sum_dy, sum_dy_xhat),
-                replicas.as_ref(),
-                inverse_count,
-            )?;
-            let dx =
-                batch_norm_pool::input_gradient(grad, saved.x.host(), &saved.a, (&k1, &k2), &g);
-            Ok(Some(Tensor::raw(dx, shape.clone())))
+        let reduce = (replicas.as_ref(), inverse_count);
+        saved.training_gradients(sums, reduce, &shape, |a, k| {
+            batch_norm_pool::input_gradient(grad, saved.x.host(), a, k, &g)
         })
     });
     Ok((output, moments))
@@ -370,7 +379,7 @@ pub fn batch_norm_inference(
     let inverse = inverse_deviation(&variance.to_vec()?, epsilon);
     let (a, b) = affine_part.coefficients(&mean, &inverse);
     let y = affine(x.host(), &a, &b, None);
-    let saved = Saved::new(x, affine_part, mean, inverse);
+    let saved = Saved::new(x, affine_part, (mean, inverse), a);
     let shape = x.shape().to_vec();
     Ok(Tensor::from_op(
         y,

@@ -180,6 +180,14 @@ struct Admission {
 
 type Shared = Arc<Mutex<Admission>>;
 
+/// Frees the place a handshake claimed and could not finish; nothing once the rendezvous has
+/// ended (its places are gone).
+fn release(shared: &Shared, peer: usize) {
+    if let Some(place) = lock(shared).places.get_mut(peer) {
+        *place = Place::Free;
+    }
+}
+
 fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Admission> {
     shared.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -293,10 +301,7 @@ impl Acceptor {
                 Err(e) => {
                     // The dialler retries, as after any failed attempt.
                     tracing::warn!(%from, peer, %e, "the shared-ring handshake failed");
-                    let mut places = lock(shared);
-                    if let Some(place) = places.places.get_mut(peer) {
-                        *place = Place::Free;
-                    }
+                    release(shared, peer);
                 }
             },
             Ok(None) => {}
@@ -436,7 +441,7 @@ impl Acceptor {
             return Ok(false);
         }
         if let Err(e) = stream.write_all(&ACCEPTED) {
-            lock(shared).places[peer] = Place::Free;
+            release(shared, peer);
             return Err(e);
         }
         Ok(true)
