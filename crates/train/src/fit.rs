@@ -3,7 +3,7 @@
 use lockstep_data::{Dataset, IterState};
 
 use crate::batch::LabeledBatch;
-use crate::callbacks::Callback;
+use crate::callbacks::{Callback, CallbackList};
 use crate::error::TrainError;
 use crate::history::{History, Logs};
 use crate::kill_switch::KillSwitch;
@@ -91,7 +91,8 @@ where
         }
     }
 
-    /// Adds a callback; callbacks run in the order added.
+    /// Adds a callback; callbacks run in the order added, except that those that save the
+    /// training state ([`BackupAndRestore`](crate::BackupAndRestore)) run after all others.
     #[must_use]
     pub fn callback(mut self, callback: impl Callback + 'm) -> Self {
         self.callbacks.push(Box::new(callback));
@@ -124,19 +125,22 @@ where
             epochs,
             initial_epoch,
             steps_per_epoch,
-            mut callbacks,
+            callbacks,
             verbose,
         } = self;
+        let mut callbacks = CallbackList::new(callbacks);
         let compiled = model.compiled.clone().ok_or_else(not_compiled)?;
         let kill_switch = KillSwitch::from_env()?;
         let mut ctx = starting_context(model, initial_epoch);
-        for callback in &mut callbacks {
-            callback.on_train_begin(&mut ctx)?;
-        }
+        callbacks.each(&mut ctx, |c, ctx| c.on_train_begin(ctx))?;
         ctx.sync_from_chief()?;
+        // A restored backup's callback states, now on every worker.
+        let restored = std::mem::take(&mut ctx.callbacks);
+        callbacks.restore_states(&restored)?;
         let mut history = History::default();
         let fingerprint = data.fingerprint_value();
-        while ctx.position.epoch < epochs && !ctx.stop {
+        // A backup saved after a stop within an epoch resumes to finish that epoch's end.
+        while ctx.position.epoch < epochs && !(ctx.stop && ctx.position.steps_into_epoch == 0) {
             let epoch = ctx.position.epoch;
             let show = verbose && ctx.model.is_chief();
             let total = data
@@ -144,9 +148,7 @@ where
                 .finite()
                 .map(|n| steps_per_epoch.map_or(n, |cap| cap.min(n)));
             let progress = EpochProgress::start(show, epoch, epochs, total);
-            for callback in &mut callbacks {
-                callback.on_epoch_begin(epoch, &mut ctx)?;
-            }
+            callbacks.each(&mut ctx, |c, ctx| c.on_epoch_begin(epoch, ctx))?;
             let (pass, offset) = where_epoch_reads(steps_per_epoch, epoch, &ctx.position);
             let mut batches = data.iter_from(&IterState {
                 epoch: pass,
@@ -155,7 +157,8 @@ where
             })?;
             let mut ran_out = false;
             let replicas = ctx.model.replicas.len();
-            while steps_per_epoch.is_none_or(|cap| ctx.position.steps_into_epoch < cap) {
+            while !ctx.stop && steps_per_epoch.is_none_or(|cap| ctx.position.steps_into_epoch < cap)
+            {
                 let inputs = next_step(&mut batches, replicas)?
                     .unwrap_or_else(|| (0..replicas).map(|_| None).collect());
                 let here: usize = inputs
@@ -178,13 +181,8 @@ where
                 let logs = Logs::from_totals(&ctx.position.totals(), &compiled.metrics, "");
                 progress.step(ctx.position.steps_into_epoch, &logs);
                 let batch = ctx.position.steps_into_epoch - 1;
-                for callback in &mut callbacks {
-                    callback.on_train_batch_end(batch, &logs, &mut ctx)?;
-                }
+                callbacks.each(&mut ctx, |c, ctx| c.on_train_batch_end(batch, &logs, ctx))?;
                 kill_switch.after_step(ctx.position.step);
-                if ctx.stop {
-                    break;
-                }
             }
             let steps = ctx.position.steps_into_epoch;
             if ran_out {
@@ -201,13 +199,9 @@ where
             ctx.position.next_epoch();
             progress.finish(show, steps, &logs);
             history.record(epoch, &logs);
-            for callback in &mut callbacks {
-                callback.on_epoch_end(epoch, &logs, &mut ctx)?;
-            }
+            callbacks.each(&mut ctx, |c, ctx| c.on_epoch_end(epoch, &logs, ctx))?;
         }
-        for callback in &mut callbacks {
-            callback.on_train_end(&mut ctx)?;
-        }
+        callbacks.each(&mut ctx, |c, ctx| c.on_train_end(ctx))?;
         Ok(history)
     }
 }
@@ -227,6 +221,7 @@ fn starting_context(model: &mut Model, initial_epoch: u64) -> TrainingContext<'_
         },
         stop: false,
         workers,
+        callbacks: Vec::new(),
     }
 }
 

@@ -50,8 +50,8 @@ mod tensorboard;
 
 pub use batch::{BatchTargets, Label, LabeledBatch, LabeledParts};
 pub use callbacks::{
-    BackupAndRestore, Callback, CsvLogger, EarlyStopping, LearningRateScheduler, Mode,
-    ModelCheckpoint, SaveFreq, TrainingContext,
+    BackupAndRestore, Callback, CallbackState, CsvLogger, EarlyStopping, LearningRateScheduler,
+    Mode, ModelCheckpoint, SaveFreq, TrainingContext,
 };
 pub use error::TrainError;
 pub use estimator::{

@@ -260,6 +260,7 @@ impl Model {
                 ..Position::default()
             },
             workers,
+            &[],
         )?;
         Ok(CheckpointManager::new(dir, None)?.save(&checkpoint)?)
     }

@@ -6,6 +6,7 @@ use lockstep_collective::ReduceOp;
 use lockstep_nn::{LossConfig, ModelConfig, OptimizerConfig};
 use serde::{Deserialize, Serialize};
 
+use crate::callbacks::CallbackState;
 use crate::error::TrainError;
 use crate::model::Model;
 use crate::replica::{StepTotals, not_compiled, on_replicas};
@@ -26,6 +27,10 @@ pub(crate) struct Position {
     /// The compiled metrics' states, one after another.
     #[serde(default)]
     pub(crate) metrics: Vec<f64>,
+    /// Whether training was asked to stop (`EarlyStopping`, input that ran out) by the time
+    /// of the save: a run resumed from a backup of a finished run ends at once.
+    #[serde(default)]
+    pub(crate) stopped: bool,
 }
 
 impl Position {
@@ -77,6 +82,9 @@ pub(crate) struct Meta {
     #[serde(default)]
     pub(crate) loss_name: Option<String>,
     pub(crate) metrics: Vec<String>,
+    /// The stateful callbacks' states, in the order `fit` runs them.
+    #[serde(default)]
+    pub(crate) callbacks: Vec<CallbackState>,
 }
 
 const MODEL: &str = "model";
@@ -84,11 +92,12 @@ const OPTIMIZER: &str = "optimizer";
 
 /// The whole state of `model` as a checkpoint: weights, optimizer state and settings, the
 /// architecture and compile settings (so the checkpoint also loads as a whole model), and
-/// `position`.
+/// `position` and the `callbacks`' states.
 pub(crate) fn checkpoint_of(
     model: &Model,
     position: Position,
     workers: usize,
+    callbacks: &[CallbackState],
 ) -> Result<Checkpoint, TrainError> {
     let net = model.network();
     let optimizer = model.optimizer().ok_or_else(not_compiled)?;
@@ -142,6 +151,7 @@ pub(crate) fn checkpoint_of(
         metrics: compiled
             .map(super::model::Compiled::metric_names)
             .unwrap_or_default(),
+        callbacks: callbacks.to_vec(),
     })
     .map_err(|e| TrainError::invalid("checkpoint", e.to_string()))?;
     Ok(checkpoint)
@@ -259,6 +269,9 @@ pub struct TrainingContext<'m> {
     pub(crate) position: Position,
     pub(crate) stop: bool,
     pub(crate) workers: usize,
+    /// The stateful callbacks' states: as `fit` last gathered them before a callback that
+    /// saves the training state ran, or as a restored backup held them.
+    pub(crate) callbacks: Vec<CallbackState>,
 }
 
 impl TrainingContext<'_> {
@@ -302,13 +315,18 @@ impl TrainingContext<'_> {
     }
 
     /// The whole training state as a checkpoint: weights, optimizer state and iterations,
-    /// position (step, epoch, examples of the epoch consumed over all workers).
+    /// position (step, epoch, examples of the epoch consumed over all workers), and the
+    /// stateful callbacks' states ([`Callback::state`](crate::Callback::state)).
     ///
     /// # Errors
     ///
     /// When the model is not compiled.
     pub fn checkpoint(&self) -> Result<Checkpoint, TrainError> {
-        checkpoint_of(self.model, self.position.clone(), self.workers)
+        let position = Position {
+            stopped: self.stop,
+            ..self.position.clone()
+        };
+        checkpoint_of(self.model, position, self.workers, &self.callbacks)
     }
 
     /// Restores a checkpoint into this process's replicas and moves training to where it
@@ -320,6 +338,8 @@ impl TrainingContext<'_> {
     /// For a checkpoint of another model or optimizer, naming the difference.
     pub fn restore(&mut self, checkpoint: &Checkpoint) -> Result<(), TrainError> {
         self.position = restore_into(self.model, checkpoint)?;
+        self.stop = self.position.stopped;
+        self.callbacks = meta_of(checkpoint)?.callbacks;
         Ok(())
     }
 
@@ -369,7 +389,8 @@ impl TrainingContext<'_> {
     }
 
     /// Gives every replica of every worker the state of the chief's first replica: weights,
-    /// optimizer state and position (a backup restored on the chief reaches all).
+    /// optimizer state, position and callback states (a backup restored on the chief reaches
+    /// all).
     pub(crate) fn sync_from_chief(&mut self) -> Result<(), TrainError> {
         let n = self.model.network().parameters().len();
         let (iterations, slot_names, slots_ready, learning_rate) = {
@@ -389,6 +410,9 @@ impl TrainingContext<'_> {
             .compiled
             .as_ref()
             .map_or(0, |c| c.metrics.iter().map(|m| m.state().len()).sum());
+        // Callback states travel as their JSON's bytes, each exact in an f32.
+        let states = serde_json::to_vec(&self.callbacks)
+            .map_err(|e| TrainError::invalid("callback state", e.to_string()))?;
         let p = &self.position;
         let mut header = vec![
             p.step as f64,
@@ -399,14 +423,20 @@ impl TrainingContext<'_> {
             iterations as f64,
             f64::from(u8::from(slots_ready)),
             f64::from(learning_rate),
+            states.len() as f64,
+            f64::from(u8::from(self.stop)),
         ];
         let mut metrics = p.metrics.clone();
         metrics.resize(metric_len, 0.0);
         header.extend(metrics);
         let replicas = self.model.replicas.len();
+        let mut received = Vec::new();
         on_replicas(&mut self.model.replicas, vec![(); replicas], |r, ()| {
             let mut header = header.clone();
             r.link.broadcast(&mut header)?;
+            let mut bytes: Vec<f32> = states.iter().map(|&b| f32::from(b)).collect();
+            bytes.resize(header[8] as usize, 0.0);
+            r.link.broadcast(&mut bytes)?;
             r.link.broadcast(r.net.parameters_mut().values_mut())?;
             let optimizer = r.optimizer.as_mut().ok_or_else(not_compiled)?;
             if optimizer.schedule().is_none() {
@@ -429,17 +459,29 @@ impl TrainingContext<'_> {
             } else {
                 optimizer.restore(header[5] as u64, &[])?;
             }
-            Ok(header)
+            Ok((header, bytes))
         })
-        .map(|h| header = h)?;
+        .map(|(h, bytes)| {
+            header = h;
+            received = bytes;
+        })?;
         self.position = Position {
             step: header[0] as u64,
             epoch: header[1] as u64,
             steps_into_epoch: header[2] as u64,
             loss_sum: header[3],
             examples: header[4],
-            metrics: header[8..].to_vec(),
+            metrics: header[10..].to_vec(),
+            stopped: false,
         };
+        self.stop = header[9] == 1.0;
+        let bytes: Vec<u8> = received.iter().map(|&b| b as u8).collect();
+        self.callbacks = serde_json::from_slice(&bytes).map_err(|e| {
+            TrainError::invalid(
+                "callback state",
+                format!("the chief's callback states are unreadable: {e}"),
+            )
+        })?;
         Ok(())
     }
 }

@@ -25,9 +25,16 @@ pub enum SaveFreq {
 /// stopped at and reproduces the uninterrupted run bit for bit, also on another number of
 /// workers (with the same global batch).
 ///
+/// The backup also holds every stateful callback's state ([`Callback::state`]:
+/// `ModelCheckpoint`'s best value, `EarlyStopping`'s wait, `LearningRateScheduler`'s epoch),
+/// so that these go on after a resume as they would have; `fit` runs `BackupAndRestore` after
+/// all other callbacks, so a backup holds their states after the same step.
+///
 /// The chief writes the backup (keeping only the newest); after each save every worker
 /// learns whether it was written, so a failed save stops training everywhere with the
-/// reason. After a run that ends normally the backup is deleted, as `tf_keras` does.
+/// reason. After a run that ends normally the backup is deleted, as `tf_keras` does, once
+/// every worker has said that it finished: a worker that fails at the end leaves the backup
+/// for the restarted job.
 #[derive(Debug, Clone)]
 pub struct BackupAndRestore {
     dir: PathBuf,
@@ -126,10 +133,22 @@ impl Callback for BackupAndRestore {
         }
     }
 
-    fn on_train_end(&mut self, _ctx: &mut TrainingContext<'_>) -> Result<(), TrainError> {
-        match (&self.manager, self.delete_checkpoint) {
-            (Some(manager), true) => Ok(manager.delete_all()?),
-            _ => Ok(()),
+    fn on_train_end(&mut self, ctx: &mut TrainingContext<'_>) -> Result<(), TrainError> {
+        if !self.delete_checkpoint {
+            return Ok(());
         }
+        // Every worker reaches here only after its whole run, other callbacks' ends included;
+        // one that failed on the way breaks this agreement, and the backup stays.
+        if !ctx.agree(true)? {
+            return Ok(());
+        }
+        match &self.manager {
+            Some(manager) => Ok(manager.delete_all()?),
+            None => Ok(()),
+        }
+    }
+
+    fn saves_training_state(&self) -> bool {
+        true
     }
 }

@@ -1,12 +1,26 @@
 //! `EarlyStopping`: stop when a monitored value stops improving.
 
-use crate::callbacks::{Callback, Mode, TrainingContext};
+use serde::{Deserialize, Serialize};
+
+use crate::callbacks::{Callback, CallbackState, Mode, TrainingContext, f64_bits};
 use crate::error::TrainError;
 use crate::history::Logs;
 
+const NAME: &str = "EarlyStopping";
+
+/// What a backup keeps of an `EarlyStopping`.
+#[derive(Serialize, Deserialize)]
+struct Saved {
+    monitor: String,
+    #[serde(with = "f64_bits")]
+    best: Option<f64>,
+    wait: u64,
+}
+
 /// Stops training after `patience` epochs without an improvement of `monitor` by more than
 /// `min_delta`, as `tf.keras.callbacks.EarlyStopping`. Every worker sees the same logs, so
-/// all stop after the same epoch.
+/// all stop after the same epoch. Its best value and the epochs waited are in every backup,
+/// so a resumed run stops where the uninterrupted one would.
 #[derive(Debug, Clone)]
 pub struct EarlyStopping {
     monitor: String,
@@ -77,6 +91,29 @@ impl Callback for EarlyStopping {
                 ctx.stop_training();
             }
         }
+        Ok(())
+    }
+
+    fn state(&self) -> Option<CallbackState> {
+        let saved = Saved {
+            monitor: self.monitor.clone(),
+            best: self.best,
+            wait: self.wait,
+        };
+        CallbackState::new(NAME, &saved).ok()
+    }
+
+    fn restore_state(&mut self, state: &CallbackState) -> Result<(), TrainError> {
+        let saved: Saved = state.value(NAME)?;
+        if saved.monitor != self.monitor {
+            tracing::warn!(
+                saved = %saved.monitor,
+                monitor = %self.monitor,
+                "EarlyStopping: the backup watched another value; starting afresh"
+            );
+            return Ok(());
+        }
+        (self.best, self.wait) = (saved.best, saved.wait);
         Ok(())
     }
 }

@@ -1,16 +1,21 @@
 //! Callbacks: code that runs at points of `fit`, as Keras' `tf.keras.callbacks`.
 
 mod backup_and_restore;
+mod callback_state;
 mod csv_logger;
 mod early_stopping;
 mod learning_rate_scheduler;
+mod list;
 mod model_checkpoint;
 mod monitor;
 
 pub use backup_and_restore::{BackupAndRestore, SaveFreq};
+pub use callback_state::CallbackState;
+pub(crate) use callback_state::f64_bits;
 pub use csv_logger::CsvLogger;
 pub use early_stopping::EarlyStopping;
 pub use learning_rate_scheduler::LearningRateScheduler;
+pub(crate) use list::CallbackList;
 pub use model_checkpoint::ModelCheckpoint;
 pub use monitor::Mode;
 
@@ -83,6 +88,31 @@ pub trait Callback {
         let _ = ctx;
         Ok(())
     }
+
+    /// What this callback carries from one step to the next, which every backup holds so
+    /// that a resumed run goes on as the uninterrupted one would (`ModelCheckpoint`'s best
+    /// value, `EarlyStopping`'s wait). `None`, the default: it carries nothing.
+    fn state(&self) -> Option<CallbackState> {
+        None
+    }
+
+    /// Takes back what [`Callback::state`] gave, when `fit` resumes from a backup: on every
+    /// worker, after every callback's `on_train_begin`.
+    ///
+    /// # Errors
+    ///
+    /// When the state is not this callback's; `fit` stops with the error.
+    fn restore_state(&mut self, state: &CallbackState) -> Result<(), TrainError> {
+        let _ = state;
+        Ok(())
+    }
+
+    /// Whether this callback saves the training state, as `BackupAndRestore` does: `fit` runs
+    /// its hooks after every other callback's, so what it saves holds their states after the
+    /// same step (PyTorch Lightning runs its checkpointing callbacks last for the same reason).
+    fn saves_training_state(&self) -> bool {
+        false
+    }
 }
 
 pub use crate::state::TrainingContext;
@@ -117,5 +147,14 @@ impl<C: Callback + ?Sized> Callback for Box<C> {
     }
     fn on_train_end(&mut self, ctx: &mut TrainingContext<'_>) -> Result<(), TrainError> {
         (**self).on_train_end(ctx)
+    }
+    fn state(&self) -> Option<CallbackState> {
+        (**self).state()
+    }
+    fn restore_state(&mut self, state: &CallbackState) -> Result<(), TrainError> {
+        (**self).restore_state(state)
+    }
+    fn saves_training_state(&self) -> bool {
+        (**self).saves_training_state()
     }
 }

@@ -3,9 +3,21 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use crate::callbacks::{Callback, Mode, SaveFreq, TrainingContext};
+use serde::{Deserialize, Serialize};
+
+use crate::callbacks::{Callback, CallbackState, Mode, SaveFreq, TrainingContext, f64_bits};
 use crate::error::TrainError;
 use crate::history::Logs;
+
+const NAME: &str = "ModelCheckpoint";
+
+/// What a backup keeps of a `ModelCheckpoint`: the best value of its monitor so far.
+#[derive(Serialize, Deserialize)]
+struct Saved {
+    monitor: String,
+    #[serde(with = "f64_bits")]
+    best: Option<f64>,
+}
 
 /// Saves the whole model (or with [`ModelCheckpoint::save_weights_only`]`(true)`, or a path
 /// ending in `.safetensors`, only the weights) to a path made from a pattern, as
@@ -17,7 +29,9 @@ use crate::history::Logs;
 /// newest); weights are a safetensors file named by variable, which
 /// [`Model::load_weights`](crate::Model::load_weights) reads.
 ///
-/// With `save_best_only`, a save happens only when `monitor` improved (direction from `mode`).
+/// With `save_best_only`, a save happens only when `monitor` improved (direction from `mode`);
+/// the best value so far is in every backup, so a resumed run does not overwrite the best
+/// model with a worse one.
 /// The chief writes; every worker learns whether it could, so an unwritable path stops
 /// training everywhere with the reason.
 #[derive(Debug, Clone)]
@@ -151,6 +165,31 @@ impl Callback for ModelCheckpoint {
             SaveFreq::Epoch => self.save(epoch, None, logs, ctx),
             SaveFreq::Steps(_) => Ok(()),
         }
+    }
+
+    fn state(&self) -> Option<CallbackState> {
+        if !self.save_best_only {
+            return None;
+        }
+        let saved = Saved {
+            monitor: self.monitor.clone(),
+            best: self.best,
+        };
+        CallbackState::new(NAME, &saved).ok()
+    }
+
+    fn restore_state(&mut self, state: &CallbackState) -> Result<(), TrainError> {
+        let saved: Saved = state.value(NAME)?;
+        if saved.monitor == self.monitor {
+            self.best = saved.best;
+        } else {
+            tracing::warn!(
+                saved = %saved.monitor,
+                monitor = %self.monitor,
+                "ModelCheckpoint: the backup watched another value; starting afresh"
+            );
+        }
+        Ok(())
     }
 }
 

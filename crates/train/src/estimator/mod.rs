@@ -532,6 +532,7 @@ impl Estimator {
             position,
             stop: false,
             workers,
+            callbacks: Vec::new(),
         };
         context.sync_from_chief()?;
         self.global_step = context.position.step;
@@ -569,6 +570,7 @@ impl Estimator {
             },
             stop: false,
             workers,
+            callbacks: Vec::new(),
         };
         context.chief_writes("Estimator", "a checkpoint", |context| {
             let manager = CheckpointManager::new(&dir, (keep > 0).then_some(keep))?;
