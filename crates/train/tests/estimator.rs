@@ -353,3 +353,67 @@ fn a_ps_task_under_train_and_evaluate_trains_and_writes_nothing() {
         std::fs::read_dir(&model_dir).map(Iterator::count)
     );
 }
+
+/// Set in a copy of this test binary that runs one scenario of
+/// [`a_run_config_without_a_cluster_takes_the_environments_as_tensorflows_reads_tf_config`]
+/// with `TF_CONFIG` in its environment: the scenario's name and a directory.
+const ENVIRONMENT_CHILD: &str = "LOCKSTEP_TEST_RUN_CONFIG_CHILD";
+
+/// In the child: `train_and_evaluate` with a `RunConfig` that names no cluster, as the
+/// scenario expects; writes `ran` in the directory when its assertions held.
+fn run_config_child(scenario: &str, dir: &Path) {
+    let model_dir = dir.join("model");
+    let mut estimator = Estimator::new(model_fn, RunConfig::new(&model_dir));
+    let result = train_and_evaluate(
+        &mut estimator,
+        &TrainSpec::new(input_fn, Some(10)),
+        &EvalSpec::new(input_fn),
+    );
+    if scenario == "ps" {
+        assert!(result.unwrap().is_none());
+    } else {
+        let err = result.unwrap_err().to_string();
+        assert!(err.contains("MultiWorkerMirroredStrategy"), "{err}");
+        assert!(err.contains("worker:1"), "{err}");
+    }
+    assert!(
+        !model_dir.exists(),
+        "{scenario}: the task wrote its model_dir"
+    );
+    std::fs::write(dir.join("ran"), scenario).unwrap();
+}
+
+#[test]
+fn a_run_config_without_a_cluster_takes_the_environments_as_tensorflows_reads_tf_config() {
+    if let Ok(value) = std::env::var(ENVIRONMENT_CHILD) {
+        let (scenario, dir) = value.split_once(':').unwrap();
+        run_config_child(scenario, Path::new(dir));
+        return;
+    }
+    let cluster = r#""cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": ["127.0.0.1:3"]}"#;
+    let tasks = [
+        ("ps", r#"{"type": "ps", "index": 0}"#),
+        ("worker", r#"{"type": "worker", "index": 1}"#),
+    ];
+    for (scenario, task) in tasks {
+        let dir = tempfile::tempdir().unwrap();
+        let tf_config = format!(r#"{{{cluster}, "task": {task}}}"#);
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_run_config_without_a_cluster_takes_the_environments_as_tensorflows_reads_tf_config",
+            ])
+            .env(
+                ENVIRONMENT_CHILD,
+                format!("{scenario}:{}", dir.path().display()),
+            )
+            .env("TF_CONFIG", &tf_config)
+            .status()
+            .unwrap();
+        assert!(status.success(), "{scenario} with {tf_config}");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("ran")).unwrap(),
+            scenario
+        );
+    }
+}

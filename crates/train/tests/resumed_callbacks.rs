@@ -31,7 +31,7 @@ fn run(epochs: u64, callbacks: Vec<Box<dyn Callback>>) -> Result<(Vec<f32>, Hist
     Ok((model.network().parameters().values().to_vec(), history))
 }
 
-fn backup(dir: &Path) -> Box<BackupAndRestore> {
+fn backup(dir: &Path) -> Box<dyn Callback> {
     Box::new(BackupAndRestore::new(dir.join("backup")))
 }
 
@@ -128,6 +128,7 @@ impl Callback for FailsAtTheEndOffTheChief {
     }
 }
 
+#[derive(Clone, Copy)]
 enum Ending {
     Crash,
     FailOffTheChief,

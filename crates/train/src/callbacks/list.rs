@@ -17,10 +17,10 @@ pub(crate) struct CallbackList<'m> {
 impl<'m> CallbackList<'m> {
     pub(crate) fn new(mut callbacks: Vec<Box<dyn Callback + 'm>>) -> Self {
         // A stable sort: each group keeps the order the user gave.
-        callbacks.sort_by_key(|c| c.saves_training_state());
+        callbacks.sort_by_key(Callback::saves_training_state);
         let first_saver = callbacks
             .iter()
-            .position(|c| c.saves_training_state())
+            .position(Callback::saves_training_state)
             .unwrap_or(callbacks.len());
         Self {
             callbacks,
@@ -45,7 +45,7 @@ impl<'m> CallbackList<'m> {
     }
 
     fn states(&self) -> Vec<CallbackState> {
-        self.callbacks.iter().filter_map(|c| c.state()).collect()
+        self.callbacks.iter().filter_map(Callback::state).collect()
     }
 
     /// Gives each stateful callback the saved state of its type in the same turn (the second
@@ -57,16 +57,14 @@ impl<'m> CallbackList<'m> {
             let Some(fresh) = callback.state() else {
                 continue;
             };
-            match saved.iter().position(|s| s.callback == fresh.callback) {
-                Some(at) => {
-                    if let Some(state) = saved.remove(at) {
-                        callback.restore_state(state)?;
-                    }
-                }
-                None => tracing::warn!(
+            let at = saved.iter().position(|s| s.callback == fresh.callback);
+            if let Some(state) = at.and_then(|at| saved.remove(at)) {
+                callback.restore_state(state)?;
+            } else {
+                tracing::warn!(
                     callback = %fresh.callback,
                     "the backup holds no state for this callback: it starts afresh"
-                ),
+                );
             }
         }
         for unused in saved {

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use lockstep_cluster::Cluster;
+use lockstep_cluster::{AutoResolver, Cluster, ClusterResolver as _};
 
 use crate::strategy::Strategy;
 
@@ -44,9 +44,11 @@ pub struct RunConfig {
     pub save_summary_steps: u64,
     /// The seed the `model_fn` builds with ([`Variables::random_seed`](super::Variables::random_seed)).
     pub random_seed: Option<u64>,
-    /// The cluster this task belongs to (roles: chief, evaluator); one local worker by
-    /// default, as TensorFlow without `TF_CONFIG`.
-    pub cluster: Cluster,
+    /// The cluster this task belongs to (roles: chief, worker, evaluator, ps). `None`, the
+    /// default: as the environment says when the estimator runs, as TensorFlow's `RunConfig`
+    /// reads `TF_CONFIG` (Lockstep also reads SLURM's and Kubernetes' variables; one local
+    /// worker without any).
+    pub cluster: Option<Cluster>,
 }
 
 impl RunConfig {
@@ -72,11 +74,23 @@ impl RunConfig {
         self
     }
 
-    /// Runs as the task `cluster` says (the evaluator of `train_and_evaluate` needs it).
+    /// Runs as the task `cluster` says, whatever the environment holds.
     #[must_use]
     pub fn cluster(mut self, cluster: Cluster) -> Self {
-        self.cluster = cluster;
+        self.cluster = Some(cluster);
         self
+    }
+
+    /// The cluster set with [`RunConfig::cluster`], or else the environment's.
+    ///
+    /// # Errors
+    ///
+    /// When the environment describes a cluster badly (a `TF_CONFIG` that does not parse).
+    pub fn resolved_cluster(&self) -> Result<Cluster, lockstep_cluster::ClusterError> {
+        match &self.cluster {
+            Some(cluster) => Ok(cluster.clone()),
+            None => AutoResolver::from_env()?.resolve(),
+        }
     }
 
     /// Seconds between time-based checkpoints: TensorFlow's 600 when no frequency is set.
@@ -100,7 +114,7 @@ impl Default for RunConfig {
             log_step_count_steps: 100,
             save_summary_steps: 100,
             random_seed: None,
-            cluster: Cluster::local(),
+            cluster: None,
         }
     }
 }
@@ -123,7 +137,7 @@ impl fmt::Debug for RunConfig {
             .field("log_step_count_steps", &self.log_step_count_steps)
             .field("save_summary_steps", &self.save_summary_steps)
             .field("random_seed", &self.random_seed)
-            .field("cluster", &self.cluster.task())
+            .field("cluster", &self.cluster.as_ref().map(Cluster::task))
             .finish()
     }
 }

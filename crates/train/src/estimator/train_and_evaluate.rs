@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockstep_cluster::EVALUATOR;
+use lockstep_cluster::{Cluster, EVALUATOR};
 use lockstep_data::{Dataset, InputContext};
 
 use super::{Estimator, ModeKeys};
@@ -95,7 +95,7 @@ where
     E: Dataset<Item = C>,
     C: LabeledBatch,
 {
-    let cluster = &estimator.config().cluster;
+    let cluster = estimator.config().resolved_cluster()?;
     if cluster.task().job == EVALUATOR {
         let max_steps = train_spec.max_steps.ok_or_else(|| {
             TrainError::invalid(
@@ -114,6 +114,7 @@ where
         );
         return Ok(None);
     }
+    check_strategy_fits(estimator, &cluster)?;
     let has_evaluator = cluster.spec().has_job(EVALUATOR);
     estimator.train(&train_spec.input_fn, None, train_spec.max_steps)?;
     if has_evaluator || !estimator.is_chief() {
@@ -123,6 +124,29 @@ where
     write_eval_summaries(&mut eval_writer(estimator, eval_spec)?, &logs)?;
     tracing::info!("evaluation: {}", logs.line());
     Ok(Some(logs))
+}
+
+/// A trainer's strategy must train the cluster's workers together: one that trains this
+/// process alone (the default `OneDeviceStrategy`, or `MirroredStrategy`) in a cluster of
+/// several workers would write checkpoints as a second chief, or train apart from the others.
+fn check_strategy_fits(estimator: &Estimator, cluster: &Cluster) -> Result<(), TrainError> {
+    let workers = estimator.context.num_input_pipelines;
+    if workers != cluster.world_size().max(1) || estimator.is_chief() != cluster.is_chief() {
+        return Err(TrainError::invalid(
+            "train_and_evaluate",
+            format!(
+                "task {} is one of {} workers in its cluster, but the RunConfig's train_distribute trains {workers} worker(s){}: give it a MultiWorkerMirroredStrategy of this cluster",
+                cluster.task(),
+                cluster.world_size(),
+                if estimator.is_chief() {
+                    " as the chief"
+                } else {
+                    ""
+                },
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn run_evaluator<G, E, C>(
