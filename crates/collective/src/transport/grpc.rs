@@ -41,12 +41,17 @@ mod proto {
 
 use proto::collective_client::CollectiveClient;
 use proto::collective_server::{Collective, CollectiveServer};
+use proto::rendezvous_client::RendezvousClient;
+use proto::rendezvous_server::{Rendezvous, RendezvousServer};
 use proto::{Frame, Identity};
 
 /// HTTP/2 windows and frames sized for multi-MB messages (tonic's defaults reach ~0.2 GB/s).
 const STREAM_WINDOW: u32 = 16 << 20;
 const CONNECTION_WINDOW: u32 = 32 << 20;
 const MAX_MESSAGE: usize = (1 << 30) + HEADER_LEN;
+/// The largest `Hello` decoded (an `Identity` is under 100 bytes): a caller that has proven
+/// nothing yet cannot make a task buffer more.
+const MAX_HELLO: usize = 1 << 10;
 /// Inbound frames queued per peer before its stream is read no further.
 const INBOX_FRAMES: usize = 16;
 /// `Hello` sessions kept for `Exchange` calls to come; the oldest goes first beyond.
@@ -190,7 +195,7 @@ fn metadata_u64(request_meta: &tonic::metadata::MetadataMap, key: &str) -> Optio
 }
 
 #[tonic::async_trait]
-impl Collective for Service {
+impl Rendezvous for Service {
     async fn hello(&self, request: Request<Identity>) -> Result<Response<Identity>, Status> {
         let them = request.into_inner();
         if them.cluster != self.me.cluster
@@ -237,6 +242,10 @@ impl Collective for Service {
         }))
     }
 
+}
+
+#[tonic::async_trait]
+impl Collective for Service {
     type ExchangeStream = Pin<Box<dyn Stream<Item = Result<Frame, Status>> + Send + 'static>>;
 
     async fn exchange(
@@ -365,21 +374,26 @@ impl GrpcTransport {
             tokio::net::TcpListener::from_std(listener)
                 .map_err(|e| setup(format!("serving on {}: {e}", addresses[rank])))?
         };
-        let service = CollectiveServer::new(Service {
+        let service = Arc::new(Service {
             me: me.clone(),
             secret: options.secret.clone(),
             links: Arc::clone(&links),
             sessions: Mutex::new(Vec::new()),
-        })
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE);
+        });
+        let rendezvous = RendezvousServer::from_arc(Arc::clone(&service))
+            .max_decoding_message_size(MAX_HELLO)
+            .max_encoding_message_size(MAX_HELLO);
+        let collective = CollectiveServer::from_arc(service)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
         runtime.spawn(
             Server::builder()
                 .initial_stream_window_size(STREAM_WINDOW)
                 .initial_connection_window_size(CONNECTION_WINDOW)
                 .max_frame_size(Some((1 << 24) - 1))
                 .tcp_nodelay(true)
-                .add_service(service)
+                .add_service(rendezvous)
+                .add_service(collective)
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                     let _ = stop.await;
                 }),
@@ -460,7 +474,7 @@ async fn open(
     let (mut client, session, proof) = loop {
         let attempt = async {
             let channel: Channel = endpoint.connect().await.map_err(|e| e.to_string())?;
-            let mut client = CollectiveClient::new(channel)
+            let client = CollectiveClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE);
             let our_nonce = nonce().map_err(|e| e.to_string())?;
@@ -468,7 +482,9 @@ async fn open(
                 nonce: our_nonce.to_vec().into(),
                 ..me.clone()
             };
-            let them = client
+            let them = RendezvousClient::new(channel)
+                .max_decoding_message_size(MAX_HELLO)
+                .max_encoding_message_size(MAX_HELLO)
                 .hello(hello)
                 .await
                 .map_err(|s| s.message().to_owned())?
@@ -685,23 +701,72 @@ mod tests {
             GrpcTransport::connect_on(listeners.remove(0), 0, &addresses, &options).unwrap();
         let mut rank1 = rank1.join().unwrap().unwrap();
         // The real rank 0's stream carries its frames to rank 1.
-        let message = Message {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        assert!(rank0.send(1, one_float(77), deadline).unwrap());
+        let received = rank1.recv(0, deadline).unwrap().unwrap();
+        assert_eq!(&received.payload[..], &[0, 0, 128, 63]);
+    }
+
+    #[test]
+    fn an_oversize_hello_is_refused_unread_and_the_group_still_forms() {
+        let (mut listeners, addresses) = listeners();
+        let options = TcpOptions {
+            cluster: 79,
+            rendezvous_timeout: Duration::from_secs(10),
+            secret: Some(ClusterSecret::new(*b"a secret for the gRPC test").unwrap()),
+            ..TcpOptions::default()
+        };
+        let (a1, o1, l1) = (addresses.clone(), options.clone(), listeners.remove(1));
+        let rank1 = std::thread::spawn(move || GrpcTransport::connect_on(l1, 1, &a1, &o1));
+        // A stranger sends a Hello of 64 MiB, which the collective's own limit would take.
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let refused = runtime.block_on(async {
+            let endpoint = Endpoint::from_shared(format!("http://{}", addresses[1])).unwrap();
+            let channel = loop {
+                if let Ok(channel) = endpoint.connect().await {
+                    break channel;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            let hello = Identity {
+                cluster: 79,
+                rank: 0,
+                world: 2,
+                nonce: vec![7; 64 << 20].into(),
+                proof: bytes::Bytes::new(),
+            };
+            RendezvousClient::new(channel)
+                .max_encoding_message_size(usize::MAX)
+                .hello(hello)
+                .await
+                .err()
+                .unwrap()
+        });
+        assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused}");
+        let mut rank0 =
+            GrpcTransport::connect_on(listeners.remove(0), 0, &addresses, &options).unwrap();
+        let mut rank1 = rank1.join().unwrap().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        assert!(rank0.send(1, one_float(79), deadline).unwrap());
+        let received = rank1.recv(0, deadline).unwrap().unwrap();
+        assert_eq!(&received.payload[..], &[0, 0, 128, 63]);
+    }
+
+    /// A data message of one float, 1.0, in `cluster`.
+    fn one_float(cluster: u64) -> Message {
+        Message {
             header: Header {
                 kind: crate::header::Kind::Data,
                 op: crate::header::Op::AllReduce,
                 dtype: crate::header::DType::F32,
                 reduce: 0,
-                cluster: 77,
+                cluster,
                 seq: 0,
                 count: 1,
                 source: 0,
             },
             payload: bytes::Bytes::from_static(&[0, 0, 128, 63]),
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        assert!(rank0.send(1, message, deadline).unwrap());
-        let received = rank1.recv(0, deadline).unwrap().unwrap();
-        assert_eq!(&received.payload[..], &[0, 0, 128, 63]);
+        }
     }
 
     #[test]
