@@ -232,4 +232,27 @@ mod tests {
         bad_op[6] = 99;
         assert!(Header::decode(&bad_op).is_err());
     }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_decode_to_a_header_that_encodes_back_or_an_error(
+            mut raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..80),
+            framed: bool,
+        ) {
+            // Half the cases start as a header does, so that more of them get past the magic.
+            if framed && raw.len() >= 6 {
+                raw[..4].copy_from_slice(&MAGIC.to_le_bytes());
+                raw[4] = VERSION;
+                raw[5] %= 2;
+            }
+            if let Ok((header, len)) = Header::decode(&raw) {
+                let mut out = BytesMut::new();
+                header.encode(len, &mut out);
+                // The three reserved bytes are not read: they encode back as zeros.
+                let mut want = raw[..HEADER_LEN].to_vec();
+                want[9..12].fill(0);
+                proptest::prop_assert_eq!(&out[..], &want[..]);
+            }
+        }
+    }
 }

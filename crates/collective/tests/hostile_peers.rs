@@ -301,3 +301,91 @@ fn a_replayed_handshake_takes_no_place_and_the_group_forms() {
     let (results, _) = started.join().unwrap();
     assert_reduced(&results);
 }
+
+#[test]
+fn a_frame_announcing_more_than_the_limit_fails_the_rank_naming_it() {
+    let (mut listeners, addresses) = listeners(2);
+    // No secret: whoever knows the protocol completes the handshake, as a peer that is in
+    // the cluster but broken or hostile would.
+    let options = options(Duration::from_secs(5));
+    let (a1, o1, l1) = (addresses.clone(), options.clone(), listeners.remove(1));
+    let rank1 = thread::spawn(move || {
+        let transport = TcpTransport::connect_on(l1, 1, &a1, &o1)?;
+        let mut comm = Communicator::new(
+            transport,
+            CommunicationOptions {
+                timeout: Duration::from_secs(5),
+                ..CommunicationOptions::default()
+            },
+        );
+        let mut data = [1.0_f32, 2.0];
+        comm.all_reduce(&mut data, ReduceOp::Sum).map(|()| data)
+    });
+    let mut peer = loop {
+        if let Ok(stream) = TcpStream::connect(&addresses[1]) {
+            break stream;
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    peer.write_all(&hello(options.cluster, 0, 2)).unwrap();
+    peer.write_all(&[7; 32]).unwrap();
+    let mut reply = [0_u8; 24 + 32 + 32];
+    peer.read_exact(&mut reply).unwrap();
+    let proof = proof_without_secret(options.cluster, &[7; 32], &reply[24..56]);
+    peer.write_all(b"LSHC").unwrap();
+    peer.write_all(&proof).unwrap();
+    let mut verdict = [0_u8; 4];
+    peer.read_exact(&mut verdict).unwrap();
+    assert_eq!(&verdict, b"LSHA");
+    // A well-formed header of this cluster whose payload is 4 GiB: refused on its length,
+    // before any of it is read or allocated.
+    let header = lockstep_collective::Header {
+        kind: lockstep_collective::Kind::Data,
+        op: lockstep_collective::Op::AllReduce,
+        dtype: lockstep_collective::DType::F32,
+        reduce: 0,
+        cluster: options.cluster,
+        seq: 0,
+        count: 2,
+        source: 0,
+    };
+    let mut frame = bytes::BytesMut::new();
+    header.encode(u32::MAX, &mut frame);
+    peer.write_all(&frame).unwrap();
+    let started = Instant::now();
+    let err = rank1.join().unwrap().err().unwrap().to_string();
+    assert!(err.contains("limit"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(peer);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(8))]
+
+    /// Whatever a stranger sends in place of a handshake (a hello of the public identity and
+    /// a nonce first, or not, then any bytes as its confirmation), it takes no place: the
+    /// group forms and reduces.
+    #[test]
+    fn any_bytes_sent_as_a_handshake_take_no_place_and_the_group_forms(
+        introduced: bool,
+        garbage in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..120),
+    ) {
+        let (listeners, addresses) = listeners(2);
+        let options = TcpOptions {
+            secret: Some(secret("the secret of this cluster")),
+            ..options(Duration::from_secs(10))
+        };
+        let mut stranger = TcpStream::connect(&addresses[1]).unwrap();
+        if introduced {
+            stranger.write_all(&hello(options.cluster, 0, 2)).unwrap();
+            stranger.write_all(&[3; 32]).unwrap();
+        }
+        stranger.write_all(&garbage).unwrap();
+        let (results, took) =
+            reduce_pair(listeners, &addresses, &options, Duration::from_millis(100));
+        assert_reduced(&results);
+        proptest::prop_assert!(took < Duration::from_secs(10), "{took:?}");
+        drop(stranger);
+    }
+}
