@@ -9,10 +9,10 @@
 # Needs: PY=/path/to/python with tensorflow-cpu 2.21 and torch; Debian's dataset-fashion-mnist.
 # REPS (default 3) repetitions; THREADS (default 2) threads for every framework.
 #
-# Figures: the references' loop_ex_per_s (examples of steps 2..N over the time from the end of
-# step 1 to the end of step N); Lockstep's examples_per_s (every step of `fit`, the first and
-# the data set's fingerprint included, over fit's wall time), so Lockstep's figure is the
-# stricter one.
+# Figures: every framework's loop_ex_per_s, measured alike: the examples of steps 2..N over
+# the time from the end of step 1 to the end of step N (Lockstep's from its StepClock callback).
+# Lockstep also prints examples_per_s: every step of `fit`, the first and the data set's
+# fingerprint included, and the test set's evaluation, over their wall time.
 set -euo pipefail
 PY="${PY:-python3}"
 REPS="${REPS:-3}"
@@ -29,7 +29,7 @@ reference() { # framework model seed
 lockstep() { # model seed
   target/release/fashion_mnist --model "$1" --seed "$2" --epochs 1 --threads "$THREADS" \
     2>/dev/null |
-    sed -n 's/^test_accuracy=\([0-9.]*\) .*examples_per_s=\([0-9]*\).*$/lockstep,'"$1"',examples_per_s=\2,test_acc=\1/p'
+    sed -n 's/^test_accuracy=\([0-9.]*\) .* examples_per_s=\([0-9]*\) loop_examples_per_s=\([0-9]*\) .*$/lockstep,'"$1"',loop_ex_per_s=\3,examples_per_s=\2,test_acc=\1/p'
 }
 
 for rep in $(seq 0 $((REPS - 1))); do

@@ -234,3 +234,56 @@ mod tests {
         assert_eq!(purge_delay(), -1);
     }
 }
+
+/// When the steps of a `fit` ended: the first (from `started`, the process's start) and the
+/// last, so a run can report its steady speed as the references of `benches/` measure theirs
+/// (examples of steps 2..N over the time from the end of step 1 to the end of step N).
+#[derive(Debug)]
+pub struct StepClock {
+    started: std::time::Instant,
+    first: Option<std::time::Instant>,
+    last: Option<std::time::Instant>,
+}
+
+impl StepClock {
+    /// A clock whose first-step time counts from `started`.
+    pub fn new(started: std::time::Instant) -> Self {
+        Self {
+            started,
+            first: None,
+            last: None,
+        }
+    }
+
+    /// Seconds from `started` to the end of the first step (NaN before any step).
+    pub fn first_step_s(&self) -> f64 {
+        self.first
+            .map_or(f64::NAN, |t| t.duration_since(self.started).as_secs_f64())
+    }
+
+    /// Examples per second of the steps after the first: `examples` trained in all, of which
+    /// `first_step_examples` in the first step (NaN with fewer than two steps).
+    pub fn loop_examples_per_s(&self, examples: u64, first_step_examples: u64) -> f64 {
+        match (self.first, self.last) {
+            (Some(first), Some(last)) if last > first => {
+                examples.saturating_sub(first_step_examples) as f64
+                    / last.duration_since(first).as_secs_f64()
+            }
+            _ => f64::NAN,
+        }
+    }
+}
+
+impl lockstep_train::Callback for &mut StepClock {
+    fn on_train_batch_end(
+        &mut self,
+        _batch: u64,
+        _logs: &lockstep_train::Logs,
+        _ctx: &mut lockstep_train::TrainingContext<'_>,
+    ) -> Result<(), lockstep_train::TrainError> {
+        let now = std::time::Instant::now();
+        self.first.get_or_insert(now);
+        self.last = Some(now);
+        Ok(())
+    }
+}

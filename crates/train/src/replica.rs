@@ -204,6 +204,24 @@ pub(crate) fn not_compiled() -> TrainError {
     )
 }
 
+/// Runs `f` on a thread of the kernels' pool (rayon's global pool), where it is not on one
+/// already. A kernel called from inside the pool forks its parallel parts onto the pool's
+/// queues and runs one of them itself; called from outside, every kernel hands its whole job
+/// in and sleeps until a pool thread has woken and finished it, a round trip through the
+/// scheduler that costs more than the arithmetic of a small model's step (the Keras guide's
+/// MLP: a step about three times faster inside).
+///
+/// Only a process's single replica runs this way: replicas of one process wait for each other
+/// in their collectives, so each keeps a thread of its own, outside the pool (one pool thread
+/// blocked in a replica's collective must not be the thread another replica needs).
+fn on_a_kernel_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_thread_index().is_some() {
+        f()
+    } else {
+        rayon::scope(|_| f())
+    }
+}
+
 /// Runs `work` on every replica with its input, the first on this thread and the others on
 /// threads of their own (their collectives meet in the middle); returns the first replica's
 /// result, or the first error.
@@ -234,7 +252,7 @@ where
         .next()
         .ok_or_else(|| TrainError::invalid("input", "no batch for replica 0"))?;
     if rest.is_empty() {
-        return work(first, first_input);
+        return on_a_kernel_thread(|| work(first, first_input));
     }
     let work = &work;
     std::thread::scope(|scope| {

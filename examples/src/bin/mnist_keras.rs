@@ -41,8 +41,8 @@ use lockstep_data::mnist::{Mnist, scale};
 use lockstep_examples::{ClusterArgs, ClusterTrainingArgs};
 use lockstep_nn::{Adam, Sgd, SparseCategoricalCrossentropy, models};
 use lockstep_train::{
-    BackupAndRestore, Callback, Logs, Model, ModelCheckpoint, MultiWorkerMirroredStrategy,
-    OneDeviceStrategy, SaveFreq, SidecarEvaluator, TensorBoard, TrainError, TrainingContext,
+    BackupAndRestore, Model, ModelCheckpoint, MultiWorkerMirroredStrategy, OneDeviceStrategy,
+    SaveFreq, SidecarEvaluator, TensorBoard,
 };
 
 /// Activations of several MB are allocated every step; mimalloc keeps them mapped.
@@ -208,25 +208,6 @@ fn backup(
     ))
 }
 
-/// Records when the first training step ended, counted from `started`.
-struct FirstStep {
-    started: Instant,
-    at: Option<f64>,
-}
-
-impl Callback for &mut FirstStep {
-    fn on_train_batch_end(
-        &mut self,
-        _batch: u64,
-        _logs: &Logs,
-        _ctx: &mut TrainingContext<'_>,
-    ) -> Result<(), TrainError> {
-        self.at
-            .get_or_insert_with(|| self.started.elapsed().as_secs_f64());
-        Ok(())
-    }
-}
-
 /// This process's peak resident memory in MiB (`VmHWM`), when the system tells.
 fn peak_rss_mib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -283,14 +264,11 @@ fn main() -> anyhow::Result<()> {
     let test = model.distribute_dataset(test, global_batch)?;
 
     let started = Instant::now();
-    let mut first_step = FirstStep {
-        started: process_started,
-        at: None,
-    };
+    let mut clock = lockstep_examples::StepClock::new(process_started);
     let mut fit = model
         .fit(&train)
         .epochs(args.training.epochs)
-        .callback(&mut first_step);
+        .callback(&mut clock);
     if let Some(backup) = backup(&args, global_batch, workers)? {
         fit = fit.callback(backup);
     }
@@ -325,7 +303,7 @@ fn main() -> anyhow::Result<()> {
         logs.get("accuracy").unwrap_or(0.0),
         history.local_examples,
         history.examples as f64 / elapsed,
-        first_step.at.unwrap_or(f64::NAN),
+        clock.first_step_s(),
         peak_rss_mib().map_or_else(|| "unknown".to_owned(), |m| m.to_string()),
     );
     Ok(())
