@@ -67,11 +67,37 @@ pub(crate) fn forward(
     (out, argmax)
 }
 
+/// The pooled gradient as the backward passes route it to input rows: zero where the relu
+/// was zero, and each value's argmax widened to 32 bits, so that routing a row is one compare
+/// and one select per channel (routing from the byte argmax and the relu's output directly
+/// vectorizes into shuffles and masked loads, which cost more than this one pass over the
+/// pooled values).
+pub(crate) struct Routing {
+    d: Vec<f32>,
+    argmax: Vec<u32>,
+}
+
+impl Routing {
+    pub(crate) fn new(grad: PooledGrad<'_>) -> Self {
+        let d = match grad.relu_output {
+            Some(pooled) => grad
+                .values
+                .par_iter()
+                .zip(pooled)
+                .map(|(&d, &p)| if p > 0.0 { d } else { 0.0 })
+                .collect(),
+            None => grad.values.to_vec(),
+        };
+        let argmax = grad.argmax.par_iter().map(|&a| u32::from(a)).collect();
+        Self { d, argmax }
+    }
+}
+
 /// Writes the gradient reaching input row `row` (a pixel of `g`'s input, counted over the
 /// whole batch) from the pooled gradient: `0 + d` where the row is its window's argmax (and
 /// the relu passed), as the pooling's scatter onto zeros gives, and `0` elsewhere.
 #[inline]
-fn route(grad: PooledGrad<'_>, g: &Geometry, row: usize, dy: &mut [f32]) {
+fn route(routing: &Routing, g: &Geometry, row: usize, dy: &mut [f32]) {
     let pixels = g.height * g.width;
     let (image, pixel) = (row / pixels, row % pixels);
     let (y, x) = (pixel / g.width, pixel % g.width);
@@ -81,48 +107,39 @@ fn route(grad: PooledGrad<'_>, g: &Geometry, row: usize, dy: &mut [f32]) {
         dy.fill(0.0);
         return;
     }
-    let position = ((y % g.kernel_h) * g.kernel_w + x % g.kernel_w) as u8;
+    let position = ((y % g.kernel_h) * g.kernel_w + x % g.kernel_w) as u32;
     let c = g.channels;
     let at = ((image * g.out_h + py) * g.out_w + px) * c;
-    let (d, arg) = (&grad.values[at..at + c], &grad.argmax[at..at + c]);
-    let dy = &mut dy[..c];
-    match grad.relu_output {
-        Some(pooled) => {
-            let pooled = &pooled[at..at + c];
-            for i in 0..c {
-                let routed = arg[i] == position && pooled[i] > 0.0;
-                dy[i] = if routed { 0.0 + d[i] } else { 0.0 };
-            }
-        }
-        None => {
-            for i in 0..c {
-                dy[i] = if arg[i] == position { 0.0 + d[i] } else { 0.0 };
-            }
-        }
+    let (d, argmax) = (&routing.d[at..at + c], &routing.argmax[at..at + c]);
+    for ((dy, &d), &arg) in dy[..c].iter_mut().zip(d).zip(argmax) {
+        // `d` kept by a mask of ones, not selected by a branch, which compiles to masked
+        // loads; `+ 0.0` as the scatter onto zeros adds it (a −0.0 becomes 0.0).
+        let keep = 0_u32.wrapping_sub(u32::from(arg == position));
+        *dy = f32::from_bits(d.to_bits() & keep) + 0.0;
     }
 }
 
 /// Per channel, `Σdy` and `Σdy · x̂` over the input rows, `dy` routed from the pooled gradient.
 pub(crate) fn gradient_sums(
-    grad: PooledGrad<'_>,
+    routing: &Routing,
     x: &[f32],
     (mean, inverse_deviation): (&[f32], &[f32]),
     g: &Geometry,
 ) -> (Vec<f64>, Vec<f64>) {
     gradient_sums_by_row(x, mean, inverse_deviation, |row, dy| {
-        route(grad, g, row, dy);
+        route(routing, g, row, dy);
     })
 }
 
 /// The input gradient `dy · a[c] + k1[c] + x · k2[c]`, `dy` routed from the pooled gradient.
 pub(crate) fn input_gradient(
-    grad: PooledGrad<'_>,
+    routing: &Routing,
     x: &[f32],
     a: &[f32],
     k: (&[f32], &[f32]),
     g: &Geometry,
 ) -> Vec<f32> {
-    input_gradient_by_row(x, a, k, |row, dy| route(grad, g, row, dy))
+    input_gradient_by_row(x, a, k, |row, dy| route(routing, g, row, dy))
 }
 
 #[cfg(test)]
@@ -186,12 +203,13 @@ mod tests {
                 .map(|(&d, &p)| if !relu || p > 0.0 { d } else { 0.0 })
                 .collect();
             let dy = max_pool_grad(&masked, &apart_argmax, &g);
+            let routing = Routing::new(grad);
             assert_eq!(
-                gradient_sums(grad, &x, (&mean, &inverse), &g),
+                gradient_sums(&routing, &x, (&mean, &inverse), &g),
                 whole_sums(&dy, &x, &mean, &inverse)
             );
             assert_eq!(
-                input_gradient(grad, &x, &a, (&k1, &k2), &g),
+                input_gradient(&routing, &x, &a, (&k1, &k2), &g),
                 affine(&dy, &a, &k1, Some((&x, &k2)))
             );
         }
@@ -210,9 +228,10 @@ mod tests {
             argmax: &argmax,
         };
         // All of the gradient reached the NaN's row: Σdy is the pooled gradient.
-        let (sum_dy, _) = gradient_sums(grad, &x, (&[0.0], &[1.0]), &g);
+        let routing = Routing::new(grad);
+        let (sum_dy, _) = gradient_sums(&routing, &x, (&[0.0], &[1.0]), &g);
         assert_eq!(sum_dy, [2.0]);
-        let dx = input_gradient(grad, &x, &[1.0], (&[0.0], &[0.0]), &g);
+        let dx = input_gradient(&routing, &x, &[1.0], (&[0.0], &[0.0]), &g);
         assert_eq!([dx[0], dx[2], dx[3]], [0.0; 3]);
     }
 }

@@ -346,11 +346,12 @@ pub fn batch_norm_max_pool(
             relu_output: relu.then(|| y.host()),
             argmax: &argmax,
         };
+        let routing = batch_norm_pool::Routing::new(grad);
         let statistics = (&saved.mean[..], &saved.inverse[..]);
-        let sums = batch_norm_pool::gradient_sums(grad, saved.x.host(), statistics, &g);
+        let sums = batch_norm_pool::gradient_sums(&routing, saved.x.host(), statistics, &g);
         let reduce = (replicas.as_ref(), inverse_count);
         saved.training_gradients(sums, reduce, &shape, |a, k| {
-            batch_norm_pool::input_gradient(grad, saved.x.host(), a, k, &g)
+            batch_norm_pool::input_gradient(&routing, saved.x.host(), a, k, &g)
         })
     });
     Ok((output, moments))
