@@ -7,7 +7,8 @@
 #
 # Usage: benches/side_by_side_models.sh   (from the repository root)
 # Needs: PY=/path/to/python with tensorflow-cpu 2.21 and torch; Debian's dataset-fashion-mnist.
-# REPS (default 3) repetitions; THREADS (default 2) threads for every framework.
+# REPS (default 3) repetitions; THREADS (default 2) threads for every framework; MODELS
+# (default "mlp cnn-bn") the models to run.
 #
 # Figures: every framework's loop_ex_per_s, measured alike: the examples of steps 2..N over
 # the time from the end of step 1 to the end of step N (Lockstep's from its StepClock callback).
@@ -17,6 +18,7 @@ set -euo pipefail
 PY="${PY:-python3}"
 REPS="${REPS:-3}"
 THREADS="${THREADS:-2}"
+MODELS="${MODELS:-mlp cnn-bn}"
 export TF_CPP_MIN_LOG_LEVEL=2
 
 cargo build --release --quiet -p lockstep-examples --bin fashion_mnist
@@ -33,7 +35,7 @@ lockstep() { # model seed
 }
 
 for rep in $(seq 0 $((REPS - 1))); do
-  for model in mlp cnn-bn; do
+  for model in $MODELS; do
     reference tf "$model" "$rep"
     lockstep "$model" "$rep"
     reference torch "$model" "$rep"

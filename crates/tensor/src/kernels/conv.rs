@@ -26,6 +26,17 @@ pub(crate) fn im2col(input: &[f32], g: &Geometry) -> Vec<f32> {
             let image = &input[b * image_in..(b + 1) * image_in];
             for (pixel, row) in image_cols.chunks_exact_mut(patch).enumerate() {
                 let (oy, ox) = (pixel / g.out_w, pixel % g.out_w);
+                if let Some((y0, x0)) = g.window_inside(oy, ox) {
+                    // The whole window in the image: each kernel row is one run of the input.
+                    let span = g.kernel_w * c;
+                    for (ky, run) in row.chunks_exact_mut(span).enumerate() {
+                        let from = ((y0 + ky) * g.width + x0) * c;
+                        for (to, &v) in run.iter_mut().zip(&image[from..from + span]) {
+                            *to = v;
+                        }
+                    }
+                    continue;
+                }
                 for ky in 0..g.kernel_h {
                     for kx in 0..g.kernel_w {
                         if let Some((y, x)) = g.source(oy, ox, ky, kx) {

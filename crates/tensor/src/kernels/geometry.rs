@@ -44,6 +44,15 @@ impl Geometry {
         let x = (ox * self.stride_w + kx).checked_sub(self.pad_left)?;
         (y < self.height && x < self.width).then_some((y, x))
     }
+
+    /// The input row and column of the top-left corner of output (`oy`, `ox`)'s window, when
+    /// the whole window lies in the image (no tap in the padding).
+    #[inline]
+    pub(crate) fn window_inside(&self, oy: usize, ox: usize) -> Option<(usize, usize)> {
+        let y = (oy * self.stride_h).checked_sub(self.pad_top)?;
+        let x = (ox * self.stride_w).checked_sub(self.pad_left)?;
+        (y + self.kernel_h <= self.height && x + self.kernel_w <= self.width).then_some((y, x))
+    }
 }
 
 /// The gradient arriving at a convolution's output, masked where a fused relu was zero.
