@@ -170,9 +170,7 @@ pub(crate) fn im2col_conv2d(
 ) -> Result<(Vec<f32>, Vec<f32>), TensorError> {
     let rows = g.batch * g.out_pixels();
     let cols = im2col(input, g);
-    let mut out = super::elementwise::repeat_rows(bias, rows, filters);
-    matmul(
-        &mut out,
+    let (lhs, rhs) = (
         MatRef {
             data: &cols,
             rows,
@@ -185,8 +183,17 @@ pub(crate) fn im2col_conv2d(
             cols: filters,
             transposed: false,
         },
-        bias.is_some(),
-    )?;
+    );
+    let out = match bias {
+        // Without a bias the product overwrites its destination: none is zero-filled first
+        // (a pass over the whole output, megabytes for a first layer).
+        None => matmul_new(lhs, rhs)?,
+        Some(bias) => {
+            let mut out = super::elementwise::repeat_rows(Some(bias), rows, filters);
+            matmul(&mut out, lhs, rhs, true)?;
+            out
+        }
+    };
     Ok((out, cols))
 }
 

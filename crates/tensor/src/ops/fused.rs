@@ -299,8 +299,15 @@ pub(crate) fn product(
     if let On::Cuda(buffers) = on(op, &inputs(x, w, bias))? {
         return gpu::product(op, (x, w, bias), &buffers, (m, k, n), relu);
     }
-    let mut out = repeat_rows(bias.map(Tensor::host), m, n);
-    gemm(&mut out, plain(x, m, k), plain(w, k, n), bias.is_some())?;
+    let mut out = match bias {
+        // Without a bias the product overwrites its destination: none is zero-filled first.
+        None => gemm_new(plain(x, m, k), plain(w, k, n))?,
+        Some(bias) => {
+            let mut out = repeat_rows(Some(bias.host()), m, n);
+            gemm(&mut out, plain(x, m, k), plain(w, k, n), true)?;
+            out
+        }
+    };
     if relu {
         relu_in_place(&mut out);
     }
