@@ -30,8 +30,8 @@
 //! checkpoint); `ndarray` for the batches the data pipeline yields; `indicatif` for the
 //! progress bar; `nix` to raise SIGKILL for the `LOCKSTEP_KILL_AT_STEP` fault injection; `serde`/`serde_json` for
 //! the trainer state in checkpoints; `prost` and `crc32c` for `TensorBoard`'s event files (no
-//! maintained crate writes them); `rayon` to run a process's single replica on a thread of
-//! the kernels' pool; `thiserror` for errors; `tracing` for logs.
+//! maintained crate writes them); `rayon` to run a process's single replica on a kernel pool of
+//! its own; `thiserror` for errors; `tracing` for logs.
 
 mod batch;
 mod callbacks;

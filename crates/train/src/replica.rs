@@ -98,6 +98,9 @@ pub(crate) struct Replica {
     pub(crate) buffer: Vec<f32>,
     /// The link as layers reduce with inside a pass.
     across: Arc<dyn AllReduceSum>,
+    /// The kernel threads a process's single replica runs its steps on (made at its first
+    /// step; see [`on_replicas`]).
+    kernels: Option<Arc<rayon::ThreadPool>>,
 }
 
 impl Replica {
@@ -108,7 +111,26 @@ impl Replica {
             net,
             optimizer: None,
             buffer: Vec::new(),
+            kernels: None,
         }
+    }
+
+    /// This replica's own kernel threads, as many as rayon's global pool has (made once);
+    /// `None` when they cannot start, and the step runs on the calling thread as before.
+    fn kernel_threads(&mut self) -> Option<Arc<rayon::ThreadPool>> {
+        if self.kernels.is_none() {
+            let built = rayon::ThreadPoolBuilder::new()
+                .num_threads(rayon::current_num_threads())
+                .thread_name(|i| format!("lockstep-kernels-{i}"))
+                .build();
+            match built {
+                Ok(pool) => self.kernels = Some(Arc::new(pool)),
+                Err(e) => {
+                    tracing::warn!(%e, "could not start the replica's kernel threads; its steps run on the calling thread");
+                }
+            }
+        }
+        self.kernels.clone()
     }
 
     /// Forward and backward on this replica's batch (none when it has run out of data), the
@@ -204,24 +226,6 @@ pub(crate) fn not_compiled() -> TrainError {
     )
 }
 
-/// Runs `f` on a thread of the kernels' pool (rayon's global pool), where it is not on one
-/// already. A kernel called from inside the pool forks its parallel parts onto the pool's
-/// queues and runs one of them itself; called from outside, every kernel hands its whole job
-/// in and sleeps until a pool thread has woken and finished it, a round trip through the
-/// scheduler that costs more than the arithmetic of a small model's step (the Keras guide's
-/// MLP: a step about three times faster inside).
-///
-/// Only a process's single replica runs this way: replicas of one process wait for each other
-/// in their collectives, so each keeps a thread of its own, outside the pool (one pool thread
-/// blocked in a replica's collective must not be the thread another replica needs).
-fn on_a_kernel_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if rayon::current_thread_index().is_some() {
-        f()
-    } else {
-        rayon::scope(|_| f())
-    }
-}
-
 /// Runs `work` on every replica with its input, the first on this thread and the others on
 /// threads of their own (their collectives meet in the middle); returns the first replica's
 /// result, or the first error.
@@ -252,7 +256,19 @@ where
         .next()
         .ok_or_else(|| TrainError::invalid("input", "no batch for replica 0"))?;
     if rest.is_empty() {
-        return on_a_kernel_thread(|| work(first, first_input));
+        // A single replica runs its step on a thread of its own kernel pool. A kernel called
+        // from inside a pool forks its parallel parts onto the pool's queues and runs one
+        // itself; called from outside, every kernel hands its whole job in and sleeps until a
+        // pool thread has woken and finished it, a round trip through the scheduler that cost
+        // more than the arithmetic of a small model's step (the Keras guide's MLP: a step
+        // about three times faster inside). The pool is the replica's own, not rayon's global
+        // one: a step blocks its thread in collectives, and a global pool's thread blocked so
+        // may be the one another worker of the same process needs, or may have stolen that
+        // worker's whole step while it waited in a join (both deadlock).
+        return match first.kernel_threads() {
+            Some(pool) => pool.install(|| work(first, first_input)),
+            None => work(first, first_input),
+        };
     }
     let work = &work;
     std::thread::scope(|scope| {
