@@ -112,8 +112,7 @@ fn main() -> anyhow::Result<()> {
     lockstep_examples::start_kernel_threads(
         args.training.threads,
         cluster.group_tasks_on_this_host(),
-    )
-    .context("starting the kernel threads")?;
+    )?;
     if cluster.rank().is_none() {
         println!(
             "task {} has no training role in this example",

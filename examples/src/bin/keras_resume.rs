@@ -107,8 +107,7 @@ fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
     lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
-    lockstep_examples::start_kernel_threads(0, args.replicas)
-        .context("starting the kernel threads")?;
+    lockstep_examples::start_kernel_threads(0, args.replicas)?;
     let temporary = tempfile::tempdir()?;
     let dir = args
         .checkpoint_dir

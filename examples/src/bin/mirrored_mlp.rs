@@ -13,7 +13,6 @@
 //! no task prefix. Times depend on the machine; everything else is the same from run to
 //! run.)
 
-use anyhow::Context as _;
 use clap::Parser;
 use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, scale};
@@ -55,8 +54,7 @@ fn main() -> anyhow::Result<()> {
     lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
     // The replicas' threads share this host's cores.
-    lockstep_examples::start_kernel_threads(0, args.replicas)
-        .context("starting the kernel threads")?;
+    lockstep_examples::start_kernel_threads(0, args.replicas)?;
     let mut model = Model::new(MirroredStrategy::new(args.replicas)?, || {
         models::mnist_mlp(args.seed)
     })?;

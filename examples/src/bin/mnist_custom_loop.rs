@@ -70,8 +70,7 @@ fn main() -> anyhow::Result<()> {
     lockstep_examples::start_kernel_threads(
         args.training.threads,
         cluster.group_tasks_on_this_host(),
-    )
-    .context("starting the kernel threads")?;
+    )?;
     let mut comm: Communicator<TcpTransport> = Communicator::from_cluster_with(
         &cluster,
         CommunicationOptions::default(),

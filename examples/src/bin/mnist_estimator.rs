@@ -15,7 +15,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context as _;
 use clap::Parser;
 use lockstep_collective::CommunicationOptions;
 use lockstep_data::mnist::{Mnist, scale};
@@ -112,8 +111,7 @@ fn main() -> anyhow::Result<()> {
     lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
     let cluster = args.cluster.resolve()?;
-    lockstep_examples::start_kernel_threads(args.threads, cluster.group_tasks_on_this_host())
-        .context("starting the kernel threads")?;
+    lockstep_examples::start_kernel_threads(args.threads, cluster.group_tasks_on_this_host())?;
     let workers = cluster.world_size().max(1);
     let mnist = Mnist::embedded()?;
     let max_steps = args

@@ -225,8 +225,7 @@ fn main() -> anyhow::Result<()> {
     lockstep_examples::start_kernel_threads(
         args.training.threads,
         cluster.group_tasks_on_this_host(),
-    )
-    .context("starting the kernel threads")?;
+    )?;
     if cluster.task().job == EVALUATOR {
         return run_evaluator(&args, &cluster);
     }

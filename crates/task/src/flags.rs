@@ -1,0 +1,90 @@
+//! The standard flags of a training program, to flatten into its own `clap` parser.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use lockstep_cluster::{AutoResolver, Cluster, ClusterResolver as _};
+use lockstep_collective::TcpOptions;
+
+use crate::error::TaskError;
+
+/// How much a program trains and on how many threads: the flags every training example takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClusterTrainingArgs {
+    /// Passes over the training data.
+    #[arg(long, default_value_t = 3)]
+    pub epochs: u64,
+    /// Examples per worker per step (the global batch is this times the number of workers).
+    #[arg(long, default_value_t = 64)]
+    pub batch_per_worker: usize,
+    /// Examples per step over all workers, instead of `--batch-per-worker` times the number of
+    /// workers: the same global batch on any number of workers, so a backup resumes on a
+    /// cluster of another size (it must divide evenly among the workers).
+    #[arg(long, value_name = "N")]
+    pub global_batch: Option<usize>,
+    /// Seed of the initial weights and of the shuffle (the same on every worker).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Threads for the kernels; 0 = this host's cores shared out among the workers the
+    /// cluster spec places on it (all of them for a worker alone on its host).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+impl ClusterTrainingArgs {
+    /// Examples per step over `workers` workers.
+    pub fn global_batch(&self, workers: usize) -> usize {
+        self.global_batch.unwrap_or(self.batch_per_worker * workers)
+    }
+}
+
+/// How a task finds its cluster and where it listens.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClusterArgs {
+    /// Listen on this interface only (an IP address). By default a task listens on all
+    /// interfaces at the port of its cluster-spec address, as TensorFlow's servers do: the
+    /// spec's host is how peers reach the task (on Kubernetes a service name) and need not be
+    /// an address of this machine.
+    #[arg(long, value_name = "IP", env = "LOCKSTEP_BIND_ADDRESS")]
+    pub bind_address: Option<IpAddr>,
+    /// How long to wait at start-up for every peer of the group before failing, naming the
+    /// tasks that never came.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub rendezvous_timeout_secs: u64,
+}
+
+impl ClusterArgs {
+    /// The cluster from the first of `TF_CONFIG`, SLURM and Kubernetes whose variables are
+    /// set (a single local worker when none is), logging which.
+    ///
+    /// # Errors
+    ///
+    /// When the chosen source's variables are malformed; the error names the variable.
+    pub fn resolve(&self) -> Result<Cluster, TaskError> {
+        let resolver = AutoResolver::from_env().map_err(|error| TaskError::Cluster {
+            source_name: "the environment".into(),
+            error,
+        })?;
+        let source = resolver.source();
+        let cluster = resolver.resolve().map_err(|error| TaskError::Cluster {
+            source_name: source.to_string(),
+            error,
+        })?;
+        tracing::info!(%source, task = %cluster.task(), workers = cluster.world_size(), "cluster resolved");
+        Ok(cluster)
+    }
+
+    /// The transport's options: the interface to listen on and the rendezvous timeout.
+    pub fn transport(&self) -> TcpOptions {
+        TcpOptions {
+            bind: self.bind_address,
+            rendezvous_timeout: self.rendezvous_timeout(),
+            ..TcpOptions::default()
+        }
+    }
+
+    /// [`ClusterArgs::rendezvous_timeout_secs`] as a duration.
+    pub fn rendezvous_timeout(&self) -> Duration {
+        Duration::from_secs(self.rendezvous_timeout_secs)
+    }
+}

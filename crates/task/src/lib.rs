@@ -1,0 +1,40 @@
+//! What the `main` of every Lockstep training program does before it trains: its logs, its
+//! kernel threads, its cluster (from `TF_CONFIG`, SLURM or Kubernetes) and the standard flags
+//! that configure them, a private directory for default state, and a clock for its steps.
+//!
+//! ```no_run
+//! use clap::Parser;
+//! use lockstep_task::{ClusterArgs, ClusterTrainingArgs};
+//!
+//! #[derive(Parser)]
+//! struct Args {
+//!     #[command(flatten)]
+//!     training: ClusterTrainingArgs,
+//!     #[command(flatten)]
+//!     cluster: ClusterArgs,
+//! }
+//!
+//! lockstep_task::init_logging();
+//! let args = Args::parse();
+//! let cluster = args.cluster.resolve()?;
+//! lockstep_task::start_kernel_threads(args.training.threads, cluster.group_tasks_on_this_host())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Dependencies: `clap` for the flags, `tracing-subscriber` for the log format, `rayon` for the
+//! kernel threads, `nix` for the user id of the private directory, `thiserror` for errors, and
+//! the Lockstep crates the flags configure (cluster, collective, train).
+
+mod error;
+mod flags;
+mod logging;
+mod state_dir;
+mod step_clock;
+mod threads;
+
+pub use error::TaskError;
+pub use flags::{ClusterArgs, ClusterTrainingArgs};
+pub use logging::{colour_logs, init_logging};
+pub use state_dir::private_state_dir;
+pub use step_clock::StepClock;
+pub use threads::start_kernel_threads;
