@@ -33,6 +33,11 @@
 //! maintained crate writes them); `rayon` to run a process's single replica on a kernel pool of
 //! its own; `thiserror` for errors; `tracing` for logs.
 
+/// The README's example, compiled and run as a doctest so that it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 mod batch;
 mod callbacks;
 mod checkpoint_watcher;
