@@ -1,13 +1,14 @@
 //! What the example binaries share: the set-up every training program does, from
 //! `lockstep-task` (logs, kernel threads, the cluster and its flags, a private state
-//! directory, a step clock), and the examples' own allocator setting.
+//! directory) and `lockstep-train`'s step clock, and the examples' own allocator setting.
 //!
 //! Each binary is a thin `main` over the library crates.
 
 pub use lockstep_task::{
-    ClusterArgs, ClusterTrainingArgs, StepClock, colour_logs, init_logging, private_state_dir,
+    ClusterArgs, ClusterTrainingArgs, colour_logs, init_logging, private_state_dir,
     start_kernel_threads,
 };
+pub use lockstep_train::StepClock;
 
 /// `mi_option_purge_delay` in mimalloc's option enum (the same in its versions 2 and 3).
 const MIMALLOC_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;

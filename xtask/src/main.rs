@@ -54,7 +54,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
-        .with_ansi(lockstep_examples::colour_logs())
+        .with_ansi(lockstep_task::colour_logs())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )

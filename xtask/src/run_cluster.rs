@@ -9,7 +9,6 @@ use anyhow::{Context as _, bail};
 
 use lockstep_cluster::{TaskId, TfConfig};
 use lockstep_collective::{ClusterSecret, SECRET_FILE_VARIABLE, SECRET_VARIABLE};
-use lockstep_train::{KILL_AT_STEP, KILL_IN_SAVE};
 
 use crate::build_example::build_example;
 use crate::cluster_plan::{Shape, plan};
@@ -18,6 +17,12 @@ use crate::supervise::{Outcome, Supervisor};
 
 /// The example run when `--example` is not given: synchronous training on the embedded MNIST.
 const DEFAULT_EXAMPLE: &str = "mnist_keras";
+
+/// `lockstep_train::KILL_AT_STEP` and `KILL_IN_SAVE`, the variables of the training crate's
+/// fault injection, named here so that the launcher builds without the training crates (a
+/// test checks that they agree).
+const KILL_AT_STEP: &str = "LOCKSTEP_KILL_AT_STEP";
+const KILL_IN_SAVE: &str = "LOCKSTEP_KILL_IN_SAVE";
 
 /// Options of `cargo xtask run-cluster`.
 #[derive(Debug, Clone, clap::Args)]
@@ -246,6 +251,12 @@ pub(crate) fn run(args: &RunClusterArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kill_variables_are_the_training_crates() {
+        assert_eq!(KILL_AT_STEP, lockstep_train::KILL_AT_STEP);
+        assert_eq!(KILL_IN_SAVE, lockstep_train::KILL_IN_SAVE);
+    }
 
     #[test]
     fn a_kill_names_a_task_and_a_step() {

@@ -50,7 +50,7 @@ impl Supervisor {
         };
         // A task's stderr is a pipe to this process: tell it whether the lines it logs end
         // up on a terminal (colour) or not (plain text).
-        let colour = if lockstep_examples::colour_logs() {
+        let colour = if lockstep_task::colour_logs() {
             ("CLICOLOR_FORCE", "NO_COLOR")
         } else {
             ("NO_COLOR", "CLICOLOR_FORCE")

@@ -1,6 +1,6 @@
 //! What the `main` of every Lockstep training program does before it trains: its logs, its
 //! kernel threads, its cluster (from `TF_CONFIG`, SLURM or Kubernetes) and the standard flags
-//! that configure them, a private directory for default state, and a clock for its steps.
+//! that configure them, and a private directory for default state.
 //!
 //! ```no_run
 //! use clap::Parser;
@@ -23,18 +23,17 @@
 //!
 //! Dependencies: `clap` for the flags, `tracing-subscriber` for the log format, `rayon` for the
 //! kernel threads, `nix` for the user id of the private directory, `thiserror` for errors, and
-//! the Lockstep crates the flags configure (cluster, collective, train).
+//! the Lockstep crates the flags configure (cluster, collective); none of the training crates,
+//! so a launcher can take it too.
 
 mod error;
 mod flags;
 mod logging;
 mod state_dir;
-mod step_clock;
 mod threads;
 
 pub use error::TaskError;
 pub use flags::{ClusterArgs, ClusterTrainingArgs};
 pub use logging::{colour_logs, init_logging};
 pub use state_dir::private_state_dir;
-pub use step_clock::StepClock;
 pub use threads::start_kernel_threads;

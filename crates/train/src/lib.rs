@@ -51,6 +51,7 @@ mod progress;
 mod replica;
 mod sidecar_evaluator;
 mod state;
+mod step_clock;
 mod strategy;
 mod tensorboard;
 
@@ -69,6 +70,7 @@ pub use history::{History, Logs};
 pub use kill_switch::{KILL_AT_STEP, KILL_IN_SAVE};
 pub use model::Model;
 pub use sidecar_evaluator::{Evaluation, SidecarEvaluator};
+pub use step_clock::StepClock;
 pub use strategy::{
     MirroredStrategy, MultiWorkerMirroredStrategy, OneDeviceStrategy, ReplicaLink, Strategy,
 };

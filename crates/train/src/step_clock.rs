@@ -2,11 +2,14 @@
 
 use std::time::Instant;
 
-use lockstep_train::{Callback, Logs, TrainError, TrainingContext};
+use crate::callbacks::{Callback, TrainingContext};
+use crate::error::TrainError;
+use crate::history::Logs;
 
 /// When the steps of a `fit` ended: the first (from `started`, the process's start) and the
-/// last, so a run can report its steady speed as the references of `benches/` measure theirs
-/// (examples of steps 2..N over the time from the end of step 1 to the end of step N). Pass
+/// last, so a run can report its steady speed as benchmarks time a training loop (examples of
+/// steps 2..N over the time from the end of step 1 to the end of step N: without the first
+/// step's set-up, a shuffle buffer's fill say). Pass
 /// it to `fit` by reference (`.callback(&mut clock)`) and read it after.
 #[derive(Debug)]
 pub struct StepClock {
