@@ -52,6 +52,32 @@ fn dialler_proof(key: &[u8], cluster: u64, dialler_nonce: &[u8], acceptor_nonce:
     mac.finalize().into_bytes().to_vec()
 }
 
+/// Completes the handshake with rank 1 at `address` as rank 0 of a group of 2 with no secret,
+/// as anyone who knows the protocol can (the key is empty), and returns the accepted stream.
+fn handshake_as_rank0_without_a_secret(address: &str, cluster: u64) -> TcpStream {
+    let mut stream = loop {
+        if let Ok(stream) = TcpStream::connect(address) {
+            break stream;
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream.write_all(&hello(cluster, 0, 2)).unwrap();
+    stream.write_all(&[7; 32]).unwrap(); // its nonce
+    // Rank 1's hello, nonce and proof of the (empty) secret.
+    let mut reply = [0_u8; 24 + 32 + 32];
+    stream.read_exact(&mut reply).unwrap();
+    let proof = proof_without_secret(cluster, &[7; 32], &reply[24..56]);
+    stream.write_all(b"LSHC").unwrap();
+    stream.write_all(&proof).unwrap();
+    let mut verdict = [0_u8; 4];
+    stream.read_exact(&mut verdict).unwrap();
+    assert_eq!(&verdict, b"LSHA");
+    stream
+}
+
 fn options(timeout: Duration) -> TcpOptions {
     TcpOptions {
         cluster: fresh_cluster(),
@@ -161,27 +187,7 @@ fn a_refusal_is_not_taken_for_acceptance() {
     let rank1 = thread::spawn(move || TcpTransport::connect_on(l1, 1, &a1, &o1));
     // An impostor that knows the protocol completes the handshake as rank 0 first: without a
     // shared secret nothing tells it apart, but the real rank 0, refused, must say so.
-    let mut impostor = loop {
-        if let Ok(stream) = TcpStream::connect(&addresses[1]) {
-            break stream;
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
-    impostor
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    impostor.write_all(&hello(options.cluster, 0, 2)).unwrap();
-    impostor.write_all(&[7; 32]).unwrap(); // its nonce
-    // Rank 1's hello, nonce and proof of the (empty) secret.
-    let mut reply = [0_u8; 24 + 32 + 32];
-    impostor.read_exact(&mut reply).unwrap();
-    // Without a secret the key is empty: anyone can prove that.
-    let proof = proof_without_secret(options.cluster, &[7; 32], &reply[24..56]);
-    impostor.write_all(b"LSHC").unwrap();
-    impostor.write_all(&proof).unwrap();
-    let mut verdict = [0_u8; 4];
-    impostor.read_exact(&mut verdict).unwrap();
-    assert_eq!(&verdict, b"LSHA");
+    let impostor = handshake_as_rank0_without_a_secret(&addresses[1], options.cluster);
     let started = Instant::now();
     let err = TcpTransport::connect_on(listeners.remove(0), 0, &addresses, &options)
         .err()
@@ -321,23 +327,7 @@ fn a_frame_announcing_more_than_the_limit_fails_the_rank_naming_it() {
         let mut data = [1.0_f32, 2.0];
         comm.all_reduce(&mut data, ReduceOp::Sum).map(|()| data)
     });
-    let mut peer = loop {
-        if let Ok(stream) = TcpStream::connect(&addresses[1]) {
-            break stream;
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
-    peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    peer.write_all(&hello(options.cluster, 0, 2)).unwrap();
-    peer.write_all(&[7; 32]).unwrap();
-    let mut reply = [0_u8; 24 + 32 + 32];
-    peer.read_exact(&mut reply).unwrap();
-    let proof = proof_without_secret(options.cluster, &[7; 32], &reply[24..56]);
-    peer.write_all(b"LSHC").unwrap();
-    peer.write_all(&proof).unwrap();
-    let mut verdict = [0_u8; 4];
-    peer.read_exact(&mut verdict).unwrap();
-    assert_eq!(&verdict, b"LSHA");
+    let mut peer = handshake_as_rank0_without_a_secret(&addresses[1], options.cluster);
     // A well-formed header of this cluster whose payload is 4 GiB: refused on its length,
     // before any of it is read or allocated.
     let header = lockstep_collective::Header {

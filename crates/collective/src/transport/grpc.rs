@@ -662,29 +662,69 @@ mod tests {
         (listeners, addresses)
     }
 
+    /// Rank 1 of a group of two with a secret, rendezvousing on a thread, and what rank 0
+    /// needs to join it.
+    struct Pair {
+        rank0: std::net::TcpListener,
+        addresses: Vec<String>,
+        options: TcpOptions,
+        rank1: std::thread::JoinHandle<Result<GrpcTransport, CollectiveError>>,
+    }
+
+    impl Pair {
+        fn start(cluster: u64) -> Self {
+            let (mut listeners, addresses) = listeners();
+            let options = TcpOptions {
+                cluster,
+                rendezvous_timeout: Duration::from_secs(10),
+                secret: Some(ClusterSecret::new(*b"a secret for the gRPC test").unwrap()),
+                ..TcpOptions::default()
+            };
+            let (a1, o1, l1) = (addresses.clone(), options.clone(), listeners.remove(1));
+            let rank1 = std::thread::spawn(move || GrpcTransport::connect_on(l1, 1, &a1, &o1));
+            Self {
+                rank0: listeners.remove(0),
+                addresses,
+                options,
+                rank1,
+            }
+        }
+
+        /// A channel to rank 1, dialled until it listens.
+        async fn channel_to_rank1(&self) -> Channel {
+            let endpoint = Endpoint::from_shared(format!("http://{}", self.addresses[1])).unwrap();
+            loop {
+                if let Ok(channel) = endpoint.connect().await {
+                    return channel;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+
+        /// Starts the real rank 0: the group forms, and its stream carries a frame to rank 1.
+        fn forms_and_carries_a_frame(self) {
+            let mut rank0 =
+                GrpcTransport::connect_on(self.rank0, 0, &self.addresses, &self.options).unwrap();
+            let mut rank1 = self.rank1.join().unwrap().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            assert!(
+                rank0
+                    .send(1, one_float(self.options.cluster), deadline)
+                    .unwrap()
+            );
+            let received = rank1.recv(0, deadline).unwrap().unwrap();
+            assert_eq!(&received.payload[..], &[0, 0, 128, 63]);
+        }
+    }
+
     #[test]
     fn an_exchange_without_a_hello_of_its_own_is_refused_and_the_group_still_forms() {
-        let (mut listeners, addresses) = listeners();
-        let options = TcpOptions {
-            cluster: 77,
-            rendezvous_timeout: Duration::from_secs(10),
-            secret: Some(ClusterSecret::new(*b"a secret for the gRPC test").unwrap()),
-            ..TcpOptions::default()
-        };
-        let (a1, o1, l1) = (addresses.clone(), options.clone(), listeners.remove(1));
-        let rank1 = std::thread::spawn(move || GrpcTransport::connect_on(l1, 1, &a1, &o1));
+        let pair = Pair::start(77);
         // An impostor opens rank 0's stream first, with the public metadata and a made-up
         // session: refused, whatever it claims.
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let refused = runtime.block_on(async {
-            let endpoint = Endpoint::from_shared(format!("http://{}", addresses[1])).unwrap();
-            let channel = loop {
-                if let Ok(channel) = endpoint.connect().await {
-                    break channel;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            };
-            let mut client = CollectiveClient::new(channel);
+            let mut client = CollectiveClient::new(pair.channel_to_rank1().await);
             let (_tx, rx) = unbounded_channel::<Frame>();
             let mut request = Request::new(UnboundedReceiverStream::new(rx));
             let metadata = request.metadata_mut();
@@ -706,37 +746,15 @@ mod tests {
             "{}",
             refused.message()
         );
-        let mut rank0 =
-            GrpcTransport::connect_on(listeners.remove(0), 0, &addresses, &options).unwrap();
-        let mut rank1 = rank1.join().unwrap().unwrap();
-        // The real rank 0's stream carries its frames to rank 1.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        assert!(rank0.send(1, one_float(77), deadline).unwrap());
-        let received = rank1.recv(0, deadline).unwrap().unwrap();
-        assert_eq!(&received.payload[..], &[0, 0, 128, 63]);
+        pair.forms_and_carries_a_frame();
     }
 
     #[test]
     fn an_oversize_hello_is_refused_unread_and_the_group_still_forms() {
-        let (mut listeners, addresses) = listeners();
-        let options = TcpOptions {
-            cluster: 79,
-            rendezvous_timeout: Duration::from_secs(10),
-            secret: Some(ClusterSecret::new(*b"a secret for the gRPC test").unwrap()),
-            ..TcpOptions::default()
-        };
-        let (a1, o1, l1) = (addresses.clone(), options.clone(), listeners.remove(1));
-        let rank1 = std::thread::spawn(move || GrpcTransport::connect_on(l1, 1, &a1, &o1));
+        let pair = Pair::start(79);
         // A stranger sends a Hello of 64 MiB, which the collective's own limit would take.
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let refused = runtime.block_on(async {
-            let endpoint = Endpoint::from_shared(format!("http://{}", addresses[1])).unwrap();
-            let channel = loop {
-                if let Ok(channel) = endpoint.connect().await {
-                    break channel;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            };
             let hello = Identity {
                 cluster: 79,
                 rank: 0,
@@ -744,7 +762,7 @@ mod tests {
                 nonce: vec![7; 64 << 20].into(),
                 proof: bytes::Bytes::new(),
             };
-            RendezvousClient::new(channel)
+            RendezvousClient::new(pair.channel_to_rank1().await)
                 .max_encoding_message_size(usize::MAX)
                 .hello(hello)
                 .await
@@ -752,13 +770,7 @@ mod tests {
                 .unwrap()
         });
         assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused}");
-        let mut rank0 =
-            GrpcTransport::connect_on(listeners.remove(0), 0, &addresses, &options).unwrap();
-        let mut rank1 = rank1.join().unwrap().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        assert!(rank0.send(1, one_float(79), deadline).unwrap());
-        let received = rank1.recv(0, deadline).unwrap().unwrap();
-        assert_eq!(&received.payload[..], &[0, 0, 128, 63]);
+        pair.forms_and_carries_a_frame();
     }
 
     /// A data message of one float, 1.0, in `cluster`.
