@@ -1,6 +1,10 @@
 //! `cargo xtask bench`: benchmarks that need real processes, which criterion cannot start.
 
-use crate::run_cluster::{self, RunClusterArgs};
+use std::process::Command;
+
+use anyhow::{Context as _, bail};
+
+use crate::build_example::build_example;
 
 /// Options of `cargo xtask bench`.
 #[derive(Debug, clap::Args)]
@@ -15,18 +19,26 @@ pub(crate) struct BenchArgs {
     program_args: Vec<String>,
 }
 
-/// Runs the benchmark on each cluster size; every run prints its own table.
+/// Runs the benchmark on each cluster size with `lockstep run`; every run prints its own
+/// table.
 pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let example = match args.target.as_str() {
         "allreduce" => "allreduce_bench",
-        other => anyhow::bail!("unknown benchmark {other:?}; available: allreduce"),
+        other => bail!("unknown benchmark {other:?}; available: allreduce"),
     };
+    let built = build_example(example, "release")?;
     for &workers in &args.workers {
-        run_cluster::run(&RunClusterArgs::workers(
-            workers,
-            example,
-            args.program_args.clone(),
-        ))?;
+        let status = Command::new(&built.launcher)
+            .args(["run", "--timeout-secs", "600", "--workers"])
+            .arg(workers.to_string())
+            .arg("--")
+            .arg(&built.example)
+            .args(&args.program_args)
+            .status()
+            .with_context(|| format!("starting {}", built.launcher.display()))?;
+        if !status.success() {
+            bail!("the benchmark on {workers} workers failed ({status})");
+        }
     }
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! Building an example binary with cargo and finding the executable it produced.
+//! Building an example binary and the `lockstep` launcher with cargo, and finding the
+//! executables it produced.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -8,17 +9,29 @@ use anyhow::{Context as _, bail};
 /// The package that holds the example binaries.
 const EXAMPLES_PACKAGE: &str = "lockstep-examples";
 
+/// The launcher's package and binary.
+const LAUNCHER_PACKAGE: &str = "lockstep-launcher";
+const LAUNCHER: &str = "lockstep";
+
+/// What [`build_example`] built.
+#[derive(Debug)]
+pub(crate) struct Built {
+    pub(crate) example: PathBuf,
+    pub(crate) launcher: PathBuf,
+}
+
 /// The workspace root, where `cargo` must run.
 pub(crate) fn workspace_root() -> PathBuf {
     let xtask_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     xtask_dir.parent().unwrap_or(xtask_dir).to_path_buf()
 }
 
-/// Builds `example` with the cargo profile `profile` and returns the executable's path.
+/// Builds `example` and the launcher with the cargo profile `profile`, in one cargo run, and
+/// returns their executables' paths.
 ///
 /// Cargo's JSON messages name the artifact, so this works whatever `CARGO_TARGET_DIR` or the
 /// profile's output folder is. Compiler diagnostics still reach the terminal, rendered.
-pub(crate) fn build_example(example: &str, profile: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn build_example(example: &str, profile: &str) -> anyhow::Result<Built> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let output = Command::new(cargo)
         .current_dir(workspace_root())
@@ -30,6 +43,10 @@ pub(crate) fn build_example(example: &str, profile: &str) -> anyhow::Result<Path
             EXAMPLES_PACKAGE,
             "--bin",
             example,
+            "--package",
+            LAUNCHER_PACKAGE,
+            "--bin",
+            LAUNCHER,
         ])
         .arg("--message-format=json-render-diagnostics")
         .stdin(Stdio::null())
@@ -43,8 +60,15 @@ pub(crate) fn build_example(example: &str, profile: &str) -> anyhow::Result<Path
             output.status
         );
     }
-    find_executable(&String::from_utf8_lossy(&output.stdout), example)
-        .with_context(|| format!("cargo built `{example}` but reported no executable for it"))
+    let messages = String::from_utf8_lossy(&output.stdout);
+    let find = |name: &str| {
+        find_executable(&messages, name)
+            .with_context(|| format!("cargo built `{name}` but reported no executable for it"))
+    };
+    Ok(Built {
+        example: find(example)?,
+        launcher: find(LAUNCHER)?,
+    })
 }
 
 /// Picks the executable of binary target `name` out of cargo's JSON message stream.

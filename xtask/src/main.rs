@@ -1,8 +1,8 @@
 //! `cargo xtask`: the project's automation, written in Rust so it needs nothing but cargo.
 //!
-//! - `cargo xtask run-cluster`: build an example and start it as a local cluster on
-//!   127.0.0.1, one process per task, each with its own `TF_CONFIG` and the job's fresh
-//!   cluster secret.
+//! - `cargo xtask run-cluster`: build an example and the `lockstep` launcher, and start the
+//!   example as a local cluster on 127.0.0.1 with `lockstep run`: one process per task, each
+//!   with its own `TF_CONFIG` and the job's fresh cluster secret.
 //! - `cargo xtask bench allreduce`: all-reduce bandwidth and latency between real processes
 //!   (the `allreduce_bench` example on clusters of 2 and 4 workers).
 //! - `cargo xtask gpu-check`: build the GPU tests and the GPU benchmark, in release, into a
@@ -10,21 +10,19 @@
 //! - `cargo xtask deploy k8s|slurm`: write a JobSet, a Kubeflow TrainJob and TFJob, a
 //!   Containerfile, or an sbatch script, that run an example on those engines.
 //!
-//! Dependencies: `clap` for the command line, `ctrlc` to turn Ctrl-C and SIGTERM into an
-//! orderly shutdown, `nix` to signal whole process groups, `serde_json` to read cargo's
-//! build messages, `lockstep-cluster` to write each task's `TF_CONFIG`, `lockstep-collective` for
-//! a fresh cluster secret per local job, `serde-saphyr` to write the
-//! Kubernetes manifests as YAML, `shlex` to quote arguments in the sbatch script.
+//! Dependencies: `clap` for the command line, `serde_json` to read cargo's build messages,
+//! `lockstep-cluster` for the cluster secret's variable and a fresh secret per Kubernetes job
+//! (and, in tests, to resolve the manifests' clusters), `serde-saphyr` to write the
+//! Kubernetes manifests as YAML, `shlex` to quote arguments in the sbatch script. None of the
+//! training crates: the README's run command builds them once, in release, for the example.
 
 mod bench;
 mod build_example;
-mod cluster_plan;
 mod deploy;
 mod gpu_check;
-mod ports;
 mod run_cluster;
-mod supervise;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -39,8 +37,15 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Start a local cluster on 127.0.0.1: one process of an example per task.
-    RunCluster(run_cluster::RunClusterArgs),
+    /// Start a local cluster on 127.0.0.1: one process of an example per task, through
+    /// `lockstep run` (`cargo xtask run-cluster --help` lists its options).
+    #[command(disable_help_flag = true)]
+    RunCluster {
+        /// `--example NAME`, `--profile PROFILE`, `lockstep run`'s options, then `--` and the
+        /// example's arguments (read from the raw command line, `--` included).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<OsString>,
+    },
     /// Run a benchmark that needs real processes and print its table.
     Bench(bench::BenchArgs),
     /// Build lockstep-cuda's tests and GPU benchmark for a GPU machine with no Rust toolchain.
@@ -51,16 +56,14 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(lockstep_task::colour_logs())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     let result = match Cli::parse().command {
-        Command::RunCluster(args) => run_cluster::run(&args),
+        // Clap drops a leading `--`, which separates the launcher's options from the
+        // example's: the raw arguments after `run-cluster` keep it.
+        Command::RunCluster { .. } => run_cluster::run(
+            std::env::args_os()
+                .skip_while(|arg| arg != "run-cluster")
+                .skip(1),
+        ),
         Command::Bench(args) => bench::run(&args),
         Command::GpuCheck(args) => gpu_check::run(&args),
         Command::Deploy(args) => deploy::run(&args),

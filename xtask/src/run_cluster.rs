@@ -1,290 +1,170 @@
-//! `cargo xtask run-cluster`: a local cluster on 127.0.0.1, one process per task.
+//! `cargo xtask run-cluster`: builds an example and the `lockstep` launcher, then becomes
+//! `lockstep run [OPTIONS] -- EXAMPLE [ARGS]`.
 
+use std::ffi::{OsStr, OsString};
+use std::os::unix::process::CommandExt as _;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
-use lockstep_cluster::{TaskId, TfConfig};
-use lockstep_collective::{ClusterSecret, SECRET_FILE_VARIABLE, SECRET_VARIABLE};
-
 use crate::build_example::build_example;
-use crate::cluster_plan::{Shape, plan};
-use crate::ports::TaskListeners;
-use crate::supervise::{Outcome, Supervisor};
 
 /// The example run when `--example` is not given: synchronous training on the embedded MNIST.
 const DEFAULT_EXAMPLE: &str = "mnist_keras";
 
-/// `lockstep_train::KILL_AT_STEP` and `KILL_IN_SAVE`, the variables of the training crate's
-/// fault injection, named here so that the launcher builds without the training crates (a
-/// test checks that they agree).
-const KILL_AT_STEP: &str = "LOCKSTEP_KILL_AT_STEP";
-const KILL_IN_SAVE: &str = "LOCKSTEP_KILL_IN_SAVE";
+/// What `cargo xtask run-cluster --help` prints before the launcher's own help.
+const HELP: &str = "\
+Build an example and start it as a local cluster with `lockstep run`.
 
-/// Options of `cargo xtask run-cluster`.
-#[derive(Debug, Clone, clap::Args)]
-pub(crate) struct RunClusterArgs {
-    /// Number of worker tasks.
-    #[arg(long, default_value_t = 2)]
-    workers: usize,
-    /// Add a chief task (rank 0); without it worker:0 is the chief.
-    #[arg(long)]
-    chief: bool,
-    /// Add an evaluator task, outside the collective group.
-    #[arg(long)]
-    evaluator: bool,
-    /// Number of parameter-server tasks.
-    #[arg(long, default_value_t = 0)]
-    ps: usize,
-    /// The example binary to run in every task.
-    #[arg(long, default_value = DEFAULT_EXAMPLE)]
-    example: String,
-    /// Cargo profile to build the example with.
-    #[arg(long, default_value = "release")]
-    profile: String,
-    /// Stop every task and fail if the cluster runs longer than this many seconds.
-    #[arg(long, value_name = "SECONDS")]
-    timeout_secs: Option<u64>,
-    /// Seconds a task gets between SIGTERM and SIGKILL when the cluster is stopped.
-    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
-    grace_secs: u64,
-    /// Let the other tasks run on when one fails (to see how they react); the run still fails.
-    #[arg(long)]
-    keep_going: bool,
-    /// When a task fails, stop every task and start them all again (on the same addresses),
-    /// up to this many times in all; training resumes from its `BackupAndRestore` state.
-    #[arg(long, value_name = "K", default_value_t = 0)]
-    restart_on_failure: u32,
-    /// SIGKILL a task once its training step STEP has ended, on its first start only
-    /// (`worker:1@30`; repeatable): a crash on demand, for demonstrations and tests. With
-    /// `TASK@save:STEP` the task is killed while it writes the backup (or the Estimator's
-    /// checkpoint) of step STEP: its files written, not yet published.
-    #[arg(long, value_name = "TASK@[save:]STEP", value_parser = parse_kill)]
-    kill: Vec<Kill>,
-    /// Arguments passed to every task, after `--`.
-    #[arg(last = true)]
-    example_args: Vec<String>,
+Usage: cargo xtask run-cluster [--example NAME] [--profile PROFILE] [LAUNCHER OPTIONS] [-- ARGS]
+
+  --example NAME       the example binary every task runs [default: mnist_keras]
+  --profile PROFILE    the cargo profile to build it with [default: release]
+
+Every other option is `lockstep run`'s, and ARGS go to every task:
+";
+
+/// `run-cluster`'s own options, taken out of the arguments; the rest go to the launcher.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct RunCluster {
+    pub(crate) example: String,
+    pub(crate) profile: String,
+    /// The launcher's options, before the `--`.
+    pub(crate) launcher_options: Vec<OsString>,
+    /// The example's arguments, after the `--`.
+    pub(crate) example_args: Vec<OsString>,
+    pub(crate) help: bool,
 }
 
-impl RunClusterArgs {
-    /// `workers` workers running `example` (release build) with `example_args`.
-    pub(crate) fn workers(workers: usize, example: &str, example_args: Vec<String>) -> Self {
-        Self {
-            workers,
-            chief: false,
-            evaluator: false,
-            ps: 0,
-            example: example.to_owned(),
+impl RunCluster {
+    /// Reads the arguments that follow `run-cluster`.
+    pub(crate) fn parse(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<Self> {
+        let mut parsed = Self {
+            example: DEFAULT_EXAMPLE.to_owned(),
             profile: "release".to_owned(),
-            timeout_secs: Some(600),
-            grace_secs: 5,
-            keep_going: false,
-            restart_on_failure: 0,
-            kill: Vec::new(),
-            example_args,
-        }
-    }
-}
-
-/// A crash to inject: `task` SIGKILLs itself after its training step `step`, or while it
-/// writes that step's backup (`in_save`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Kill {
-    task: TaskId,
-    step: u64,
-    in_save: bool,
-}
-
-fn parse_kill(text: &str) -> Result<Kill, String> {
-    let (task, step) = text
-        .rsplit_once('@')
-        .ok_or_else(|| format!("{text:?} is not TASK@STEP, such as worker:1@30"))?;
-    let (step, in_save) = match step.strip_prefix("save:") {
-        Some(step) => (step, true),
-        None => (step, false),
-    };
-    Ok(Kill {
-        in_save,
-        task: task.parse().map_err(|e| format!("{e}"))?,
-        step: step
-            .parse()
-            .map_err(|_| format!("{step:?} in {text:?} is not a step number"))?,
-    })
-}
-
-/// Set by Ctrl-C, SIGTERM or SIGHUP. The handler can be installed once per process, and
-/// `cargo xtask bench` starts several clusters, so it is installed on first use.
-fn interrupted_flag() -> anyhow::Result<Arc<AtomicBool>> {
-    static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
-    if let Some(flag) = FLAG.get() {
-        return Ok(Arc::clone(flag));
-    }
-    let flag = Arc::new(AtomicBool::new(false));
-    let handler_flag = Arc::clone(&flag);
-    ctrlc::set_handler(move || handler_flag.store(true, Ordering::SeqCst))
-        .context("installing the Ctrl-C handler")?;
-    Ok(Arc::clone(FLAG.get_or_init(|| flag)))
-}
-
-/// One command per task: `executable` with the example's arguments and the task's
-/// `TF_CONFIG`, and on the `first` start the `--kill` crashes to inject.
-fn task_commands(
-    executable: &std::path::Path,
-    planned: &[(TaskId, TfConfig)],
-    args: &RunClusterArgs,
-    (first, secret): (bool, Option<&str>),
-) -> Vec<(TaskId, Command)> {
-    planned
-        .iter()
-        .map(|(task, config)| {
-            let mut command = Command::new(executable);
-            command
-                .args(&args.example_args)
-                .env("TF_CONFIG", config.to_json())
-                .env_remove(KILL_AT_STEP)
-                .env_remove(KILL_IN_SAVE);
-            if let Some(secret) = secret {
-                command.env(SECRET_VARIABLE, secret);
-            }
-            if let Some(kill) = args.kill.iter().find(|k| k.task == *task).filter(|_| first) {
-                let var = if kill.in_save {
-                    KILL_IN_SAVE
-                } else {
-                    KILL_AT_STEP
-                };
-                command.env(var, kill.step.to_string());
-            }
-            (task.clone(), command)
-        })
-        .collect()
-}
-
-/// The cluster secret this job's tasks are given: a fresh one per job (kept across its
-/// restarts), unless this process's environment gives one already (`LOCKSTEP_CLUSTER_SECRET`
-/// or `LOCKSTEP_CLUSTER_SECRET_FILE`), which the tasks then inherit.
-fn job_secret() -> anyhow::Result<Option<String>> {
-    let given = [SECRET_VARIABLE, SECRET_FILE_VARIABLE]
-        .iter()
-        .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()));
-    if given {
-        return Ok(None);
-    }
-    Ok(Some(
-        ClusterSecret::generate_hex().context("making the job's cluster secret")?,
-    ))
-}
-
-/// Builds the example, starts the cluster and waits for it.
-pub(crate) fn run(args: &RunClusterArgs) -> anyhow::Result<()> {
-    let shape = Shape {
-        workers: args.workers,
-        chief: args.chief,
-        ps: args.ps,
-        evaluator: args.evaluator,
-    };
-    let listeners =
-        TaskListeners::bind(shape.tasks().len()).context("binding ports on 127.0.0.1")?;
-    let ports = listeners.ports().context("reading the bound ports")?;
-    let planned = plan(shape, &ports)?;
-    if let Some(kill) = args
-        .kill
-        .iter()
-        .find(|k| !planned.iter().any(|(task, _)| *task == k.task))
-    {
-        bail!("--kill names {}, a task this cluster lacks", kill.task);
-    }
-    let executable = build_example(&args.example, &args.profile)?;
-
-    let secret = job_secret()?;
-    let interrupted = interrupted_flag()?;
-    let count = planned.len();
-    let deadline = args
-        .timeout_secs
-        .map(|s| Instant::now() + Duration::from_secs(s));
-    let mut listeners = Some(listeners);
-    let mut restarts = 0;
-    let outcome = loop {
-        let listeners = match listeners.take() {
-            Some(listeners) => listeners,
-            None => TaskListeners::rebind(&ports)
-                .context("binding the cluster's ports again to restart it")?,
+            launcher_options: Vec::new(),
+            example_args: Vec::new(),
+            help: false,
         };
-        let mut commands = task_commands(
-            &executable,
-            &planned,
-            args,
-            (restarts == 0, secret.as_deref()),
-        );
-        listeners.hand_over(commands.iter_mut().map(|(_, command)| command))?;
-        tracing::info!(example = %args.example, tasks = count, restarts, "starting local cluster");
-        let supervisor = Supervisor::start(commands, Duration::from_secs(args.grace_secs))?;
-        match supervisor.wait(&interrupted, deadline, args.keep_going) {
-            Outcome::Failed { task, status } if restarts < args.restart_on_failure => {
-                restarts += 1;
-                tracing::warn!(
-                    "task {task} failed ({status}); restarting every task ({restarts} of {})",
-                    args.restart_on_failure
-                );
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            if arg == "--" {
+                parsed.example_args.extend(args);
+                break;
             }
-            outcome => break outcome,
+            let text = arg.to_string_lossy();
+            let (name, inline) = match text.split_once('=') {
+                Some((name, value)) => (name, Some(value.to_owned())),
+                None => (text.as_ref(), None),
+            };
+            let slot = match name {
+                "--example" => &mut parsed.example,
+                "--profile" => &mut parsed.profile,
+                "--help" | "-h" => {
+                    parsed.help = true;
+                    continue;
+                }
+                _ => {
+                    parsed.launcher_options.push(arg);
+                    continue;
+                }
+            };
+            *slot = match inline {
+                Some(value) => value,
+                None => args
+                    .next()
+                    .with_context(|| format!("{name} needs a value"))?
+                    .into_string()
+                    .map_err(|v| anyhow::anyhow!("{name} {} is not UTF-8", v.display()))?,
+            };
         }
-    };
-    match outcome {
-        Outcome::Succeeded => {
-            tracing::info!(tasks = count, restarts, "every task finished successfully");
-            Ok(())
-        }
-        Outcome::Failed { task, status } => {
-            bail!("task {task} failed ({status}); stopped the other tasks of the cluster")
-        }
-        Outcome::Interrupted => bail!("interrupted; stopped all {count} tasks"),
-        Outcome::TimedOut => bail!(
-            "the cluster ran past --timeout-secs {}; stopped all {count} tasks",
-            args.timeout_secs.unwrap_or_default()
-        ),
+        Ok(parsed)
     }
+
+    /// The launcher's command line for the example built at `example`.
+    pub(crate) fn launcher_args(&self, example: &OsStr) -> Vec<OsString> {
+        let mut args = vec![OsString::from("run")];
+        args.extend(self.launcher_options.iter().cloned());
+        args.push("--".into());
+        args.push(example.to_owned());
+        args.extend(self.example_args.iter().cloned());
+        args
+    }
+}
+
+/// Builds the example and the launcher, then replaces this process with the launcher, so that
+/// signals sent to `cargo xtask run-cluster` reach it directly.
+pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<()> {
+    let parsed = RunCluster::parse(args)?;
+    let built = build_example(&parsed.example, &parsed.profile)?;
+    if parsed.help {
+        print!("{HELP}");
+        let status = Command::new(&built.launcher)
+            .args(["run", "--help"])
+            .status()?;
+        if !status.success() {
+            bail!("`lockstep run --help` failed with {status}");
+        }
+        return Ok(());
+    }
+    let err = Command::new(&built.launcher)
+        .args(parsed.launcher_args(built.example.as_os_str()))
+        .exec();
+    Err(err).with_context(|| format!("starting {}", built.launcher.display()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_kill_variables_are_the_training_crates() {
-        assert_eq!(KILL_AT_STEP, lockstep_train::KILL_AT_STEP);
-        assert_eq!(KILL_IN_SAVE, lockstep_train::KILL_IN_SAVE);
+    fn parse(args: &[&str]) -> RunCluster {
+        RunCluster::parse(args.iter().map(OsString::from)).unwrap()
     }
 
     #[test]
-    fn a_kill_names_a_task_and_a_step() {
+    fn the_example_and_profile_are_taken_anywhere_before_the_separator() {
+        let parsed = parse(&[
+            "--workers",
+            "3",
+            "--example=cluster_info",
+            "--profile",
+            "dev",
+            "--chief",
+            "--",
+            "--example",
+            "x",
+        ]);
+        assert_eq!(parsed.example, "cluster_info");
+        assert_eq!(parsed.profile, "dev");
+        assert_eq!(parsed.launcher_options, ["--workers", "3", "--chief"]);
+        assert_eq!(parsed.example_args, ["--example", "x"]);
         assert_eq!(
-            parse_kill("worker:1@30").unwrap(),
-            Kill {
-                task: TaskId::worker(1),
-                step: 30,
-                in_save: false,
-            }
+            parsed.launcher_args(OsStr::new("/t/cluster_info")),
+            [
+                "run",
+                "--workers",
+                "3",
+                "--chief",
+                "--",
+                "/t/cluster_info",
+                "--example",
+                "x"
+            ]
         );
+    }
+
+    #[test]
+    fn no_arguments_run_the_default_example_in_release() {
+        let parsed = parse(&[]);
         assert_eq!(
-            parse_kill("chief:0@save:7").unwrap(),
-            Kill {
-                task: TaskId::chief(),
-                step: 7,
-                in_save: true,
-            }
+            (parsed.example.as_str(), parsed.profile.as_str()),
+            (DEFAULT_EXAMPLE, "release")
         );
-        for bad in [
-            "worker:1",
-            "worker@3",
-            "worker:1@",
-            "worker:1@-2",
-            "@5",
-            "worker:0@save:",
-        ] {
-            assert!(parse_kill(bad).is_err(), "{bad}");
-        }
+        assert_eq!(parsed.launcher_args(OsStr::new("e")), ["run", "--", "e"]);
+    }
+
+    #[test]
+    fn an_option_without_its_value_is_an_error() {
+        assert!(RunCluster::parse([OsString::from("--example")]).is_err());
     }
 }

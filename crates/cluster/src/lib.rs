@@ -32,8 +32,13 @@
 //!   [`ExplicitResolver`], and [`AutoResolver`], which picks the first of `TF_CONFIG`, SLURM and
 //!   Kubernetes whose variables are set.
 //!
+//! It also names the variables that carry the job's secret ([`SECRET_VARIABLE`],
+//! [`SECRET_FILE_VARIABLE`]) and makes a fresh one ([`generate_secret_hex`]), so that a launcher
+//! hands tasks their cluster and their secret without building the collective layer.
+//!
 //! Dependencies: `serde_json` parses and writes the JSON (a hand-written parser would be one more
-//! thing to fuzz); `thiserror` derives the error type.
+//! thing to fuzz); `thiserror` derives the error type; `getrandom` draws a new secret from the
+//! operating system's generator.
 
 mod address;
 mod auto;
@@ -42,6 +47,7 @@ mod error;
 mod hostlist;
 mod kubernetes;
 mod resolver;
+mod secret;
 mod slurm;
 mod spec;
 mod task;
@@ -54,6 +60,7 @@ pub use error::ClusterError;
 pub use hostlist::{HostlistError, MAX_HOSTS, expand_hostlist};
 pub use kubernetes::KubernetesResolver;
 pub use resolver::{ClusterResolver, ExplicitResolver, TfConfigResolver};
+pub use secret::{SECRET_FILE_VARIABLE, SECRET_VARIABLE, generate_secret_hex, to_hex};
 pub use slurm::SlurmResolver;
 pub use spec::ClusterSpec;
 pub use task::{CHIEF, EVALUATOR, PS, ParseTaskIdError, TaskId, WORKER};

@@ -18,12 +18,8 @@ use sha2::Sha256;
 
 use crate::error::CollectiveError;
 
-/// The variable that holds the secret itself.
-pub const SECRET_VARIABLE: &str = "LOCKSTEP_CLUSTER_SECRET";
-/// The variable that names a file holding the secret (readable by its owner only).
-pub const SECRET_FILE_VARIABLE: &str = "LOCKSTEP_CLUSTER_SECRET_FILE";
-/// Hexadecimal digits, for a generated secret.
-const DIGITS: &[u8; 16] = b"0123456789abcdef";
+pub(crate) use lockstep_cluster::to_hex;
+pub use lockstep_cluster::{SECRET_FILE_VARIABLE, SECRET_VARIABLE};
 
 /// The shortest secret accepted: 128 bits.
 pub const MIN_SECRET_LEN: usize = 16;
@@ -70,10 +66,7 @@ impl ClusterSecret {
     ///
     /// When the operating system's random generator fails.
     pub fn generate_hex() -> Result<String, CollectiveError> {
-        let mut bytes = [0_u8; 32];
-        getrandom::fill(&mut bytes)
-            .map_err(|e| secret_error(format!("no random bytes for a new secret: {e}")))?;
-        Ok(to_hex(&bytes))
+        lockstep_cluster::generate_secret_hex().map_err(secret_error)
     }
 
     /// The secret the environment gives: [`SECRET_VARIABLE`] itself, or the contents of the
@@ -124,15 +117,6 @@ impl ClusterSecret {
         }
         Self::new(bytes)
     }
-}
-
-/// `bytes` as lower-case hexadecimal digits.
-pub(crate) fn to_hex(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .flat_map(|b| [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 15)]])
-        .map(char::from)
-        .collect()
 }
 
 /// The bytes of hexadecimal `text`, or `None` where it is not that.

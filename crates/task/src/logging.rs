@@ -3,9 +3,9 @@
 use std::io::IsTerminal as _;
 
 /// Whether log lines on stderr may carry ANSI colour codes: never under `NO_COLOR`, always under
-/// `CLICOLOR_FORCE` (set by `cargo xtask run-cluster` when its own stderr is a terminal, since
+/// `CLICOLOR_FORCE` (set by the `lockstep` launcher when its own stderr is a terminal, since
 /// a task's stderr is a pipe to the launcher), else only when stderr is a terminal. A log
-/// redirected to a file (`cargo xtask run-cluster 2> log`) holds plain text.
+/// redirected to a file (`lockstep run … 2> log`) holds plain text.
 pub fn colour_logs() -> bool {
     let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty() && v != "0");
     if set("NO_COLOR") {

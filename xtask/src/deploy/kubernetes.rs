@@ -207,7 +207,7 @@ impl<'a> Manifests<'a> {
     /// The `Secret` holding a fresh cluster secret, which every container reads into
     /// `LOCKSTEP_CLUSTER_SECRET`.
     fn cluster_secret(&self) -> anyhow::Result<Value> {
-        let secret = lockstep_collective::ClusterSecret::generate_hex()
+        let secret = lockstep_cluster::generate_secret_hex()
             .context("making the deployment's cluster secret")?;
         Ok(json!({
             "apiVersion": "v1",
@@ -224,7 +224,7 @@ impl<'a> Manifests<'a> {
     fn container(&self, name: &str, port_name: &str, env: &[Value], with_evaluator: bool) -> Value {
         let mut env = env.to_vec();
         env.push(json!({
-            "name": lockstep_collective::SECRET_VARIABLE,
+            "name": lockstep_cluster::SECRET_VARIABLE,
             "valueFrom": {"secretKeyRef": {"name": self.secret_name(), "key": SECRET_KEY}},
         }));
         json!({
@@ -535,7 +535,7 @@ mod tests {
                         .as_array()
                         .unwrap()
                         .iter()
-                        .find(|v| v["name"] == lockstep_collective::SECRET_VARIABLE)
+                        .find(|v| v["name"] == lockstep_cluster::SECRET_VARIABLE)
                         .unwrap_or_else(|| panic!("{file}: {container}"));
                     assert_eq!(var["valueFrom"]["secretKeyRef"]["name"], name);
                     assert_eq!(var["valueFrom"]["secretKeyRef"]["key"], SECRET_KEY);

@@ -1,6 +1,6 @@
 //! A listening socket handed over by the process that started this one, in systemd's
 //! socket-activation protocol (`LISTEN_FDS=1`, the socket as file descriptor 3), which
-//! `cargo xtask run-cluster` speaks: the launcher binds every task's port and passes the bound
+//! the `lockstep` launcher speaks: the launcher binds every task's port and passes the bound
 //! socket on, so no other program can take the port between the launcher choosing it and the
 //! task listening on it.
 

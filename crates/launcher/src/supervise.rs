@@ -1,6 +1,6 @@
 //! Running one process per task: output prefixed with the task, and no process left behind.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io;
 use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use lockstep_cluster::TaskId;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+
+use crate::terminal::{self, Pty, Sink, forward_lines, forward_terminal};
 
 /// How often the supervisor looks at its children.
 const POLL: Duration = Duration::from_millis(20);
@@ -43,6 +45,8 @@ pub(crate) struct Supervisor {
 impl Supervisor {
     /// Starts every command, each in its own process group so that stopping a task also
     /// stops anything it started. If one fails to start, those already started are stopped.
+    /// Where the launcher's stdout is a terminal, the first task (the chief) writes its stdout
+    /// to a pseudo-terminal, so that its live progress bar is drawn.
     pub(crate) fn start(commands: Vec<(TaskId, Command)>, grace: Duration) -> io::Result<Self> {
         let mut supervisor = Self {
             processes: Vec::with_capacity(commands.len()),
@@ -50,19 +54,35 @@ impl Supervisor {
         };
         // A task's stderr is a pipe to this process: tell it whether the lines it logs end
         // up on a terminal (colour) or not (plain text).
-        let colour = if lockstep_task::colour_logs() {
+        let colour = if terminal::colour_logs() {
             ("CLICOLOR_FORCE", "NO_COLOR")
         } else {
             ("NO_COLOR", "CLICOLOR_FORCE")
         };
+        let mut live = terminal::shows_live_line();
         for (task, mut command) in commands {
+            let prefix = format!("[{task}] ");
+            let pty = if live {
+                live = false;
+                Some(Pty::open(prefix.len()).map_err(|e| {
+                    io::Error::new(e.kind(), format!("opening a terminal for {task}: {e}"))
+                })?)
+            } else {
+                None
+            };
             command
                 .env(colour.0, "1")
                 .env_remove(colour.1)
                 .process_group(0)
                 .stdin(Stdio::null())
-                .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
+            let terminal_parent = if let Some(Pty { parent, child }) = pty {
+                command.stdout(Stdio::from(child));
+                Some(parent)
+            } else {
+                command.stdout(Stdio::piped());
+                None
+            };
             let mut child = match command.spawn() {
                 Ok(child) => child,
                 Err(err) => {
@@ -74,12 +94,18 @@ impl Supervisor {
                 }
             };
             tracing::info!(task = %task, pid = child.id(), "started");
+            // The command, dropped here, held the terminal's child side: with it closed, the
+            // parent side reads end of file once the task is gone.
+            drop(command);
             let mut forwarders = Vec::with_capacity(2);
+            if let Some(parent) = terminal_parent {
+                forwarders.push(forward_terminal(parent, task.to_string()));
+            }
             if let Some(out) = child.stdout.take() {
-                forwarders.push(forward_lines(out, task.to_string(), io::stdout));
+                forwarders.push(forward_lines(out, task.to_string(), Sink::Stdout));
             }
             if let Some(err) = child.stderr.take() {
-                forwarders.push(forward_lines(err, task.to_string(), io::stderr));
+                forwarders.push(forward_lines(err, task.to_string(), Sink::Stderr));
             }
             supervisor.processes.push(TaskProcess {
                 task,
@@ -184,28 +210,4 @@ impl Drop for Supervisor {
             self.stop_all();
         }
     }
-}
-
-/// Copies `source` line by line to the writer `sink()` gives, each line prefixed `[task] `.
-/// Invalid UTF-8 is shown with replacement characters rather than dropping the line.
-fn forward_lines<R, W>(source: R, task: String, sink: fn() -> W) -> JoinHandle<()>
-where
-    R: Read + Send + 'static,
-    W: Write + 'static,
-{
-    thread::spawn(move || {
-        let mut reader = BufReader::new(source);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            match reader.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    let text = String::from_utf8_lossy(&line);
-                    // Keep draining even if our own output is closed, so the task never blocks.
-                    let _ = writeln!(sink(), "[{task}] {}", text.trim_end_matches(['\n', '\r']));
-                }
-            }
-        }
-    })
 }

@@ -1,0 +1,61 @@
+//! `lockstep`: starts any program as a Lockstep cluster, one process per task, as `torchrun`
+//! and `horovodrun` start theirs.
+//!
+//! `lockstep run --workers 2 -- PROGRAM ARGS…` binds a port on 127.0.0.1 for every task and
+//! starts PROGRAM once per task with its `TF_CONFIG`, its bound listening socket (file
+//! descriptor 3, `LISTEN_FDS=1`) and the job's fresh cluster secret; prefixes every output
+//! line with its task; stops every task's process group when one fails, on Ctrl-C or past a
+//! deadline, and can restart them all (`--restart-on-failure K`). See the crate's README.
+//!
+//! The launcher depends on none of the training crates, so it builds in seconds.
+//! Dependencies: `clap` for the command line, `ctrlc` to turn Ctrl-C and SIGTERM into an
+//! orderly shutdown, `nix` to signal whole process groups and open the chief's
+//! pseudo-terminal, `command-fds` to hand each task its socket, `console` for the terminal's
+//! width, `lockstep-cluster` to write each task's `TF_CONFIG` and make the job's secret,
+//! `tracing` for the launcher's own log lines.
+
+mod cluster_plan;
+mod ports;
+mod run;
+mod supervise;
+mod terminal;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Starts a program as a local Lockstep cluster.
+#[derive(Debug, Parser)]
+#[command(name = "lockstep", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start a local cluster on 127.0.0.1: one process of PROGRAM per task, each with its own
+    /// `TF_CONFIG`.
+    Run(run::RunArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(terminal::colour_logs())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let result = match Cli::parse().command {
+        Command::Run(args) => run::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
