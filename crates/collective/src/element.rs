@@ -59,8 +59,9 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
-    /// Combines `incoming` into `acc` elementwise. NaN wins `Max` and `Min`, as in `NumPy`.
-    pub(crate) fn combine<T: Element>(self, acc: &mut [T], incoming: &[T]) {
+    /// Combines `incoming` into `acc` elementwise (`Mean` sums; [`ReduceOp::finish`]'s
+    /// division comes once at the end). NaN wins `Max` and `Min`, as in `NumPy`.
+    pub fn combine<T: Element>(self, acc: &mut [T], incoming: &[T]) {
         match self {
             Self::Sum | Self::Mean => acc
                 .iter_mut()

@@ -87,8 +87,8 @@ fn parse_kill(text: &str) -> Result<Kill, String> {
     })
 }
 
-/// Set by Ctrl-C, SIGTERM or SIGHUP. The handler can be installed once per process, and
-/// `cargo xtask bench` starts several clusters, so it is installed on first use.
+/// Set by Ctrl-C, SIGTERM or SIGHUP. The handler can be installed once per process, so it
+/// is installed on first use.
 fn interrupted_flag() -> anyhow::Result<Arc<AtomicBool>> {
     static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
     if let Some(flag) = FLAG.get() {
@@ -105,13 +105,10 @@ fn interrupted_flag() -> anyhow::Result<Arc<AtomicBool>> {
 /// the `first` start the `--kill` crashes to inject.
 fn task_commands(
     planned: &[(TaskId, TfConfig)],
+    (program, program_args): (&OsString, &[OsString]),
     args: &RunArgs,
     (first, secret): (bool, Option<&str>),
 ) -> Vec<(TaskId, Command)> {
-    let (program, program_args) = args
-        .command
-        .split_first()
-        .expect("clap requires the program");
     planned
         .iter()
         .map(|(task, config)| {
@@ -171,11 +168,10 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
     {
         bail!("--kill names {}, a task this cluster lacks", kill.task);
     }
-    let program = args
-        .command
-        .first()
-        .map(|p| p.to_string_lossy().into_owned());
-    let program = program.unwrap_or_default();
+    let Some(command) = args.command.split_first() else {
+        bail!("no program to run: give it after `--`, as in `lockstep run -- ./trainer`");
+    };
+    let program = command.0.to_string_lossy().into_owned();
     let secret = job_secret()?;
     let interrupted = interrupted_flag()?;
     let count = planned.len();
@@ -190,7 +186,8 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
             None => TaskListeners::rebind(&ports)
                 .context("binding the cluster's ports again to restart it")?,
         };
-        let mut commands = task_commands(&planned, args, (restarts == 0, secret.as_deref()));
+        let mut commands =
+            task_commands(&planned, command, args, (restarts == 0, secret.as_deref()));
         listeners.hand_over(commands.iter_mut().map(|(_, command)| command))?;
         tracing::info!(%program, tasks = count, restarts, "starting local cluster");
         let supervisor = Supervisor::start(commands, Duration::from_secs(args.grace_secs))?;

@@ -41,6 +41,7 @@ pub struct ReadmeDoctests;
 mod batch;
 mod callbacks;
 mod checkpoint_watcher;
+mod custom_loop;
 mod error;
 mod estimator;
 mod fit;
@@ -60,6 +61,7 @@ pub use callbacks::{
     BackupAndRestore, Callback, CallbackState, CsvLogger, EarlyStopping, LearningRateScheduler,
     Mode, ModelCheckpoint, SaveFreq, TrainingContext,
 };
+pub use custom_loop::{ReplicaContext, VariableGradients};
 pub use error::TrainError;
 pub use estimator::{
     Estimator, EstimatorSpec, EvalMetricOp, EvalSpec, ModeKeys, ModelFn, Params, RunConfig,

@@ -96,6 +96,8 @@ pub struct Model {
     pub(crate) chief: bool,
     pub(crate) task: String,
     context: InputContext,
+    /// Steps run by [`Model::run`] (a custom loop's), for dropout's seeds.
+    pub(crate) steps_run: u64,
 }
 
 impl Model {
@@ -160,6 +162,7 @@ impl Model {
             chief: strategy.is_chief(),
             task: strategy.task(),
             context: strategy.input_context(),
+            steps_run: 0,
         };
         model.agree_on_architecture()?;
         let inputs = vec![(); model.replicas.len()];

@@ -97,7 +97,7 @@ pub(crate) struct Replica {
     /// Gradients, then the step's totals.
     pub(crate) buffer: Vec<f32>,
     /// The link as layers reduce with inside a pass.
-    across: Arc<dyn AllReduceSum>,
+    pub(crate) across: Arc<dyn AllReduceSum>,
     /// The kernel threads a process's single replica runs its steps on (made at its first
     /// step; see [`on_replicas`]).
     kernels: Option<Arc<rayon::ThreadPool>>,
@@ -209,7 +209,7 @@ impl Replica {
 }
 
 /// A batch of no examples for each of `net`'s inputs.
-fn empty_batch(net: &Network) -> Result<Vec<Tensor>, TrainError> {
+pub(crate) fn empty_batch(net: &Network) -> Result<Vec<Tensor>, TrainError> {
     net.input_shapes()
         .into_iter()
         .map(|shape| {
@@ -234,6 +234,23 @@ pub(crate) fn on_replicas<I, R>(
     inputs: Vec<I>,
     work: impl Fn(&mut Replica, I) -> Result<R, TrainError> + Sync,
 ) -> Result<R, TrainError>
+where
+    I: Send,
+    R: Send,
+{
+    let mut results = on_every_replica(replicas, inputs, work)?;
+    if results.is_empty() {
+        return Err(TrainError::invalid("model", "it has no replicas"));
+    }
+    Ok(results.swap_remove(0))
+}
+
+/// [`on_replicas`], returning every replica's result in replica order.
+pub(crate) fn on_every_replica<I, R>(
+    replicas: &mut [Replica],
+    inputs: Vec<I>,
+    work: impl Fn(&mut Replica, I) -> Result<R, TrainError> + Sync,
+) -> Result<Vec<R>, TrainError>
 where
     I: Send,
     R: Send,
@@ -265,10 +282,11 @@ where
         // one: a step blocks its thread in collectives, and a global pool's thread blocked so
         // may be the one another worker of the same process needs, or may have stolen that
         // worker's whole step while it waited in a join (both deadlock).
-        return match first.kernel_threads() {
+        let result = match first.kernel_threads() {
             Some(pool) => pool.install(|| work(first, first_input)),
             None => work(first, first_input),
         };
+        return result.map(|r| vec![r]);
     }
     let work = &work;
     std::thread::scope(|scope| {
@@ -278,10 +296,14 @@ where
             .map(|(replica, input)| scope.spawn(move || work(replica, input)))
             .collect();
         let result = work(first, first_input);
-        let mut others = Ok(());
+        let mut others = Ok(Vec::with_capacity(handles.len()));
         for (index, handle) in handles.into_iter().enumerate() {
             match handle.join() {
-                Ok(Ok(_)) => {}
+                Ok(Ok(value)) => {
+                    if let Ok(values) = &mut others {
+                        values.push(value);
+                    }
+                }
                 Ok(Err(e)) => {
                     if others.is_ok() {
                         others = Err(e);
@@ -301,6 +323,8 @@ where
             }
         }
         let value = result?;
-        others.map(|()| value)
+        let mut values = others?;
+        values.insert(0, value);
+        Ok(values)
     })
 }

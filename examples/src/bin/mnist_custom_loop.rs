@@ -1,35 +1,40 @@
 //! Synchronous data-parallel training of the multi-worker tutorial's CNN on the embedded MNIST
 //! subset: TensorFlow's "custom training loop with `MultiWorkerMirroredStrategy`", in Rust.
 //!
-//! Every worker reads its part of each global batch, computes gradients, all-reduces them
-//! (mean) with the others, and applies the same Adam update, so the replicas stay in lockstep:
-//! at the end each prints the same weight checksum.
+//! The loop is the tutorial's: the model is built under the strategy, the dataset distributed
+//! with `distribute_dataset`, and each step calls `model.run` (`strategy.run`) with a step
+//! function that computes the replica's loss, takes its gradients and applies them
+//! (`apply_gradients`, which sums them over every replica of every worker first);
+//! `model.reduce` (`strategy.reduce`) combines the replicas' metric states at the end of each
+//! epoch. Every replica applies the same Adam update, so they stay in lockstep: at the end
+//! each worker prints the same weight checksum.
 //!
 //! ```text
 //! $ cargo xtask run-cluster --example mnist_custom_loop     # 2 workers, 3 epochs
-//! [worker:0] epoch=1 loss=0.7595 accuracy=0.8002 steps=62
-//! [worker:1] epoch=1 loss=0.7595 accuracy=0.8002 steps=62
+//! [worker:0] epoch=1 loss=0.7555 accuracy=0.8012 steps=63
+//! [worker:1] epoch=1 loss=0.7555 accuracy=0.8012 steps=63
 //! …
-//! [worker:0] test_accuracy=0.9606 weights_checksum=531bf17deb50cdef steps=186 examples_per_s=5321
-//! [worker:1] test_accuracy=0.9606 weights_checksum=531bf17deb50cdef steps=186 examples_per_s=5321
+//! [worker:0] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_per_s=5321
+//! [worker:1] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_per_s=5321
 //! ```
 //!
 //! (Stdout; the model summary and the launcher's log go to stderr. `examples_per_s` depends on
-//! the machine; everything else is the same from run to run.)
+//! the machine; everything else is the same from run to run. The loop is `fit`'s step written
+//! out, so the weights are `mnist_keras`'s, bit for bit.)
 
 use std::time::Instant;
 
 use anyhow::Context as _;
 use clap::Parser;
-use lockstep_collective::{CommunicationOptions, Communicator, ReduceOp, TcpTransport};
+use lockstep_collective::{CommunicationOptions, ReduceOp};
+use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, scale};
-use lockstep_data::{AutoShardPolicy, Dataset, InputContext, distribute};
 use lockstep_examples::{ClusterArgs, ClusterTrainingArgs};
 use lockstep_nn::{
-    Adam, ForwardContext, Mean, Metric, Optimizer, Reduction, Sequential,
-    SparseCategoricalAccuracy, SparseCategoricalCrossentropy, models,
+    Adam, Loss, Metric as _, PredictionMetric as _, Reduction, SparseCategoricalAccuracy,
+    SparseCategoricalCrossentropy, models,
 };
-use lockstep_tensor::Tensor;
+use lockstep_train::{LabeledBatch as _, Model, MultiWorkerMirroredStrategy, TrainError};
 
 /// Activations of several MB are allocated every step; mimalloc keeps them mapped.
 #[global_allocator]
@@ -45,149 +50,154 @@ struct Args {
     cluster: ClusterArgs,
 }
 
-fn labels(y: &ndarray::Array1<u8>) -> Vec<usize> {
-    y.iter().map(|&l| usize::from(l)).collect()
-}
-
-fn images(x: ndarray::Array4<f32>) -> anyhow::Result<Tensor> {
-    let shape = x.shape().to_vec();
-    Ok(Tensor::from_vec(x.into_raw_vec_and_offset().0, &shape)?)
-}
+/// Each replica sums its examples' losses; `apply_gradients` divides the summed gradients by
+/// the examples of the whole step: the gradient of the mean loss over the global batch.
+const SUMMED: SparseCategoricalCrossentropy = SparseCategoricalCrossentropy {
+    from_logits: true,
+    reduction: Reduction::Sum,
+};
 
 fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
     lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
     let cluster = args.cluster.resolve()?;
-    let Some(rank) = cluster.rank() else {
+    if cluster.rank().is_none() {
         println!(
             "task {} has no training role in this example",
             cluster.task()
         );
         return Ok(());
-    };
-    let workers = cluster.world_size();
+    }
+    let workers = cluster.world_size().max(1);
     lockstep_examples::start_kernel_threads(
         args.training.threads,
         cluster.group_tasks_on_this_host(),
     )?;
-    let mut comm: Communicator<TcpTransport> = Communicator::from_cluster_with(
+    let strategy = MultiWorkerMirroredStrategy::with_transport_options(
         &cluster,
         CommunicationOptions::default(),
+        1,
         &args.cluster.transport(),
     )?;
-    let mnist = Mnist::embedded()?;
-
-    let mut model = models::mnist_cnn(args.training.seed)?;
-    // Same seed, same weights; the broadcast makes it so even if a worker's seed differed.
-    comm.broadcast(model.parameters_mut().values_mut(), 0)?;
-    if rank == 0 {
+    let seed = args.training.seed;
+    let mut model = Model::new(strategy, || models::mnist_cnn(seed))?;
+    model.set_optimizer(Adam::default());
+    if model.is_chief() {
         eprintln!("{}", model.summary());
     }
+
+    let mnist = Mnist::embedded()?;
+    let train = mnist
+        .train
+        .dataset()?
+        // The tutorial's `map(scale).cache().shuffle()` reordered: the digits are in memory
+        // already, so the bytes are shuffled and each is scaled as its batch is made.
+        .shuffle(10_000, seed, true)
+        .map(|(x, y)| (scale(&x), y));
+    let global_batch = args.training.global_batch(workers);
+    let train = model.distribute_dataset(train, global_batch)?;
+
     let started = Instant::now();
-    let steps = train(&mut model, &mut comm, &mnist, &args, rank)?;
+    let mut steps = 0_u64;
+    for epoch in 0..args.training.epochs {
+        let mut totals = [0.0_f64; 4];
+        let mut epoch_steps = 0;
+        let mut batches = train.iter_epoch(epoch)?;
+        loop {
+            // A worker whose part of the data has run out takes steps without a batch until
+            // every worker's has: the all-reduced examples say when no replica had any, so
+            // every worker runs the same steps, as `fit` does.
+            let step = batches.next().transpose()?.unwrap_or_default();
+            let step = model.run(step, train_step)?;
+            let step = step.first().context("one replica per worker")?;
+            if step[1] == 0.0 {
+                break;
+            }
+            for (total, value) in totals.iter_mut().zip(step) {
+                *total += value;
+            }
+            epoch_steps += 1;
+        }
+        steps += epoch_steps;
+        println!(
+            "epoch={} loss={:.4} accuracy={:.4} steps={epoch_steps}",
+            epoch + 1,
+            totals[0] / totals[1],
+            totals[2] / totals[3],
+        );
+    }
     let elapsed = started.elapsed().as_secs_f64();
 
     let checksum = model
+        .network()
         .parameters()
         .values()
         .iter()
         .fold(0xcbf2_9ce4_8422_2325_u64, |h, v| {
             (h ^ u64::from(v.to_bits())).wrapping_mul(0x0100_0000_01b3)
         });
+    let accuracy = test_accuracy(&mut model, &mnist, global_batch)?;
     println!(
-        "test_accuracy={:.4} weights_checksum={checksum:016x} steps={steps} examples_per_s={:.0}",
-        evaluate(&model, &mnist)?,
-        (steps as f64 * (args.training.batch_per_worker * workers) as f64) / elapsed
+        "test_accuracy={accuracy:.4} weights_checksum={checksum:016x} steps={steps} examples_per_s={:.0}",
+        (steps as f64 * global_batch as f64) / elapsed
     );
     Ok(())
 }
 
-/// The training loop; returns the number of steps taken.
-fn train(
-    model: &mut Sequential,
-    comm: &mut Communicator<TcpTransport>,
-    mnist: &Mnist,
-    args: &Args,
-    rank: usize,
-) -> anyhow::Result<u64> {
-    let workers = comm.world_size();
-    let ctx = InputContext::new(workers, rank, workers)?;
-    let train = mnist
-        .train
-        .dataset()?
-        // The tutorial's `map(scale).cache().shuffle()` reordered: the digits are in memory
-        // already, so the bytes are shuffled and each is scaled as its batch is made (a
-        // 4-byte `f32` cache would cost 19 MB of memory for ~1 ms of work an epoch).
-        .shuffle(10_000, args.training.seed, true)
-        .map(|(x, y)| (scale(&x), y));
-    let steps = distribute(
-        train,
-        args.training.batch_per_worker * workers,
-        &ctx,
-        AutoShardPolicy::Data,
-    )?
-    .prefetch(2);
-    let loss_fn = SparseCategoricalCrossentropy {
-        from_logits: true,
-        reduction: Reduction::SumOverBatchSize,
-    };
-    let mut adam = Adam::default();
-    let mut grads = vec![0.0_f32; model.parameters().len()];
-    let mut step = 0_u64;
-    for epoch in 0..args.training.epochs {
-        let (mut loss_metric, mut accuracy) =
-            (Mean::default(), SparseCategoricalAccuracy::default());
-        let mut epoch_steps = 0;
-        for batches in steps.iter_epoch(epoch)? {
-            let (x, y) = batches?
-                .into_iter()
-                .next()
-                .context("one replica per worker")?;
-            let y = labels(&y);
-            let forward = model.forward(&images(x)?, ForwardContext::training(step, rank))?;
-            let loss = loss_fn.call(&forward.output, &y)?;
-            model.gradients(&forward, &loss.backward()?, &mut grads)?;
-            // Equal per-worker batches: the mean of the workers' mean gradients is the gradient
-            // of the mean loss over the global batch.
-            comm.all_reduce(&mut grads, ReduceOp::Mean)?;
-            adam.apply(model.parameters_mut().values_mut(), &grads)?;
-            loss_metric.update(f64::from(loss.item()?), y.len() as f64);
-            accuracy.update(&forward.output, &y)?;
-            step += 1;
-            epoch_steps += 1;
+/// One replica's step: the forward pass, the summed loss and its gradients, applied with
+/// this step's loss, examples and accuracy counts summed over every replica in the same
+/// all-reduce. Returns those totals over every replica (loss sum, examples, accuracy state).
+fn train_step(
+    replica: &mut lockstep_train::ReplicaContext<'_>,
+    batch: Option<(ndarray::Array4<f32>, ndarray::Array1<u8>)>,
+) -> Result<Vec<f64>, TrainError> {
+    // Summed loss, examples, then the accuracy's (correct, seen).
+    let mut totals = vec![0.0_f64; 4];
+    let gradients = match batch {
+        Some(batch) => {
+            let parts = batch.into_parts()?;
+            let forward = replica.forward(&parts.inputs)?;
+            let targets = parts.targets.as_targets();
+            let loss = Loss::call(&SUMMED, &forward.output, targets, None)?;
+            let mut accuracy = SparseCategoricalAccuracy::default();
+            accuracy.update_state(&forward.output, targets, None)?;
+            totals[0] = f64::from(loss.item()?);
+            totals[1] = parts.targets.len() as f64;
+            totals[2..].copy_from_slice(&accuracy.state());
+            replica.gradients(&forward, &loss, parts.targets.len())?
         }
-        // Metrics merge across workers: sum their states.
-        let mut state: Vec<f64> = loss_metric
-            .state()
-            .into_iter()
-            .chain(accuracy.state())
-            .collect();
-        comm.all_reduce(&mut state, ReduceOp::Sum)?;
-        loss_metric.set_state(&state[..2])?;
-        accuracy.set_state(&state[2..])?;
-        println!(
-            "epoch={} loss={:.4} accuracy={:.4} steps={epoch_steps}",
-            epoch + 1,
-            loss_metric.result(),
-            accuracy.result()
-        );
-    }
-    Ok(step)
+        // A replica past the end of a short last step joins the all-reduce empty-handed.
+        None => replica.no_gradients()?,
+    };
+    replica.apply_gradients(gradients, &mut totals)?;
+    Ok(totals)
 }
 
-/// Accuracy on the whole test split.
-fn evaluate(model: &Sequential, mnist: &Mnist) -> anyhow::Result<f64> {
-    let mut accuracy = SparseCategoricalAccuracy::default();
-    for batch in mnist
-        .test
-        .dataset()?
-        .map(|(x, y)| (scale(&x), y))
-        .batch(500, false)
-        .iter()?
-    {
-        let (x, y) = batch?;
-        accuracy.update(&model.predict(&images(x)?)?, &labels(&y))?;
+/// Accuracy on the whole test split, each worker evaluating its part and the counts summed
+/// over every replica with `reduce`.
+fn test_accuracy(model: &mut Model, mnist: &Mnist, global_batch: usize) -> anyhow::Result<f64> {
+    let test = mnist.test.dataset()?.map(|(x, y)| (scale(&x), y));
+    let test = model.distribute_dataset(test, global_batch)?;
+    let mut counts = [0.0_f64; 2];
+    let mut batches = test.iter_epoch(0)?;
+    loop {
+        let step = batches.next().transpose()?.unwrap_or_default();
+        let states = model.run(step, |replica, batch| {
+            let mut accuracy = SparseCategoricalAccuracy::default();
+            if let Some(batch) = batch {
+                let parts = batch.into_parts()?;
+                let output = replica.network().predict(&parts.inputs)?;
+                accuracy.update_state(&output, parts.targets.as_targets(), None)?;
+            }
+            Ok(accuracy.state())
+        })?;
+        let summed = model.reduce_each(ReduceOp::Sum, &states)?;
+        if summed[1] == 0.0 {
+            break;
+        }
+        counts[0] += summed[0];
+        counts[1] += summed[1];
     }
-    Ok(accuracy.result())
+    Ok(counts[0] / counts[1])
 }
