@@ -18,6 +18,7 @@ use sha2::Sha256;
 
 use crate::error::CollectiveError;
 
+#[cfg(any(feature = "grpc", test))]
 pub(crate) use lockstep_cluster::to_hex;
 pub use lockstep_cluster::{SECRET_FILE_VARIABLE, SECRET_VARIABLE};
 
@@ -120,6 +121,7 @@ impl ClusterSecret {
 }
 
 /// The bytes of hexadecimal `text`, or `None` where it is not that.
+#[cfg(any(feature = "grpc", test))]
 pub(crate) fn from_hex(text: &str) -> Option<Vec<u8>> {
     let digit = |c: u8| char::from(c).to_digit(16).map(|d| d as u8);
     let text = text.as_bytes();

@@ -1,6 +1,8 @@
 //! Point-to-point message transports that the algorithms run over.
 
+#[cfg(feature = "grpc")]
 mod grpc;
+#[cfg(feature = "grpc")]
 mod inbox;
 pub(crate) mod inherited;
 mod local;
@@ -9,6 +11,7 @@ mod tcp;
 
 use std::time::Instant;
 
+#[cfg(feature = "grpc")]
 pub use grpc::GrpcTransport;
 pub use local::LocalTransport;
 pub use shared::SharedMemoryTransport;
@@ -263,6 +266,7 @@ impl ClusterTransport for TcpTransport {
     }
 }
 
+#[cfg(feature = "grpc")]
 impl ClusterTransport for GrpcTransport {
     fn connect_on(
         listener: std::net::TcpListener,

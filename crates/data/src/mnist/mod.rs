@@ -38,6 +38,7 @@ pub const TEST_IMAGES: &str = "t10k-images-idx3-ubyte";
 pub const TEST_LABELS: &str = "t10k-labels-idx1-ubyte";
 
 /// The embedded subset, in the order train images, train labels, test images, test labels.
+#[cfg(feature = "embedded-mnist")]
 const EMBEDDED: [(&str, &[u8]); 4] = [
     (
         TRAIN_IMAGES,
@@ -113,11 +114,12 @@ pub struct Mnist {
 
 impl Mnist {
     /// The 10,000-digit subset shipped inside this crate (CC BY-SA 3.0; authors and source in
-    /// the crate's `data/mnist/README.md`).
+    /// the crate's `data/mnist/README.md`), with the `embedded-mnist` feature (a default).
     ///
     /// # Errors
     ///
     /// Only if the embedded files were damaged at build time.
+    #[cfg(feature = "embedded-mnist")]
     pub fn embedded() -> Result<Self, DataError> {
         let [train_images, train_labels, test_images, test_labels] =
             EMBEDDED.map(|(name, bytes)| {
@@ -182,6 +184,7 @@ impl Mnist {
     /// # Errors
     ///
     /// As for those two.
+    #[cfg(feature = "embedded-mnist")]
     pub fn load_or_embedded(dir: Option<&Path>) -> Result<Self, DataError> {
         dir.map_or_else(Self::embedded, Self::load)
     }
