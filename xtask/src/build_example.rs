@@ -28,47 +28,65 @@ pub(crate) fn workspace_root() -> PathBuf {
 
 /// Builds `example` and the launcher with the cargo profile `profile`, in one cargo run, and
 /// returns their executables' paths.
+pub(crate) fn build_example(example: &str, profile: &str) -> anyhow::Result<Built> {
+    let built = build(
+        profile,
+        &[(EXAMPLES_PACKAGE, example), (LAUNCHER_PACKAGE, LAUNCHER)],
+    )
+    .with_context(|| {
+        format!(
+            "building example `{example}` ({profile} profile) failed; examples are the \
+             binaries of the `{EXAMPLES_PACKAGE}` package"
+        )
+    })?;
+    let [example, launcher] = <[PathBuf; 2]>::try_from(built)
+        .map_err(|_| anyhow::anyhow!("cargo reported another number of executables"))?;
+    Ok(Built { example, launcher })
+}
+
+/// Builds the launcher alone (release profile) and returns its executable's path.
+pub(crate) fn build_launcher() -> anyhow::Result<PathBuf> {
+    build("release", &[(LAUNCHER_PACKAGE, LAUNCHER)])?
+        .pop()
+        .context("cargo reported no executable for the launcher")
+}
+
+/// Builds each `(package, binary)` with the cargo profile `profile`, in one cargo run, and
+/// returns their executables' paths in the same order.
 ///
 /// Cargo's JSON messages name the artifact, so this works whatever `CARGO_TARGET_DIR` or the
 /// profile's output folder is. Compiler diagnostics still reach the terminal, rendered.
-pub(crate) fn build_example(example: &str, profile: &str) -> anyhow::Result<Built> {
+fn build(profile: &str, binaries: &[(&str, &str)]) -> anyhow::Result<Vec<PathBuf>> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let output = Command::new(cargo)
+    let mut command = Command::new(cargo);
+    command
         .current_dir(workspace_root())
-        .args([
-            "build",
-            "--profile",
-            profile,
-            "--package",
-            EXAMPLES_PACKAGE,
-            "--bin",
-            example,
-            "--package",
-            LAUNCHER_PACKAGE,
-            "--bin",
-            LAUNCHER,
-        ])
+        .args(["build", "--profile", profile]);
+    for (package, binary) in binaries {
+        command.args(["--package", package, "--bin", binary]);
+    }
+    let output = command
         .arg("--message-format=json-render-diagnostics")
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
         .context("running cargo build")?;
+    let names: Vec<&str> = binaries.iter().map(|(_, binary)| *binary).collect();
     if !output.status.success() {
         bail!(
-            "building example `{example}` ({profile} profile) failed with {}; \
-             examples are the binaries of the `{EXAMPLES_PACKAGE}` package",
+            "building {} ({profile} profile) failed with {}",
+            names.join(" and "),
             output.status
         );
     }
     let messages = String::from_utf8_lossy(&output.stdout);
-    let find = |name: &str| {
-        find_executable(&messages, name)
-            .with_context(|| format!("cargo built `{name}` but reported no executable for it"))
-    };
-    Ok(Built {
-        example: find(example)?,
-        launcher: find(LAUNCHER)?,
-    })
+    names
+        .iter()
+        .map(|name| {
+            find_executable(&messages, name)
+                .with_context(|| format!("cargo built `{name}` but reported no executable for it"))
+        })
+        .collect()
 }
 
 /// Picks the executable of binary target `name` out of cargo's JSON message stream.

@@ -7,18 +7,16 @@
 //!   (the `allreduce_bench` example on clusters of 2 and 4 workers).
 //! - `cargo xtask gpu-check`: build the GPU tests and the GPU benchmark, in release, into a
 //!   folder with a runner for a GPU machine that has no Rust toolchain.
-//! - `cargo xtask deploy k8s|slurm`: write a JobSet, a Kubeflow TrainJob and TFJob, a
-//!   Containerfile, or an sbatch script, that run an example on those engines.
+//! - `cargo xtask deploy k8s|slurm`: build the launcher and run `lockstep deploy`, which
+//!   writes a JobSet, a Kubeflow TrainJob and TFJob, a Containerfile, or an sbatch script,
+//!   that run an example (or a program) on those engines.
 //!
-//! Dependencies: `clap` for the command line, `serde_json` to read cargo's build messages,
-//! `lockstep-cluster` for the cluster secret's variable and a fresh secret per Kubernetes job
-//! (and, in tests, to resolve the manifests' clusters), `serde-saphyr` to write the
-//! Kubernetes manifests as YAML, `shlex` to quote arguments in the sbatch script. None of the
-//! training crates: the README's run command builds them once, in release, for the example.
+//! Dependencies: `clap` for the command line, `serde_json` to read cargo's build messages.
+//! None of the training crates: the README's run command builds them once, in release, for the
+//! example.
 
 mod bench;
 mod build_example;
-mod deploy;
 mod gpu_check;
 mod run_cluster;
 
@@ -51,8 +49,14 @@ enum Command {
     /// Build lockstep-cuda's tests and GPU benchmark for a GPU machine with no Rust toolchain.
     GpuCheck(gpu_check::GpuCheckArgs),
     /// Write the files that run a job on Kubernetes or SLURM (manifests, Containerfile,
-    /// sbatch script).
-    Deploy(deploy::DeployArgs),
+    /// sbatch script), through `lockstep deploy` (`cargo xtask deploy --help` lists its
+    /// options).
+    #[command(disable_help_flag = true)]
+    Deploy {
+        /// `lockstep deploy`'s arguments (read from the raw command line, `--` included).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<OsString>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -66,7 +70,11 @@ fn main() -> ExitCode {
         ),
         Command::Bench(args) => bench::run(&args),
         Command::GpuCheck(args) => gpu_check::run(&args),
-        Command::Deploy(args) => deploy::run(&args),
+        Command::Deploy { .. } => run_cluster::deploy(
+            std::env::args_os()
+                .skip_while(|arg| arg != "deploy")
+                .skip(1),
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,14 +7,21 @@
 //! line with its task; stops every task's process group when one fails, on Ctrl-C or past a
 //! deadline, and can restart them all (`--restart-on-failure K`). See the crate's README.
 //!
+//! `lockstep deploy k8s|slurm [-- PROGRAM ARGS…]` writes the files that run the program (a
+//! binary of the user's crate; the examples by default) on Kubernetes (a JobSet, a Kubeflow
+//! TrainJob and TFJob, the Containerfile of its image) or SLURM (an sbatch script).
+//!
 //! The launcher depends on none of the training crates, so it builds in seconds.
 //! Dependencies: `clap` for the command line, `ctrlc` to turn Ctrl-C and SIGTERM into an
 //! orderly shutdown, `nix` to signal whole process groups and open the chief's
 //! pseudo-terminal, `command-fds` to hand each task its socket, `console` for the terminal's
 //! width, `lockstep-cluster` to write each task's `TF_CONFIG` and make the job's secret,
-//! `tracing` for the launcher's own log lines.
+//! `tracing` for the launcher's own log lines; `serde_json` and `serde-saphyr` to build the
+//! Kubernetes manifests and write them as YAML, `shlex` to quote arguments in the sbatch
+//! script.
 
 mod cluster_plan;
+mod deploy;
 mod ports;
 mod run;
 mod supervise;
@@ -37,6 +44,9 @@ enum Command {
     /// Start a local cluster on 127.0.0.1: one process of PROGRAM per task, each with its own
     /// `TF_CONFIG`.
     Run(run::RunArgs),
+    /// Write the files that run a job on Kubernetes or SLURM (manifests, Containerfile,
+    /// sbatch script): your program after `--`, or an example.
+    Deploy(deploy::DeployArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +60,7 @@ fn main() -> ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Run(args) => run::run(&args),
+        Command::Deploy(args) => deploy::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,11 +1,11 @@
-//! The `sbatch` script: one `srun` step of the example, every task finding its place through
+//! The `sbatch` script: one `srun` step of the program, every task finding its place through
 //! the SLURM resolver, started again as a whole when a task fails.
 
 use anyhow::Context as _;
 
-use super::{Artefact, JobArgs, header};
+use super::{Artefact, JobArgs, STATE_DIR_VARIABLE, Workload, header};
 
-/// Options of `cargo xtask deploy slurm`.
+/// Options of `lockstep deploy slurm`.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct SlurmArgs {
     #[command(flatten)]
@@ -57,7 +57,18 @@ fn script(args: &SlurmArgs) -> anyhow::Result<String> {
             anyhow::bail!("{flag} 0: a job step needs at least one");
         }
     }
-    let binary = job.example.binary();
+    let binary = job.binary()?;
+    let (built, export_state) = match job.workload() {
+        Workload::Example(..) => (
+            "# The example, built where every node sees it: cargo build --release -p lockstep-examples".to_owned(),
+            String::new(),
+        ),
+        Workload::Program(..) => (
+            format!("# Your program, built where every node sees it: cargo build --release --bin {binary}"),
+            // The program finds the shared storage in the environment.
+            format!("export {STATE_DIR_VARIABLE}=\"$state\"\n"),
+        ),
+    };
     let state = format!("${{SLURM_SUBMIT_DIR:-$PWD}}/lockstep-state/{name}");
     let task_args = job
         .task_args("$state", false, args.cpus_per_task)
@@ -95,11 +106,11 @@ fn script(args: &SlurmArgs) -> anyhow::Result<String> {
 #SBATCH --output={name}-%j.out
 {partition}set -euo pipefail
 
-# The example, built where every node sees it: cargo build --release -p lockstep-examples
+{built}
 bin=\"${{LOCKSTEP_BIN:-${{SLURM_SUBMIT_DIR:-$PWD}}/target/release/{binary}}}\"
 # Where the chief keeps the backup a restart resumes from: storage every node sees.
 state=\"${{LOCKSTEP_STATE_DIR:-{state}}}\"
-# The port of the first task on each node (the k-th task on a node listens k above it).
+{export_state}# The port of the first task on each node (the k-th task on a node listens k above it).
 export LOCKSTEP_PORT=\"${{LOCKSTEP_PORT:-{port}}}\"
 max_restarts={max_restarts}
 # The cluster secret the tasks prove to each other (docs/SECURITY.md): unless one is given,
@@ -215,6 +226,24 @@ mod tests {
     }
 
     #[test]
+    fn a_users_program_runs_from_its_crates_target_with_its_own_arguments_only() {
+        let text = script_for(&["--", "my_trainer", "--epochs", "3"]).unwrap();
+        assert!(text.contains("target/release/my_trainer}\""), "{text}");
+        assert!(text.contains("cargo build --release --bin my_trainer"));
+        assert!(text.contains("export LOCKSTEP_STATE_DIR=\"$state\"\n"));
+        let srun = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("if srun"))
+            .unwrap();
+        assert!(
+            srun.ends_with("\"$bin\" --epochs 3 \"$@\"; then"),
+            "no flags of the examples' for a program: {srun}"
+        );
+        let err = script_for(&["--", "../bin/x"]).unwrap_err();
+        assert!(err.to_string().contains("is not a binary name"), "{err}");
+    }
+
+    #[test]
     fn a_given_port_replaces_the_one_derived_from_the_job_id() {
         assert!(
             script_for(&[])
@@ -232,7 +261,7 @@ mod tests {
     fn bad_settings_are_refused_naming_the_flag() {
         let err = script_for(&["--nodes", "0"]).unwrap_err();
         assert!(err.to_string().contains("--nodes 0"), "{err}");
-        let err = script_for(&["--", "a\0b"]).unwrap_err();
+        let err = script_for(&["--", "--epochs", "a\0b"]).unwrap_err();
         assert!(
             err.to_string()
                 .contains("cannot be written into a shell script"),

@@ -1,7 +1,7 @@
-//! The Containerfile of the image the Kubernetes manifests run: the example binaries on a
-//! minimal base.
+//! The Containerfile of the image the Kubernetes manifests run: the example binaries, or the
+//! user's program built from their crate, on a minimal base.
 
-use super::{Artefact, header};
+use super::{Artefact, Workload, header};
 
 /// Where the image keeps the binaries; the manifests' commands start with it.
 pub(super) const BIN_DIR: &str = "/usr/local/bin";
@@ -18,12 +18,16 @@ const RUN_IMAGE: &str = "gcr.io/distroless/cc-debian12:nonroot";
 pub(super) const BINARIES: [&str; 3] = ["mnist_keras", "mnist_estimator", "cluster_info"];
 
 /// The Containerfile and the ignore file that keeps the build context small.
-pub(super) fn files() -> Vec<Artefact> {
+pub(super) fn files(workload: Workload<'_>) -> Vec<Artefact> {
+    let text = match workload {
+        Workload::Example(..) => containerfile(),
+        Workload::Program(program, _) => program_containerfile(program),
+    };
     vec![
         Artefact {
             name: "Containerfile",
             private: false,
-            text: containerfile(),
+            text,
         },
         Artefact {
             // BuildKit and Podman read `<file>.dockerignore` beside the file given with `-f`.
@@ -67,10 +71,37 @@ ENTRYPOINT [\"{BIN_DIR}/{first}\"]
     )
 }
 
+/// The image of the user's `program`: a binary of the crate the build context holds.
+fn program_containerfile(program: &str) -> String {
+    format!(
+        "{header}\
+# Build it from your crate's root (the build context is the crate, or its workspace):
+#   docker build -f target/deploy/k8s/Containerfile -t {program}:latest .
+
+FROM {BUILD_IMAGE} AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked --bin {program}
+
+FROM {RUN_IMAGE}
+COPY --from=build /src/target/release/{program} {BIN_DIR}/
+USER {NONROOT_ID}:{NONROOT_ID}
+ENTRYPOINT [\"{BIN_DIR}/{program}\"]
+",
+        header = header(
+            "k8s",
+            "The image of your Lockstep program, built in two stages."
+        ),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build_example::workspace_root;
+
+    fn workspace_root() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
 
     fn read(path: &str) -> String {
         std::fs::read_to_string(workspace_root().join(path)).unwrap()
@@ -138,5 +169,16 @@ mod tests {
         }
         assert!(copy.ends_with(&format!(" {BIN_DIR}/")));
         assert!(text.contains(&format!("USER {NONROOT_ID}:{NONROOT_ID}")));
+    }
+
+    #[test]
+    fn a_programs_image_builds_that_binary_of_the_users_crate() {
+        let text = program_containerfile("my_trainer");
+        assert!(text.contains("RUN cargo build --release --locked --bin my_trainer\n"));
+        assert!(text.contains(&format!(
+            "COPY --from=build /src/target/release/my_trainer {BIN_DIR}/\n"
+        )));
+        assert!(text.contains(&format!("ENTRYPOINT [\"{BIN_DIR}/my_trainer\"]")));
+        assert!(!text.contains("lockstep-examples"));
     }
 }

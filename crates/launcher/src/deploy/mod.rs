@@ -1,12 +1,13 @@
-//! `cargo xtask deploy k8s|slurm`: the files that run a Lockstep job on the engines users
-//! already start processes with. Nothing here talks to a cluster: it writes manifests, a
+//! `lockstep deploy k8s|slurm`: the files that run a Lockstep job on the engines users
+//! already start processes with: the user's program (`-- PROGRAM ARGS`, a binary of their
+//! crate) or one of the examples (`--example`, the default). Nothing here talks to a cluster: it writes manifests, a
 //! container build file and a batch script for the user to apply, build and submit.
 //!
 //! Every artefact follows the same contract with the example binaries: the task finds its
 //! cluster through `AutoResolver` (`TF_CONFIG` from Kubeflow's TFJob, the JobSet variables the
 //! manifests pass down, or SLURM's), the chief keeps its `BackupAndRestore` state on storage
 //! every task can reach, and a failed task restarts every task, a bounded number of times, so
-//! training resumes from the backup as `cargo xtask run-cluster --restart-on-failure` does.
+//! training resumes from the backup as `lockstep run --restart-on-failure` does.
 
 mod container;
 mod kubernetes;
@@ -17,9 +18,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, bail};
 use clap::{Subcommand, ValueEnum};
 
-use crate::build_example::workspace_root;
-
-/// Options of `cargo xtask deploy`.
+/// Options of `lockstep deploy`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct DeployArgs {
     #[command(subcommand)]
@@ -54,9 +53,9 @@ pub(crate) struct JobArgs {
     /// and `-`, starting with a letter: a DNS label).
     #[arg(long, default_value = "lockstep-mnist")]
     name: String,
-    /// The example every task runs.
-    #[arg(long, value_enum, default_value_t = Trainer::MnistKeras)]
-    example: Trainer,
+    /// The example every task runs, when no PROGRAM is given [default: mnist-keras].
+    #[arg(long, value_enum)]
+    example: Option<Trainer>,
     /// The port every task listens on (Kubernetes: 8888 by default; SLURM: one per job,
     /// derived from the job id, so jobs sharing a node do not collide).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
@@ -69,19 +68,69 @@ pub(crate) struct JobArgs {
     /// when images are pulled or nodes are busy.
     #[arg(long, value_name = "SECONDS", default_value_t = 600)]
     rendezvous_timeout_secs: u64,
-    /// Where to write the files (default: `target/deploy/k8s` or `target/deploy/slurm`).
+    /// Where to write the files (default: `target/deploy/k8s` or `target/deploy/slurm` under
+    /// the current directory).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Arguments for every task, after `--` (`-- --epochs 10`).
-    #[arg(last = true)]
-    example_args: Vec<String>,
+    /// After `--`: PROGRAM, a binary of your crate, and its arguments (`-- my_trainer --epochs
+    /// 10`); or, with `--example` or when they begin with an option, the example's arguments
+    /// (`-- --epochs 10`).
+    #[arg(last = true, value_name = "PROGRAM [ARGS]")]
+    trailing: Vec<String>,
+}
+
+/// The variable that tells a user's program where the job's shared storage is (the examples
+/// are given flags instead).
+pub(crate) const STATE_DIR_VARIABLE: &str = "LOCKSTEP_STATE_DIR";
+
+/// What every task of a deployment runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Workload<'a> {
+    /// One of the examples, with the flags that keep its state on shared storage.
+    Example(Trainer, &'a [String]),
+    /// The user's program, a binary of their crate, and its arguments as given; it finds its
+    /// shared storage in `LOCKSTEP_STATE_DIR`.
+    Program(&'a str, &'a [String]),
 }
 
 impl JobArgs {
     fn out_dir(&self, target: &str) -> PathBuf {
         self.out
             .clone()
-            .unwrap_or_else(|| workspace_root().join("target/deploy").join(target))
+            .unwrap_or_else(|| Path::new("target/deploy").join(target))
+    }
+
+    /// The example or the user's program.
+    pub(crate) fn workload(&self) -> Workload<'_> {
+        match (self.example, self.trailing.split_first()) {
+            (None, Some((program, args))) if !program.starts_with('-') => {
+                Workload::Program(program, args)
+            }
+            (example, _) => {
+                Workload::Example(example.unwrap_or(Trainer::MnistKeras), &self.trailing)
+            }
+        }
+    }
+
+    /// The binary every task runs, checked to be a cargo binary name (it names a file in the
+    /// image and under `target/release`, and the Containerfile builds it with `--bin`).
+    pub(crate) fn binary(&self) -> anyhow::Result<&str> {
+        let binary = match self.workload() {
+            Workload::Example(trainer, _) => trainer.binary(),
+            Workload::Program(program, _) => program,
+        };
+        let valid = !binary.is_empty()
+            && binary
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid {
+            bail!(
+                "PROGRAM {binary:?} is not a binary name of your crate (letters, digits, '_' and \
+                 '-'): the image holds it under its name, and SLURM's nodes run it from \
+                 target/release"
+            );
+        }
+        Ok(binary)
     }
 
     /// The job's name, checked to be a DNS label (RFC 1035) as pod and service names must be.
@@ -102,13 +151,17 @@ impl JobArgs {
         Ok(name)
     }
 
-    /// Every task's arguments: the deployment's own (unless the user gives the same flag), the
-    /// flags that keep the task's state under `state_dir`, then the user's.
+    /// Every task's arguments. An example's: the deployment's own (unless the user gives the
+    /// same flag), the flags that keep the task's state under `state_dir`, then the user's. A
+    /// program's: its arguments as given.
     fn task_args(&self, state_dir: &str, evaluator: bool, threads: u32) -> Vec<String> {
+        let (example, given) = match self.workload() {
+            Workload::Program(_, args) => return args.to_vec(),
+            Workload::Example(example, args) => (example, args),
+        };
         let mut args = Vec::new();
         let mut default = |flag: &str, value: String| {
-            let given = self
-                .example_args
+            let given = given
                 .iter()
                 .any(|a| a == flag || a.starts_with(&format!("{flag}=")));
             if !given {
@@ -120,10 +173,10 @@ impl JobArgs {
             self.rendezvous_timeout_secs.to_string(),
         );
         default("--threads", threads.to_string());
-        for (flag, value) in self.example.state_args(state_dir, evaluator) {
+        for (flag, value) in example.state_args(state_dir, evaluator) {
             default(flag, value);
         }
-        args.extend(self.example_args.iter().cloned());
+        args.extend(given.iter().cloned());
         args
     }
 }
@@ -213,7 +266,7 @@ fn write_files(out: &Path, files: &[Artefact]) -> anyhow::Result<()> {
 /// Containerfiles share): where it came from and where it is explained.
 fn header(target: &str, what: &str) -> String {
     format!(
-        "# {what}\n# Written by `cargo xtask deploy {target}` (`--help` lists its settings); \
+        "# {what}\n# Written by `lockstep deploy {target}` (`--help` lists its settings); \
          docs/DEPLOY.md explains it.\n"
     )
 }

@@ -10,9 +10,9 @@ use anyhow::Context as _;
 use serde_json::{Value, json};
 
 use super::container::{self, BIN_DIR, NONROOT_ID};
-use super::{Artefact, JobArgs, check_host_name, header};
+use super::{Artefact, JobArgs, STATE_DIR_VARIABLE, Workload, check_host_name, header};
 
-/// Options of `cargo xtask deploy k8s`.
+/// Options of `lockstep deploy k8s`.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct KubernetesArgs {
     #[command(flatten)]
@@ -108,7 +108,7 @@ pub(crate) fn files(args: &KubernetesArgs) -> anyhow::Result<Vec<Artefact>> {
             &[manifests.cluster_secret()?],
         )?,
     });
-    files.extend(container::files());
+    files.extend(container::files(args.job.workload()));
     Ok(files)
 }
 
@@ -122,6 +122,8 @@ const SECRET_KEY: &str = "secret";
 struct Manifests<'a> {
     args: &'a KubernetesArgs,
     name: &'a str,
+    /// The binary every container runs.
+    binary: &'a str,
     port: u16,
 }
 
@@ -151,6 +153,7 @@ impl<'a> Manifests<'a> {
         Ok(Self {
             args,
             name,
+            binary: args.job.binary()?,
             port: args.job.port.unwrap_or(DEFAULT_PORT),
         })
     }
@@ -185,7 +188,7 @@ impl<'a> Manifests<'a> {
     }
 
     fn command(&self) -> Vec<String> {
-        vec![format!("{BIN_DIR}/{}", self.args.job.example.binary())]
+        vec![format!("{BIN_DIR}/{}", self.binary)]
     }
 
     fn task_args(&self, with_evaluator: bool) -> Vec<String> {
@@ -227,6 +230,10 @@ impl<'a> Manifests<'a> {
             "name": lockstep_cluster::SECRET_VARIABLE,
             "valueFrom": {"secretKeyRef": {"name": self.secret_name(), "key": SECRET_KEY}},
         }));
+        if matches!(self.args.job.workload(), Workload::Program(..)) {
+            // A program of the user's finds the shared volume here (an example is given flags).
+            env.push(json!({"name": STATE_DIR_VARIABLE, "value": STATE_DIR}));
+        }
         json!({
             "name": name,
             "image": self.args.image,
@@ -470,6 +477,40 @@ mod tests {
 
     fn kind<'v>(docs: &'v [Value], kind: &str) -> &'v Value {
         docs.iter().find(|d| d["kind"] == kind).unwrap()
+    }
+
+    #[test]
+    fn a_users_program_is_the_command_of_every_container_and_of_the_image() {
+        let flags = [
+            "--image",
+            "registry.example/mine:1",
+            "--",
+            "my_trainer",
+            "--epochs",
+            "3",
+        ];
+        let docs = documents(&flags, "tfjob.yaml");
+        let tfjob = kind(&docs, "TFJob");
+        let chief = &tfjob["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"][0];
+        assert_eq!(chief["command"], json!([format!("{BIN_DIR}/my_trainer")]));
+        assert_eq!(chief["args"], json!(["--epochs", "3"]));
+        assert!(
+            chief["env"]
+                .as_array()
+                .unwrap()
+                .contains(&json!({"name": STATE_DIR_VARIABLE, "value": STATE_DIR})),
+            "{chief}"
+        );
+        let files = files(&args(&flags)).unwrap();
+        let containerfile = &files
+            .iter()
+            .find(|f| f.name == "Containerfile")
+            .unwrap()
+            .text;
+        assert!(
+            containerfile.contains("--bin my_trainer"),
+            "{containerfile}"
+        );
     }
 
     /// The value of each variable of `container` as the kubelet would set it in a pod whose
@@ -744,9 +785,10 @@ mod tests {
 
     #[test]
     fn deploy_md_explains_every_variable_the_jobset_sets() {
-        let doc =
-            std::fs::read_to_string(crate::build_example::workspace_root().join("docs/DEPLOY.md"))
-                .unwrap();
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/DEPLOY.md"),
+        )
+        .unwrap();
         let docs = documents(&[], "jobset.yaml");
         let container = &kind(&docs, "JobSet")["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
             ["spec"]["containers"][0];
