@@ -116,6 +116,41 @@ pub fn keras_epoch(backup: &Path, extra: &[&str]) -> Result<(String, Vec<String>
     Ok((stderr, checksums))
 }
 
+/// Writes the sbatch script of `cargo xtask deploy slurm` for one node of 2 tasks, one core
+/// each, into `dir`.
+///
+/// # Errors
+///
+/// When `cargo xtask` cannot run or fails (its stderr is the error).
+pub fn write_slurm_script(dir: &Path) -> Result<(), String> {
+    let out = dir.to_str().ok_or("the folder's path is not UTF-8")?;
+    let args = [
+        "deploy",
+        "slurm",
+        "--nodes",
+        "1",
+        "--tasks-per-node",
+        "2",
+        "--cpus-per-task",
+        "1",
+        "--out",
+        out,
+    ];
+    let written = xtask(&args).map_err(|e| format!("cargo xtask: {e}"))?;
+    if !written.status.success() {
+        return Err(String::from_utf8_lossy(&written.stderr).into_owned());
+    }
+    Ok(())
+}
+
+/// The weights checksum of every line of `output` that prints one, in order.
+pub fn weights_checksums(output: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(output)
+        .lines()
+        .filter_map(|l| field(l, "weights_checksum").map(str::to_owned))
+        .collect()
+}
+
 /// The lines a task printed, without the `[task] ` prefix the launcher adds.
 pub fn task_lines(output: &[u8], task: &str) -> Vec<String> {
     let prefix = format!("[{task}] ");

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use lockstep_e2e::{example_binary, field, keras_epoch, unused_ports, xtask};
+use lockstep_e2e::{
+    example_binary, field, keras_epoch, unused_ports, weights_checksums, write_slurm_script, xtask,
+};
 
 /// SLURM's `srun` on one node, as far as the script uses it. `FAKE_SRUN_KILL=TASK@STEP` makes
 /// task TASK of the first step SIGKILL itself after training step STEP.
@@ -86,36 +88,10 @@ fn sbatch(dir: &Path, fake_kill: Option<&str>) -> (Vec<u8>, String) {
     (out.stdout, stderr)
 }
 
-/// The weights checksum each task printed last, in the order of their lines.
-fn checksums(stdout: &[u8]) -> Vec<String> {
-    String::from_utf8_lossy(stdout)
-        .lines()
-        .filter_map(|l| field(l, "weights_checksum").map(str::to_owned))
-        .collect()
-}
-
 #[test]
 fn the_sbatch_script_restarts_every_task_and_ends_with_the_uninterrupted_weights() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().to_str().unwrap();
-    let written = xtask(&[
-        "deploy",
-        "slurm",
-        "--nodes",
-        "1",
-        "--tasks-per-node",
-        "2",
-        "--cpus-per-task",
-        "1",
-        "--out",
-        out,
-    ])
-    .unwrap();
-    assert!(
-        written.status.success(),
-        "{}",
-        String::from_utf8_lossy(&written.stderr)
-    );
+    write_slurm_script(dir.path()).unwrap();
 
     let (stdout, stderr) = sbatch(dir.path(), Some("1@25"));
     assert!(
@@ -123,7 +99,7 @@ fn the_sbatch_script_restarts_every_task_and_ends_with_the_uninterrupted_weights
         "no restart:\n{stderr}"
     );
     assert!(stderr.contains("source=SLURM"), "{stderr}");
-    let restarted = checksums(&stdout);
+    let restarted = weights_checksums(&stdout);
     assert_eq!(restarted.len(), 2, "{}", String::from_utf8_lossy(&stdout));
 
     // The same job started by the local launcher from TF_CONFIG, never interrupted.

@@ -13,7 +13,9 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use lockstep_e2e::{example_binary, field, keras_epoch, unused_ports, xtask};
+use lockstep_e2e::{
+    example_binary, keras_epoch, unused_ports, weights_checksums, write_slurm_script,
+};
 
 /// What each task runs: the example, with task 1 told to SIGKILL itself after step 25 on its
 /// first start only (`mkdir` is atomic: one start of one task makes the marker).
@@ -73,12 +75,6 @@ fn submit(dir: &Path, bin: &Path, real_bin: &Path) -> String {
     log
 }
 
-fn checksums(log: &str) -> Vec<String> {
-    log.lines()
-        .filter_map(|l| field(l, "weights_checksum").map(str::to_owned))
-        .collect()
-}
-
 #[test]
 fn a_job_under_slurm_with_a_task_killed_restarts_and_ends_with_the_uninterrupted_weights() {
     if let Err(why) = slurm_is_up() {
@@ -86,24 +82,7 @@ fn a_job_under_slurm_with_a_task_killed_restarts_and_ends_with_the_uninterrupted
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let written = xtask(&[
-        "deploy",
-        "slurm",
-        "--nodes",
-        "1",
-        "--tasks-per-node",
-        "2",
-        "--cpus-per-task",
-        "1",
-        "--out",
-        dir.path().to_str().unwrap(),
-    ])
-    .unwrap();
-    assert!(
-        written.status.success(),
-        "{}",
-        String::from_utf8_lossy(&written.stderr)
-    );
+    write_slurm_script(dir.path()).unwrap();
     let example = example_binary("mnist_keras").unwrap();
     let wrapper = dir.path().join("kill-once");
     std::fs::write(&wrapper, KILL_ONCE).unwrap();
@@ -119,7 +98,7 @@ fn a_job_under_slurm_with_a_task_killed_restarts_and_ends_with_the_uninterrupted
         "no restart:\n{log}"
     );
     assert!(log.contains("source=SLURM"), "{log}");
-    let restarted = checksums(&log);
+    let restarted = weights_checksums(log.as_bytes());
     assert_eq!(restarted.len(), 2, "{log}");
 
     // The same job started by the local launcher from TF_CONFIG, never interrupted.

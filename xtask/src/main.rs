@@ -17,6 +17,7 @@
 
 mod bench;
 mod build_example;
+mod deploy;
 mod gpu_check;
 mod run_cluster;
 
@@ -70,7 +71,7 @@ fn main() -> ExitCode {
         ),
         Command::Bench(args) => bench::run(&args),
         Command::GpuCheck(args) => gpu_check::run(&args),
-        Command::Deploy { .. } => run_cluster::deploy(
+        Command::Deploy { .. } => deploy::run(
             std::env::args_os()
                 .skip_while(|arg| arg != "deploy")
                 .skip(1),

@@ -1,5 +1,5 @@
 //! `cargo xtask run-cluster`: builds an example and the `lockstep` launcher, then becomes
-//! `lockstep run [OPTIONS] -- EXAMPLE [ARGS]`; `cargo xtask deploy` becomes `lockstep deploy`.
+//! `lockstep run [OPTIONS] -- EXAMPLE [ARGS]`.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::process::CommandExt as _;
@@ -7,7 +7,7 @@ use std::process::Command;
 
 use anyhow::{Context as _, bail};
 
-use crate::build_example::{build_example, build_launcher, workspace_root};
+use crate::build_example::build_example;
 
 /// The example run when `--example` is not given: synchronous training on the embedded MNIST.
 const DEFAULT_EXAMPLE: &str = "mnist_keras";
@@ -111,18 +111,6 @@ pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<()
         .args(parsed.launcher_args(built.example.as_os_str()))
         .exec();
     Err(err).with_context(|| format!("starting {}", built.launcher.display()))
-}
-
-/// `cargo xtask deploy ARGS`: builds the launcher, then becomes `lockstep deploy ARGS` in the
-/// workspace root (where `target/deploy` is its default output).
-pub(crate) fn deploy(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<()> {
-    let launcher = build_launcher()?;
-    let err = Command::new(&launcher)
-        .arg("deploy")
-        .args(args)
-        .current_dir(workspace_root())
-        .exec();
-    Err(err).with_context(|| format!("starting {}", launcher.display()))
 }
 
 #[cfg(test)]

@@ -51,7 +51,7 @@ enum Command {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(terminal::LogEvent::default)
         .with_target(false)
         .with_ansi(terminal::colour_logs())
         .with_env_filter(

@@ -168,10 +168,10 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
     {
         bail!("--kill names {}, a task this cluster lacks", kill.task);
     }
-    let Some(command) = args.command.split_first() else {
+    let Some(program_and_args) = args.command.split_first() else {
         bail!("no program to run: give it after `--`, as in `lockstep run -- ./trainer`");
     };
-    let program = command.0.to_string_lossy().into_owned();
+    let program = program_and_args.0.to_string_lossy().into_owned();
     let secret = job_secret()?;
     let interrupted = interrupted_flag()?;
     let count = planned.len();
@@ -186,8 +186,12 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
             None => TaskListeners::rebind(&ports)
                 .context("binding the cluster's ports again to restart it")?,
         };
-        let mut commands =
-            task_commands(&planned, command, args, (restarts == 0, secret.as_deref()));
+        let mut commands = task_commands(
+            &planned,
+            program_and_args,
+            args,
+            (restarts == 0, secret.as_deref()),
+        );
         listeners.hand_over(commands.iter_mut().map(|(_, command)| command))?;
         tracing::info!(%program, tasks = count, restarts, "starting local cluster");
         let supervisor = Supervisor::start(commands, Duration::from_secs(args.grace_secs))?;

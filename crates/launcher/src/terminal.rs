@@ -71,6 +71,34 @@ pub(crate) fn print_line(sink: Sink, line: &[u8]) {
     let _ = stdout.flush();
 }
 
+/// One log event of the launcher's own (`tracing` makes one writer per event): its lines go
+/// through [`print_line`] when it is dropped, so that they too are printed above the live
+/// line instead of onto it.
+#[derive(Debug, Default)]
+pub(crate) struct LogEvent(Vec<u8>);
+
+impl Write for LogEvent {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.0.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LogEvent {
+    fn drop(&mut self) {
+        let text = self.0.strip_suffix(b"\n").unwrap_or(&self.0);
+        if !text.is_empty() {
+            for line in text.split(|&b| b == b'\n') {
+                print_line(Sink::Stderr, line);
+            }
+        }
+    }
+}
+
 /// Replaces the live line (none: clears it).
 fn show_live(line: Option<Vec<u8>>) {
     let mut live = LIVE
@@ -129,7 +157,7 @@ where
                 Ok(_) => {
                     let text = String::from_utf8_lossy(&line);
                     let text = text.trim_end_matches(['\n', '\r']);
-                    print_line(sink, format!("[{task}] {text}").as_bytes());
+                    print_line(sink, &prefixed(&task, text.as_bytes()));
                 }
             }
         }
@@ -151,18 +179,18 @@ pub(crate) fn forward_terminal(parent: OwnedFd, task: String) -> JoinHandle<()> 
             }
             pending.extend_from_slice(&buffer[..read]);
             while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+                // The line ends: it is no longer live but printed, as the others are.
                 let line: Vec<u8> = pending.drain(..=end).collect();
-                let text = visible(&line[..end]);
-                print_line(Sink::Stdout, &prefixed(&task, &text));
                 show_live(None);
+                print_line(Sink::Stdout, &prefixed(&task, &visible(&line[..end])));
             }
             let text = visible(&pending);
             show_live((!text.is_empty()).then(|| prefixed(&task, &text)));
         }
+        show_live(None);
         if !pending.is_empty() {
             print_line(Sink::Stdout, &prefixed(&task, &visible(&pending)));
         }
-        show_live(None);
     })
 }
 

@@ -138,8 +138,16 @@ fn on_a_terminal_the_chiefs_unfinished_line_is_drawn_live_and_other_tasks_stay_l
     let _ = std::fs::remove_file(&log);
     let shown = String::from_utf8_lossy(&shown);
     assert!(status.success(), "{shown}");
-    // The chief's live line: cleared and redrawn, prefixed, without a line end of its own.
+    // The chief's live line: cleared and redrawn, prefixed, without a line end of its own;
+    // whatever is printed while it shows (the launcher's own log lines too) clears it first.
     assert!(shown.contains("\r\x1b[2K[worker:0] step 2"), "{shown:?}");
+    for (at, _) in shown.match_indices("[worker:0] step 2") {
+        let after = &shown[at + "[worker:0] step 2".len()..];
+        assert!(
+            after.starts_with('\r'),
+            "written onto the live line: {after:?}"
+        );
+    }
     assert!(shown.contains("[worker:0] done\r\n"), "{shown:?}");
     // The other task's stdout is a pipe, as ever.
     assert!(shown.contains("[worker:1] piped"), "{shown:?}");
