@@ -15,7 +15,6 @@ use lockstep_tensor::kernels::gemm::{MatRef, matmul};
 use lockstep_tensor::ops::{self, MaxPool, Padding};
 use ndarray::Array2;
 use rayon::prelude::*;
-use wide::f32x8;
 
 /// As in the training-step bench: a caching allocator, so page faults on the layers' buffers
 /// do not swamp the kernels (every ML framework ships one).
@@ -48,15 +47,19 @@ const PEAK_FLOPS: usize = 2 * 8 * CHAINS * STEPS;
 /// [`CHAINS`] vectors of 8 lanes, each stepped [`STEPS`] times by a fused multiply-add, with no
 /// memory traffic: the most FLOPs a core can do with the vectors the kernels use (AVX2, or
 /// AVX-512 on a core that runs it at half rate, as Zen 4 does).
+/// Compiled for AVX2 + FMA where the CPU has them, as the kernels are.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
 fn fma_chains(seed: f32) -> f32 {
-    let mut acc = [f32x8::splat(seed); CHAINS];
-    let (scale, step) = (f32x8::splat(0.999_9), f32x8::splat(1e-4));
+    let mut acc = [[seed; 8]; CHAINS];
+    let (scale, step) = (0.999_9_f32, 1e-4_f32);
     for _ in 0..STEPS {
         for a in &mut acc {
-            *a = a.mul_add(scale, step);
+            for lane in a.iter_mut() {
+                *lane = lane.mul_add(scale, step);
+            }
         }
     }
-    acc.iter().fold(f32x8::ZERO, |sum, &a| sum + a).reduce_add()
+    acc.iter().flatten().sum()
 }
 
 fn sgemm(c: &mut Criterion) {

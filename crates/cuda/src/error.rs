@@ -30,7 +30,15 @@ pub enum CudaError {
         /// How many devices the driver sees.
         count: usize,
     },
+    /// This build of `lockstep-cuda` has no CUDA backend: it was compiled without its `cuda`
+    /// feature (for example as a dependency with `default-features = false`).
+    #[error(
+        "no CUDA backend in this build: lockstep-cuda was compiled without its `cuda` feature \
+         (enable the `cuda` feature of lockstep-tensor, lockstep-nn or lockstep-train)"
+    )]
+    NotBuilt,
     /// A driver call failed.
+    #[cfg(feature = "cuda")]
     #[error("CUDA driver: {what}: {source}")]
     Driver {
         /// What was being done.
@@ -48,6 +56,7 @@ pub enum CudaError {
         log: String,
     },
     /// A cuBLAS call failed.
+    #[cfg(feature = "cuda")]
     #[error("cuBLAS: {what}: {source}")]
     Blas {
         /// What was being done.
@@ -67,10 +76,15 @@ pub enum CudaError {
 }
 
 impl CudaError {
+    #[cfg(feature = "cuda")]
     pub(crate) fn driver(what: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Self {
         move |source| Self::Driver { what, source }
     }
 
+    #[cfg_attr(
+        not(feature = "cuda"),
+        allow(dead_code, reason = "the operations' checks")
+    )]
     pub(crate) fn invalid(op: &'static str, reason: impl Into<String>) -> Self {
         Self::Invalid {
             op,

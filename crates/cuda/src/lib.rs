@@ -27,16 +27,25 @@
 //!   `LOCKSTEP_CUDA_LIBRARY_PATH`, or where pip's `nvidia-*` wheels put them
 //!   ([`libraries`]).
 //!
-//! Dependencies: `cudarc` for the driver, NVRTC and cuBLAS APIs with dynamic loading (`cust`
+//! The `cuda` feature (on by default) is the backend: without it the crate keeps every type
+//! and function, so code written for GPUs still compiles, but there is no device:
+//! [`CudaDevice::open`] and [`device_count`] are [`CudaError::NotBuilt`], and no
+//! [`CudaBuffer`] can exist. [`BUILT_WITH_CUDA`] says which build this is.
+//!
+//! Dependencies: `cudarc` (the `cuda` feature) for the driver, NVRTC and cuBLAS APIs with dynamic loading (`cust`
 //! needs a CUDA toolkit to build and is unmaintained); `libloading` to open NVIDIA's
 //! libraries by path before cudarc opens them by name; `thiserror` for the error type;
 //! `tracing` for what was opened where.
 
+#[cfg_attr(not(feature = "cuda"), path = "absent/buffer.rs")]
 mod buffer;
+#[cfg_attr(not(feature = "cuda"), path = "absent/device.rs")]
 mod device;
 mod error;
+#[cfg_attr(not(feature = "cuda"), path = "absent/kernels.rs")]
 mod kernels;
 pub mod libraries;
+#[cfg(feature = "cuda")]
 mod memory_pool;
 pub mod ops;
 mod transfers;
@@ -46,3 +55,7 @@ pub use device::{CudaDevice, device_count};
 pub use error::CudaError;
 pub use kernels::{SOURCE, compile_kernels, compile_kernels_to_cubin};
 pub use transfers::Transfers;
+
+/// Whether this build has the CUDA backend (the `cuda` feature). Without it every device is
+/// [`CudaError::NotBuilt`].
+pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");

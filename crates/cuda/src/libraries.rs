@@ -21,10 +21,12 @@
 )]
 
 use std::path::{Path, PathBuf};
+#[cfg(feature = "cuda")]
 use std::sync::{Mutex, PoisonError};
 
 use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
 
+#[cfg(feature = "cuda")]
 use crate::error::CudaError;
 
 /// The variable naming extra folders to search, separated by `:`.
@@ -37,6 +39,7 @@ pub(crate) const NVRTC: &[&str] = &["libnvrtc.so.13", "libnvrtc-builtins.so.13"]
 pub(crate) const CUBLAS: &[&str] = &["libcublasLt.so.13", "libcublas.so.13"];
 
 /// Libraries opened here, kept open for the life of the process.
+#[cfg(feature = "cuda")]
 static OPENED: Mutex<Vec<(String, Library)>> = Mutex::new(Vec::new());
 
 /// The folders searched beside the loader's path, in order; only those that exist.
@@ -143,6 +146,7 @@ pub(crate) fn find(library: &str, folders: &[PathBuf]) -> Option<PathBuf> {
 /// # Errors
 ///
 /// [`CudaError::MissingLibrary`] naming the first library found nowhere.
+#[cfg(feature = "cuda")]
 pub(crate) fn ensure(libraries: &[&'static str]) -> Result<(), CudaError> {
     let mut opened = OPENED.lock().unwrap_or_else(PoisonError::into_inner);
     let mut folders = None;
@@ -219,9 +223,19 @@ pub fn locations() -> Vec<(&'static str, Location)> {
 
 /// Whether the CUDA driver library can be loaded: cudarc panics when it is asked for the
 /// driver and there is none, so this is checked first.
+#[cfg(feature = "cuda")]
 pub(crate) fn driver_present() -> bool {
     // SAFETY: loads `libcuda` (the NVIDIA driver's library) when present, as cudarc would.
     unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Whether the CUDA driver library can be loaded (a build without the `cuda` feature still
+/// says where the libraries are).
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn driver_present() -> bool {
+    // SAFETY: loads `libcuda` (the NVIDIA driver's library) by its name on Linux, as cudarc
+    // would; its initialisers make no assumption about this process.
+    unsafe { Library::open(Some("libcuda.so.1"), RTLD_NOW) }.is_ok()
 }
 
 #[cfg(test)]
@@ -274,6 +288,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "cuda")]
     #[test]
     fn a_library_found_nowhere_is_a_clear_error() {
         let err = ensure(&["liblockstep-no-such-library.so.13"]).unwrap_err();

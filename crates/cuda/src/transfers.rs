@@ -47,6 +47,7 @@ impl std::ops::Sub for Transfers {
     }
 }
 
+#[cfg(feature = "cuda")]
 pub(crate) fn count_to_device() {
     COUNTS.with(|c| {
         let mut t = c.get();
@@ -55,6 +56,7 @@ pub(crate) fn count_to_device() {
     });
 }
 
+#[cfg(feature = "cuda")]
 pub(crate) fn count_to_host() {
     COUNTS.with(|c| {
         let mut t = c.get();

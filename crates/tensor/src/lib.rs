@@ -27,11 +27,11 @@
 //!   parallel on rayon with a fixed partition of work.
 //!
 //! Dependencies: `gemm` for matrix products near the machine's peak (`ndarray`'s own product
-//! reaches about half); `ndarray` for conversions; `rayon` for parallel kernels; `wide` for the
-//! Winograd transforms' 8-lane SIMD values on stable Rust (arrays of `[f32; 8]` were copied
-//! through memory instead of staying in registers); `rand_pcg` for seeded dropout masks;
+//! reaches about half); `ndarray` for conversions; `rayon` for parallel kernels; `multiversion` to
+//! compile the SIMD kernels for AVX2 + FMA beside the baseline and pick one at run time (a
+//! dependent crate's build gets no `target-cpu` flag from this workspace); `rand_pcg` for seeded dropout masks;
 //! `thiserror` for the error type; `lockstep-cuda` for the GPU paths (loaded at run time, so
-//! the crate builds and runs on machines without CUDA).
+//! the crate builds and runs on machines without CUDA; its backend is the `cuda` feature).
 
 mod autograd;
 mod device;

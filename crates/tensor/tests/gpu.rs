@@ -32,6 +32,13 @@ fn gpu_present() -> bool {
     }
 }
 
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn without_the_cuda_feature_a_gpu_tensor_is_an_error_naming_the_feature() {
+    let err = Tensor::scalar(1.0).to_device(GPU).unwrap_err();
+    assert!(err.to_string().contains("`cuda` feature"), "{err}");
+}
+
 fn close(what: &str, gpu: &[f32], cpu: &[f32]) -> Result<(), TestCaseError> {
     prop_assert_eq!(gpu.len(), cpu.len(), "{}: lengths", what);
     let scale = cpu.iter().fold(1.0_f32, |m, v| m.max(v.abs()));

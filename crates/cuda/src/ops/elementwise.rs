@@ -8,23 +8,11 @@
 
 use cudarc::driver::PushKernelArg;
 
+use super::Binary;
 use super::{count, grid, launched, same_device, same_len};
 use crate::buffer::CudaBuffer;
 use crate::device::CudaDevice;
 use crate::error::CudaError;
-
-/// An element-wise operation of two buffers of one length.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Binary {
-    /// `a + b`.
-    Add,
-    /// `a - b`.
-    Sub,
-    /// `a * b`.
-    Mul,
-    /// `a / b`.
-    Div,
-}
 
 impl Binary {
     fn kernel(self) -> &'static str {

@@ -7,23 +7,10 @@
 
 use cudarc::cublas::{Gemm, GemmConfig, sys::cublasOperation_t};
 
+use super::MatRef;
 use super::same_device;
 use crate::buffer::CudaBuffer;
 use crate::error::CudaError;
-
-/// One operand of [`matmul`]: a row-major `rows × cols` matrix, read transposed when
-/// `transposed`.
-#[derive(Debug, Clone, Copy)]
-pub struct MatRef<'a> {
-    /// The values.
-    pub buffer: &'a CudaBuffer,
-    /// Rows as stored.
-    pub rows: usize,
-    /// Columns as stored.
-    pub cols: usize,
-    /// Whether the product reads the matrix transposed.
-    pub transposed: bool,
-}
 
 impl MatRef<'_> {
     /// `(rows, cols)` as the product reads it.

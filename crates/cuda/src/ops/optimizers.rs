@@ -7,6 +7,7 @@
 
 use cudarc::driver::PushKernelArg;
 
+use super::AdamStep;
 use super::{count, grid, launched, same_device, same_len};
 use crate::buffer::CudaBuffer;
 use crate::error::CudaError;
@@ -57,19 +58,6 @@ pub fn sgd_momentum(
         .arg(&n_arg);
     // SAFETY: reads and writes `n` values of buffers `n` long.
     launched(unsafe { launch.launch(grid(n)) }.map(drop))
-}
-
-/// Adam's constants for one step: `alpha = lr · sqrt(1 - beta_2^t) / (1 - beta_1^t)`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AdamStep {
-    /// The step size of this step.
-    pub alpha: f32,
-    /// The first moment's decay.
-    pub beta_1: f32,
-    /// The second moment's decay.
-    pub beta_2: f32,
-    /// Added to the second moment's root.
-    pub epsilon: f32,
 }
 
 /// Adam in place, as Keras (and lockstep-nn on the CPU) applies it.

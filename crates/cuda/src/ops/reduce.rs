@@ -7,14 +7,11 @@
 
 use cudarc::driver::PushKernelArg;
 
+use super::COLUMN_SUM_BLOCK_ROWS;
 use super::{THREADS, count, grid, launched};
 use crate::buffer::CudaBuffer;
 use crate::error::CudaError;
 use cudarc::driver::LaunchConfig;
-
-/// Rows summed into one partial sum by [`column_sums`]: lockstep-tensor's CPU kernel sums
-/// blocks of as many rows, then adds the block sums in order, so both give the same bits.
-pub const COLUMN_SUM_BLOCK_ROWS: usize = 256;
 
 /// The sum of each column of `x` as a `[rows, cols]` matrix: rows summed in order within
 /// blocks of [`COLUMN_SUM_BLOCK_ROWS`], then the block sums added in order. (One pass over

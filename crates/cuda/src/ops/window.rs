@@ -8,27 +8,10 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 
+use super::Geometry;
 use super::{count, grid, launched};
 use crate::buffer::CudaBuffer;
 use crate::error::CudaError;
-
-/// The sizes of a convolution or pooling window over NHWC input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[allow(missing_docs, reason = "the fields are the sizes their names say")]
-pub struct Geometry {
-    pub batch: usize,
-    pub height: usize,
-    pub width: usize,
-    pub channels: usize,
-    pub kernel_h: usize,
-    pub kernel_w: usize,
-    pub stride_h: usize,
-    pub stride_w: usize,
-    pub pad_top: usize,
-    pub pad_left: usize,
-    pub out_h: usize,
-    pub out_w: usize,
-}
 
 /// [`Geometry`] as the kernels take it (`struct Geometry` of `training.cu`).
 #[repr(C)]

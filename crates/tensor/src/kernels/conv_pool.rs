@@ -36,7 +36,6 @@
 //! backward, summed in order): results do not depend on the thread count.
 
 use rayon::prelude::*;
-use wide::f32x8;
 
 use super::geometry::{Geometry, Grads, PoolWindow, Wanted};
 use super::lanes::{LANES, Lanes, store};
@@ -317,7 +316,7 @@ impl WindowPatch {
     /// The first `taps` values of the rows of positions `group · GROUP..`, one per position of
     /// the group: given the length of a block's kernel rows, indexing both by tap needs no
     /// checks.
-    #[inline]
+    #[inline(always)]
     fn group(&self, group: usize, taps: usize) -> [&[f32]; GROUP] {
         let row = |i: usize| {
             let from = (group * GROUP + i) * taps;
@@ -330,7 +329,7 @@ impl WindowPatch {
 /// `dst.copy_from_slice(src)` for the few values under one kernel row, with the common lengths
 /// (3×3 or 5×5 kernels over one or three channels) as fixed-size copies: a copy of a length
 /// the compiler does not know is a `memcpy` call, dearer than these few moves.
-#[inline]
+#[inline(always)]
 fn copy_run(dst: &mut [f32], src: &[f32]) {
     fn fixed<const N: usize>(dst: &mut [f32], src: &[f32]) -> bool {
         match (<&mut [f32; N]>::try_from(dst), <&[f32; N]>::try_from(src)) {
@@ -352,16 +351,16 @@ fn copy_run(dst: &mut [f32], src: &[f32]) {
 }
 
 /// One full vector of a block row.
-#[inline]
+#[inline(always)]
 fn lanes_at(row: &[f32], f0: usize) -> Lanes {
     let full: &[f32; LANES] = row[f0..f0 + LANES]
         .try_into()
         .unwrap_or_else(|_| unreachable!("block rows hold whole vectors"));
-    f32x8::from(*full)
+    Lanes::from(*full)
 }
 
 /// A block row's two vectors.
-#[inline]
+#[inline(always)]
 fn block_lanes(row: &[f32]) -> [Lanes; 2] {
     [lanes_at(row, 0), lanes_at(row, LANES)]
 }
@@ -401,24 +400,37 @@ fn direct_forward(
         .enumerate()
         .for_each(|(b, (pooled, argmax))| {
             let image = &input[b * l.image_in()..(b + 1) * l.image_in()];
-            let mut patch = WindowPatch::new(&l);
-            for pixel in 0..l.pooled_pixels() {
-                patch.fill(&l, image, (pixel / l.pooled_w, pixel % l.pooled_w));
-                let at = pixel * filters;
-                pool_window(
-                    &l,
-                    &patch,
-                    (&kernel, &bias),
-                    relu,
-                    (&mut pooled[at..at + filters], &mut argmax[at..at + filters]),
-                );
-            }
+            forward_image(&l, image, (&kernel, &bias), relu, (pooled, argmax));
         });
     (pooled, argmax)
 }
 
+/// One image's pooled values and argmax.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+fn forward_image(
+    l: &Layout,
+    image: &[f32],
+    (kernel, bias): (&[f32], &[f32]),
+    relu: bool,
+    (pooled, argmax): (&mut [f32], &mut [u8]),
+) {
+    let filters = l.filters;
+    let mut patch = WindowPatch::new(l);
+    for pixel in 0..l.pooled_pixels() {
+        patch.fill(l, image, (pixel / l.pooled_w, pixel % l.pooled_w));
+        let at = pixel * filters;
+        pool_window(
+            l,
+            &patch,
+            (kernel, bias),
+            relu,
+            (&mut pooled[at..at + filters], &mut argmax[at..at + filters]),
+        );
+    }
+}
+
 /// One pooling window's pooled values and argmax, a block of filters at a time.
-#[inline]
+#[inline(always)]
 fn pool_window(
     l: &Layout,
     patch: &WindowPatch,
@@ -433,21 +445,21 @@ fn pool_window(
     for (block, (kernel, bias)) in blocks.enumerate() {
         let kernel = kernel.as_chunks::<BLOCK>().0;
         let bias = block_lanes(bias);
-        let mut best = [f32x8::splat(f32::NEG_INFINITY); 2];
-        let mut arg = [f32x8::splat(f32::from(NO_POSITION)); 2];
+        let mut best = [Lanes::splat(f32::NEG_INFINITY); 2];
+        let mut arg = [Lanes::splat(f32::from(NO_POSITION)); 2];
         for group in 0..l.rows() / GROUP {
             let [x0, x1, x2, x3] = patch.group(group, kernel.len());
             let mut acc = [bias; GROUP];
             for (t, k) in kernel.iter().enumerate() {
                 let k = block_lanes(k);
                 for (acc, x) in acc.iter_mut().zip([x0[t], x1[t], x2[t], x3[t]]) {
-                    let x = f32x8::splat(x);
+                    let x = Lanes::splat(x);
                     *acc = [k[0].mul_add(x, acc[0]), k[1].mul_add(x, acc[1])];
                 }
             }
             let positions = l.window.positions().saturating_sub(group * GROUP);
             for (i, acc) in acc.iter().take(positions).enumerate() {
-                let position = f32x8::splat((group * GROUP + i) as f32);
+                let position = Lanes::splat((group * GROUP + i) as f32);
                 for ((&value, best), arg) in acc.iter().zip(&mut best).zip(&mut arg) {
                     (*best, *arg) = take_max(value, relu, (*best, *arg), position);
                 }
@@ -484,15 +496,8 @@ fn direct_backward(
         .map(|part| {
             let mut kernel = vec![0.0_f32; blocks * g.patch() * BLOCK];
             let mut bias = vec![0.0_f32; blocks * BLOCK];
-            let mut patch = WindowPatch::new(&l);
-            for b in part * g.batch / parts..(part + 1) * g.batch / parts {
-                let image = &input[b * l.image_in()..(b + 1) * l.image_in()];
-                for pixel in 0..l.pooled_pixels() {
-                    patch.fill(&l, image, (pixel / l.pooled_w, pixel % l.pooled_w));
-                    let at = b * l.image_out() + pixel * filters;
-                    window_grad(&l, &patch, grad, at, (&mut kernel, &mut bias));
-                }
-            }
+            let images = part * g.batch / parts..(part + 1) * g.batch / parts;
+            backward_images(&l, input, grad, images, (&mut kernel, &mut bias));
             (kernel, bias)
         })
         .collect();
@@ -503,9 +508,29 @@ fn direct_backward(
     (l.unblocked(&kernel), l.unblocked(&bias))
 }
 
+/// Adds the contributions of `images` to the blocked kernel and bias gradients.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+fn backward_images<'g>(
+    l: &Layout,
+    input: &[f32],
+    grad: PooledGrad<'g>,
+    images: std::ops::Range<usize>,
+    (kernel, bias): (&mut [f32], &mut [f32]),
+) {
+    let mut patch = WindowPatch::new(l);
+    for b in images {
+        let image = &input[b * l.image_in()..(b + 1) * l.image_in()];
+        for pixel in 0..l.pooled_pixels() {
+            patch.fill(l, image, (pixel / l.pooled_w, pixel % l.pooled_w));
+            let at = b * l.image_out() + pixel * l.filters;
+            window_grad(l, &patch, grad, at, (&mut *kernel, &mut *bias));
+        }
+    }
+}
+
 /// Adds one pooling window's contribution (pooled values `at..at + filters`) to the blocked
 /// kernel and bias gradients.
-#[inline]
+#[inline(always)]
 fn window_grad(
     l: &Layout,
     patch: &WindowPatch,
@@ -519,8 +544,8 @@ fn window_grad(
         .zip(bias.chunks_exact_mut(BLOCK));
     for (block, (kernel, bias)) in blocks.enumerate() {
         let kernel = kernel.as_chunks_mut::<BLOCK>().0;
-        let mut d = [f32x8::ZERO; 2];
-        let mut arg = [f32x8::splat(f32::from(NO_POSITION)); 2];
+        let mut d = [Lanes::ZERO; 2];
+        let mut arg = [Lanes::splat(f32::from(NO_POSITION)); 2];
         for (v, range) in vector_ranges(block, l.filters).into_iter().enumerate() {
             let Some(range) = range else { break };
             (d[v], arg[v]) = pooled_grad(grad, at + range.start..at + range.end);
@@ -529,9 +554,9 @@ fn window_grad(
         store(&mut bias[..LANES], sum[0] + d[0]);
         store(&mut bias[LANES..], sum[1] + d[1]);
         for group in 0..l.rows() / GROUP {
-            let mut dy = [[f32x8::ZERO; 2]; GROUP];
+            let mut dy = [[Lanes::ZERO; 2]; GROUP];
             for (i, dy) in dy.iter_mut().enumerate() {
-                let position = f32x8::splat((group * GROUP + i) as f32);
+                let position = Lanes::splat((group * GROUP + i) as f32);
                 *dy = [
                     d[0] & arg[0].simd_eq(position),
                     d[1] & arg[1].simd_eq(position),
@@ -541,7 +566,7 @@ fn window_grad(
             for (t, k) in kernel.iter_mut().enumerate() {
                 let mut sum = block_lanes(k);
                 for (dy, x) in dy.iter().zip([x0[t], x1[t], x2[t], x3[t]]) {
-                    let x = f32x8::splat(x);
+                    let x = Lanes::splat(x);
                     sum = [dy[0].mul_add(x, sum[0]), dy[1].mul_add(x, sum[1])];
                 }
                 store(&mut k[..LANES], sum[0]);

@@ -1,57 +1,222 @@
-//! Eight `f32` channels as one SIMD value (`wide::f32x8`: one AVX register where the build
-//! targets AVX, two SSE registers otherwise), with loads and stores of partial vectors for a
-//! channel count that is not a multiple of eight. Arrays of these stay in registers where
-//! arrays of `[f32; 8]` were copied through memory.
+//! Eight `f32` channels as one value, with loads and stores of partial vectors for a channel
+//! count that is not a multiple of eight.
+//!
+//! The type is plain Rust over `[f32; 8]`, each operation a loop over the lanes that the
+//! compiler turns into one instruction on the vector width of the function it is inlined into:
+//! one AVX register in a kernel compiled for AVX2 + FMA (see [`super`]), two SSE registers
+//! elsewhere. Its results do not depend on that choice: [`Lanes::mul_add`] is `f32::mul_add`,
+//! fused and rounded once on every machine (an FMA instruction where the function has it, the
+//! C library's `fmaf` elsewhere), and every other operation is exact per lane. So the kernels
+//! give the same bits whichever code the CPU runs.
 
-use wide::f32x8;
+use std::ops::{Add, BitAnd, BitAndAssign, BitOr, Mul, Not, Sub};
 
 /// Channels in one [`Lanes`].
 pub(crate) const LANES: usize = 8;
 
-/// [`LANES`] channels of one position.
-pub(crate) type Lanes = f32x8;
+/// [`LANES`] channels of one position; also a lane mask (all bits set or clear per lane) as
+/// the comparisons return it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C, align(32))]
+pub(crate) struct Lanes([f32; LANES]);
 
-#[inline]
+/// The bits of a set mask lane.
+const SET: u32 = u32::MAX;
+
+#[allow(
+    clippy::needless_range_loop,
+    reason = "indexed loops over the fixed-size lanes: the form measured to become one vector instruction"
+)]
+impl Lanes {
+    /// Every lane zero.
+    pub(crate) const ZERO: Self = Self([0.0; LANES]);
+
+    /// Every lane `v`.
+    #[inline(always)]
+    pub(crate) fn splat(v: f32) -> Self {
+        Self([v; LANES])
+    }
+
+    /// The lanes in order.
+    #[inline(always)]
+    pub(crate) fn to_array(self) -> [f32; LANES] {
+        self.0
+    }
+
+    #[inline(always)]
+    fn zip(self, other: Self, f: impl Fn(f32, f32) -> f32) -> Self {
+        let mut out = [0.0; LANES];
+        for i in 0..LANES {
+            out[i] = f(self.0[i], other.0[i]);
+        }
+        Self(out)
+    }
+
+    #[inline(always)]
+    fn bits(self, other: Self, f: impl Fn(u32, u32) -> u32) -> Self {
+        self.zip(other, |a, b| f32::from_bits(f(a.to_bits(), b.to_bits())))
+    }
+
+    #[inline(always)]
+    fn mask(self, other: Self, f: impl Fn(f32, f32) -> bool) -> Self {
+        self.zip(other, |a, b| f32::from_bits(if f(a, b) { SET } else { 0 }))
+    }
+
+    /// `self · m + a`, rounded once.
+    #[inline(always)]
+    pub(crate) fn mul_add(self, m: Self, a: Self) -> Self {
+        let mut out = [0.0; LANES];
+        for i in 0..LANES {
+            out[i] = self.0[i].mul_add(m.0[i], a.0[i]);
+        }
+        Self(out)
+    }
+
+    /// `self` where it is greater than `other`, else `other` (NaN in either gives `other`),
+    /// as x86's `maxps`.
+    #[inline(always)]
+    pub(crate) fn fast_max(self, other: Self) -> Self {
+        self.zip(other, |a, b| if a > b { a } else { b })
+    }
+
+    /// The mask of lanes where `self > other`.
+    #[inline(always)]
+    pub(crate) fn simd_gt(self, other: Self) -> Self {
+        self.mask(other, |a, b| a > b)
+    }
+
+    /// The mask of lanes where `self == other`.
+    #[inline(always)]
+    pub(crate) fn simd_eq(self, other: Self) -> Self {
+        self.mask(other, |a, b| a == b)
+    }
+
+    /// The mask of NaN lanes.
+    #[inline(always)]
+    pub(crate) fn is_nan(self) -> Self {
+        self.mask(self, |a, _| a.is_nan())
+    }
+
+    /// For a mask `self`: `if_set`'s bits where it is set, `if_clear`'s elsewhere.
+    #[inline(always)]
+    pub(crate) fn bitselect(self, if_set: Self, if_clear: Self) -> Self {
+        (if_set & self) | (if_clear & !self)
+    }
+
+    /// Each lane truncated toward zero (lanes are small whole numbers where this is used).
+    #[inline(always)]
+    pub(crate) fn trunc_int(self) -> [i32; LANES] {
+        let mut out = [0; LANES];
+        for i in 0..LANES {
+            out[i] = self.0[i] as i32;
+        }
+        out
+    }
+}
+
+impl From<[f32; LANES]> for Lanes {
+    #[inline(always)]
+    fn from(values: [f32; LANES]) -> Self {
+        Self(values)
+    }
+}
+
+impl Add for Lanes {
+    type Output = Self;
+    #[inline(always)]
+    fn add(self, other: Self) -> Self {
+        self.zip(other, |a, b| a + b)
+    }
+}
+
+impl Sub for Lanes {
+    type Output = Self;
+    #[inline(always)]
+    fn sub(self, other: Self) -> Self {
+        self.zip(other, |a, b| a - b)
+    }
+}
+
+impl Mul for Lanes {
+    type Output = Self;
+    #[inline(always)]
+    fn mul(self, other: Self) -> Self {
+        self.zip(other, |a, b| a * b)
+    }
+}
+
+impl BitAnd for Lanes {
+    type Output = Self;
+    #[inline(always)]
+    fn bitand(self, other: Self) -> Self {
+        self.bits(other, |a, b| a & b)
+    }
+}
+
+impl BitAndAssign for Lanes {
+    #[inline(always)]
+    fn bitand_assign(&mut self, other: Self) {
+        *self = *self & other;
+    }
+}
+
+impl BitOr for Lanes {
+    type Output = Self;
+    #[inline(always)]
+    fn bitor(self, other: Self) -> Self {
+        self.bits(other, |a, b| a | b)
+    }
+}
+
+impl Not for Lanes {
+    type Output = Self;
+    #[inline(always)]
+    fn not(self) -> Self {
+        self.bits(self, |a, _| !a)
+    }
+}
+
+#[inline(always)]
 pub(crate) fn add(a: Lanes, b: Lanes) -> Lanes {
     a + b
 }
 
-#[inline]
+#[inline(always)]
 pub(crate) fn sub(a: Lanes, b: Lanes) -> Lanes {
     a - b
 }
 
 /// `a + c·b`.
-#[inline]
+#[inline(always)]
 pub(crate) fn add_scaled(a: Lanes, c: f32, b: Lanes) -> Lanes {
-    b.mul_add(f32x8::splat(c), a)
+    b.mul_add(Lanes::splat(c), a)
 }
 
 /// `c·a`.
-#[inline]
+#[inline(always)]
 pub(crate) fn scale(c: f32, a: Lanes) -> Lanes {
-    a * f32x8::splat(c)
+    a * Lanes::splat(c)
 }
 
 /// Up to [`LANES`] values, zeros after them. A full vector has its own path: a copy of a
 /// slice whose length the compiler does not know becomes a `memcpy` call.
-#[inline]
+#[inline(always)]
 pub(crate) fn load(src: &[f32]) -> Lanes {
     if let Ok(full) = <&[f32; LANES]>::try_from(src) {
-        return f32x8::from(*full);
+        return Lanes::from(*full);
     }
     let mut lanes = [0.0; LANES];
     for (lane, &v) in lanes.iter_mut().zip(src) {
         *lane = v;
     }
-    f32x8::from(lanes)
+    Lanes::from(lanes)
 }
 
 /// The first `dst.len()` (at most [`LANES`]) values, a full vector by its own path as in
 /// [`load`]. The partial path is a function of its own that is never inlined: inlined, the
 /// compiler merged both paths into one piecewise copy of `min(len, 8)` values (four stores and
 /// three shuffles where a full vector needs one store).
-#[inline]
+#[inline(always)]
 pub(crate) fn store(dst: &mut [f32], lanes: Lanes) {
     match <&mut [f32; LANES]>::try_from(&mut *dst) {
         Ok(full) => *full = lanes.to_array(),
@@ -68,7 +233,7 @@ fn store_partial(dst: &mut [f32], lanes: Lanes) {
 }
 
 /// `dst += lanes` for the first `dst.len()` (at most [`LANES`]) values.
-#[inline]
+#[inline(always)]
 pub(crate) fn add_into(dst: &mut [f32], lanes: Lanes) {
     let sum = add(load(dst), lanes);
     store(dst, sum);

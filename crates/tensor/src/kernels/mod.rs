@@ -4,19 +4,41 @@
 //! Parallel kernels split work into fixed pieces that do not depend on the thread count or on
 //! scheduling, and combine partial results in a fixed order: results are bit-identical from run
 //! to run (and, except inside GEMM, across thread counts).
+//!
+//! The hot kernels are compiled twice, for x86-64's SSE2 baseline and for AVX2 + FMA, and pick
+//! one when called (`#[multiversion]` on the function that starts the parallel work: the
+//! closures inside it, and the `#[inline(always)]` helpers they call, are compiled with its
+//! features). So a crate that depends on this one runs AVX2 wherever the CPU has it, with no
+//! `target-cpu` flag, and gets the same bits either way ([`lanes`]).
 
 pub(crate) mod batch_norm;
 pub(crate) mod batch_norm_pool;
 pub(crate) mod conv;
+#[allow(
+    clippy::inline_always,
+    reason = "helpers must be inlined into the AVX2 clones"
+)]
 pub(crate) mod conv_pool;
 pub(crate) mod elementwise;
 pub mod gemm;
 pub(crate) mod geometry;
+#[allow(
+    clippy::inline_always,
+    reason = "helpers must be inlined into the AVX2 clones"
+)]
 pub(crate) mod lanes;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod softmax;
+#[allow(
+    clippy::inline_always,
+    reason = "helpers must be inlined into the AVX2 clones"
+)]
 pub(crate) mod window_max;
+#[allow(
+    clippy::inline_always,
+    reason = "helpers must be inlined into the AVX2 clones"
+)]
 pub(crate) mod winograd;
 
 /// Elements per parallel task in elementwise kernels: large enough to amortise a task.

@@ -2,8 +2,6 @@
 //! window, storing it, and rebuilding a window's gradient from the pooled one. Shared by the
 //! convolutions fused with the pooling after them (direct and Winograd).
 
-use wide::f32x8;
-
 use super::lanes::{LANES, Lanes, load, store};
 
 /// The argmax of a window that took no value (all `-inf` without relu): routes no gradient.
@@ -11,7 +9,7 @@ pub(crate) const NO_POSITION: u8 = u8::MAX;
 
 /// The running `(max, argmax)` of a window after `value` at `position`: the epilogue applied
 /// first, as the separate layers apply it, and `>` keeping the first maximum as TensorFlow does.
-#[inline]
+#[inline(always)]
 pub(crate) fn take_max(
     value: Lanes,
     relu: bool,
@@ -20,7 +18,7 @@ pub(crate) fn take_max(
 ) -> (Lanes, Lanes) {
     if relu {
         // `max` with zero second turns NaN into 0, like `f32::max(NaN, 0.0)`: no NaN remains.
-        let value = value.fast_max(f32x8::ZERO);
+        let value = value.fast_max(Lanes::ZERO);
         let take = value.simd_gt(best);
         (best.fast_max(value), take.bitselect(position, arg))
     } else {
@@ -32,11 +30,11 @@ pub(crate) fn take_max(
 
 /// Writes one vector's pooled values and their argmax (window positions held as `f32`, as
 /// [`take_max`] keeps them) for the first `pooled.len()` channels.
-#[inline]
+#[inline(always)]
 pub(crate) fn store_pooled((pooled, argmax): (&mut [f32], &mut [u8]), (best, arg): (Lanes, Lanes)) {
     store(pooled, best);
     // Window positions are below `MAX_POSITIONS` (or `NO_POSITION`): the conversions are exact.
-    for (slot, a) in argmax.iter_mut().zip(arg.fast_trunc_int().to_array()) {
+    for (slot, a) in argmax.iter_mut().zip(arg.trunc_int()) {
         *slot = a as u8;
     }
 }
@@ -55,17 +53,17 @@ pub(crate) struct PooledGrad<'a> {
 
 /// The gradient and argmax of pooled values `range` as vectors (zeros and [`NO_POSITION`] past
 /// its end), the gradient masked where the window took no value or the relu was zero.
-#[inline]
+#[inline(always)]
 pub(crate) fn pooled_grad(grad: PooledGrad<'_>, range: std::ops::Range<usize>) -> (Lanes, Lanes) {
     let mut arg = [f32::from(NO_POSITION); LANES];
     for (lane, &a) in arg.iter_mut().zip(&grad.argmax[range.clone()]) {
         *lane = f32::from(a);
     }
-    let arg = f32x8::from(arg);
+    let arg = Lanes::from(arg);
     let mut d = load(&grad.values[range.clone()]);
-    d &= !arg.simd_eq(f32x8::splat(f32::from(NO_POSITION)));
+    d &= !arg.simd_eq(Lanes::splat(f32::from(NO_POSITION)));
     if let Some(out) = grad.relu_output {
-        d &= load(&out[range]).simd_gt(f32x8::ZERO);
+        d &= load(&out[range]).simd_gt(Lanes::ZERO);
     }
     (d, arg)
 }

@@ -5,7 +5,6 @@
 use std::ops::Range;
 
 use rayon::prelude::*;
-use wide::f32x8;
 
 use super::scratch::{KeptScratch, Scratch, sized};
 use super::tiles::{Layout, Piece, multiply_each_point, transform_input};
@@ -42,8 +41,8 @@ pub(super) fn pooled_with<T: Transform<M, S>, const M: usize, const S: usize>(
         .for_each_init(KeptScratch::take, |scratch, (rows, pooled, argmax)| {
             let tiles = rows.len() * layout.tiles_w;
             let products = multiply_chunk::<T, M, S>(&layout, scratch, input, u, g, &rows, filters);
-            let mut block = [[f32x8::ZERO; M]; M];
-            let mut columns = [[f32x8::ZERO; M]; S];
+            let mut block = [[Lanes::ZERO; M]; M];
+            let mut columns = [[Lanes::ZERO; M]; S];
             let first_image = rows.start / layout.tiles_h;
             for (r, row) in rows.enumerate() {
                 let (image, y) = layout.origin(row);
@@ -74,6 +73,7 @@ pub(super) fn pooled_with<T: Transform<M, S>, const M: usize, const S: usize>(
 /// Pools channels `f0..f0 + n` of one tile's outputs, `block [row][column]` from output
 /// (`y`, `x`) of the chunk's image `image`, into the chunk's `pooled` values and `argmax`:
 /// the windows inside the tile that are whole windows of the output.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
 pub(super) fn pool_tile<const M: usize>(
     block: &[[Lanes; M]; M],
     (pooled, argmax): (&mut [f32], &mut [u8]),
@@ -90,13 +90,13 @@ pub(super) fn pool_tile<const M: usize>(
                 continue;
             }
             let mut best = (
-                f32x8::splat(f32::NEG_INFINITY),
-                f32x8::splat(f32::from(NO_POSITION)),
+                Lanes::splat(f32::NEG_INFINITY),
+                Lanes::splat(f32::from(NO_POSITION)),
             );
             for jy in 0..window.h {
                 for jx in 0..window.w {
                     let value = block[wy * window.h + jy][wx * window.w + jx];
-                    let position = f32x8::splat((jy * window.w + jx) as f32);
+                    let position = Lanes::splat((jy * window.w + jx) as f32);
                     best = take_max(value, false, best, position);
                 }
             }
@@ -129,7 +129,7 @@ pub(super) fn conv2d_with<T: Transform<M, S>, const M: usize, const S: usize>(
             let tiles = rows.len() * layout.tiles_w;
             let products = multiply_chunk::<T, M, S>(&layout, scratch, input, u, g, &rows, filters);
             let base = layout.offset(rows.start, g, filters);
-            let mut columns = [[f32x8::ZERO; M]; S];
+            let mut columns = [[Lanes::ZERO; M]; S];
             for (r, row) in rows.enumerate() {
                 let (image, y) = layout.origin(row);
                 for tx in 0..layout.tiles_w {
@@ -180,14 +180,14 @@ pub(super) fn multiply_chunk<'s, T: Transform<M, S>, const M: usize, const S: us
 }
 
 impl Epilogue<'_> {
-    #[inline]
+    #[inline(always)]
     pub(super) fn apply(&self, mut lanes: Lanes, f0: usize, n: usize) -> Lanes {
         if let Some(bias) = self.bias {
             lanes = add(lanes, load(&bias[f0..f0 + n]));
         }
         if self.relu {
             // `max` with zero second: NaN becomes 0, as `f32::max(NaN, 0.0)` gives.
-            lanes = lanes.fast_max(f32x8::ZERO);
+            lanes = lanes.fast_max(Lanes::ZERO);
         }
         lanes
     }
@@ -195,6 +195,7 @@ impl Epilogue<'_> {
 
 /// `Y = Aᵀ M A` for one tile of `products [points][tiles][f]`; `emit(i, k, f0, lanes)` takes
 /// channels `f0..` of output (i, k) for the `rows × cols` outputs inside the image.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
 pub(super) fn transform_output<T: Transform<M, S>, const M: usize, const S: usize>(
     products: &[f32],
     (tile, tiles, f): (usize, usize, usize),
@@ -215,7 +216,7 @@ pub(super) fn transform_output<T: Transform<M, S>, const M: usize, const S: usiz
 /// Channels `f0..f0 + 8` of [`transform_output`], for every output of the tile; `columns` is
 /// scratch, overwritten (declared per call, its 24 vectors were zero-filled by a `memset`
 /// call each time).
-#[inline]
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
 pub(super) fn transform_output_lanes<T: Transform<M, S>, const M: usize, const S: usize>(
     products: &[f32],
     (tile, tiles, f): (usize, usize, usize),

@@ -4,7 +4,6 @@
 use std::ops::Range;
 
 use rayon::prelude::*;
-use wide::f32x8;
 
 use super::BACKWARD_PARTS;
 use super::scratch::{KeptScratch, Scratch, kept_sums, sized};
@@ -28,7 +27,7 @@ pub(crate) enum OutputGradient<'a> {
 impl OutputGradient<'_> {
     /// Channels `f0..f0 + n` of the gradients of the M×M outputs from (`y`, `x`) of `image`
     /// (zeros past the output's edge), into `dy [row][column]`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn tile<const M: usize>(
         &self,
         g: &Geometry,
@@ -48,7 +47,7 @@ impl OutputGradient<'_> {
                         let at = ((y + i).cast_signed(), (x + l).cast_signed());
                         let d = values.lanes(at.0, at.1, f0, n);
                         *dy = match relu_output {
-                            Some(out) => d & out.lanes(at.0, at.1, f0, n).simd_gt(f32x8::ZERO),
+                            Some(out) => d & out.lanes(at.0, at.1, f0, n).simd_gt(Lanes::ZERO),
                             None => d,
                         };
                     }
@@ -58,7 +57,7 @@ impl OutputGradient<'_> {
                 let (pooled_h, pooled_w) = (g.out_h / window.h, g.out_w / window.w);
                 // Outputs past the last whole window get no gradient: only edge tiles have any.
                 if (y + M) / window.h > pooled_h || (x + M) / window.w > pooled_w {
-                    *dy = [[f32x8::ZERO; M]; M];
+                    *dy = [[Lanes::ZERO; M]; M];
                 }
                 for wy in 0..M / window.h {
                     let py = y / window.h + wy;
@@ -71,7 +70,7 @@ impl OutputGradient<'_> {
                         let (d, arg) = pooled_grad(grad, at..at + n);
                         for jy in 0..window.h {
                             for jx in 0..window.w {
-                                let position = f32x8::splat((jy * window.w + jx) as f32);
+                                let position = Lanes::splat((jy * window.w + jx) as f32);
                                 dy[wy * window.h + jy][wx * window.w + jx] =
                                     d & arg.simd_eq(position);
                             }
@@ -194,9 +193,10 @@ pub(super) fn backward_parts<T: Transform<M, S>, const M: usize, const S: usize>
 /// `P = A dY Aᵀ` for every tile of the chunk `rows`, into `grads [points][tiles][f]` (outputs
 /// past the image's edge count as zero), adding each output's gradient into `bias` when it is
 /// wanted (non-empty).
-pub(super) fn transform_output_grad<T: Transform<M, S>, const M: usize, const S: usize>(
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+pub(super) fn transform_output_grad<'g, T: Transform<M, S>, const M: usize, const S: usize>(
     layout: &Layout,
-    grad: OutputGradient<'_>,
+    grad: OutputGradient<'g>,
     g: &Geometry,
     f: usize,
     rows: &Range<usize>,
@@ -205,8 +205,8 @@ pub(super) fn transform_output_grad<T: Transform<M, S>, const M: usize, const S:
 ) {
     let tiles = rows.len() * layout.tiles_w;
     // Overwritten tile by tile (see `transform_input`).
-    let mut dy = [[f32x8::ZERO; M]; M];
-    let mut columns = [[f32x8::ZERO; S]; M];
+    let mut dy = [[Lanes::ZERO; M]; M];
+    let mut columns = [[Lanes::ZERO; S]; M];
     for (r, row) in rows.clone().enumerate() {
         let (image, y) = layout.origin(row);
         for tx in 0..layout.tiles_w {
@@ -215,7 +215,7 @@ pub(super) fn transform_output_grad<T: Transform<M, S>, const M: usize, const S:
                 let n = LANES.min(f - f0);
                 grad.tile::<M>(g, f, (image, y, tx * M), (f0, n), &mut dy);
                 if !bias.is_empty() {
-                    let sum = dy.iter().flatten().fold(f32x8::ZERO, |s, &d| s + d);
+                    let sum = dy.iter().flatten().fold(Lanes::ZERO, |s, &d| s + d);
                     add_into(&mut bias[f0..f0 + n], sum);
                 }
                 for (l, column) in columns.iter_mut().enumerate() {
@@ -235,6 +235,7 @@ pub(super) fn transform_output_grad<T: Transform<M, S>, const M: usize, const S:
 
 /// Adds `B dV Bᵀ` of every tile of the chunk `rows` (`dv [points][tiles][c]`) into the input
 /// windows the tiles read, in `d_input`: the images from `first_image` on.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
 pub(super) fn add_input_grad<T: Transform<M, S>, const M: usize, const S: usize>(
     layout: &Layout,
     dv: &[f32],
@@ -247,7 +248,7 @@ pub(super) fn add_input_grad<T: Transform<M, S>, const M: usize, const S: usize>
     let tiles = rows.len() * layout.tiles_w;
     let image_len = g.height * g.width * c;
     // Overwritten tile by tile (see `transform_input`).
-    let mut columns = [[f32x8::ZERO; S]; S];
+    let mut columns = [[Lanes::ZERO; S]; S];
     for (r, row) in rows.clone().enumerate() {
         let (image, y) = layout.origin(row);
         let d_image = &mut d_input[(image - first_image) * image_len..][..image_len];

@@ -3,7 +3,6 @@ use crate::kernels::conv::{Lowering, conv2d_backward, im2col_conv2d};
 use crate::kernels::geometry::OutputGrad;
 use crate::kernels::lanes::{LANES, Lanes};
 use transform::Transform;
-use wide::f32x8;
 
 fn geometry(batch: usize, (height, width): (usize, usize), c: usize, pad: usize) -> Geometry {
     Geometry {
@@ -199,7 +198,7 @@ const OUTPUT_F4: [f32; 24] = [
 
 /// Each lane `e` of position `j` holds `j + 10·e`: distinct, exact in `f32`.
 fn probe<const N: usize>() -> [Lanes; N] {
-    std::array::from_fn(|j| f32x8::from(std::array::from_fn(|e| (j + 10 * e) as f32)))
+    std::array::from_fn(|j| Lanes::from(std::array::from_fn(|e| (j + 10 * e) as f32)))
 }
 
 fn arrays(lanes: &[Lanes]) -> Vec<[f32; LANES]> {

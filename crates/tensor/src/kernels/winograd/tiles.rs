@@ -3,8 +3,6 @@
 
 use std::ops::Range;
 
-use wide::f32x8;
-
 use super::transform::{Transform, gather_lanes, row_of};
 use super::{BACKWARD_PARTS, TILES_PER_CHUNK};
 use crate::kernels::gemm::{MatRef, matmul_on_this_thread};
@@ -112,20 +110,21 @@ impl<'a> Image<'a> {
     }
 
     /// Channels `c0..c0 + n` at (`y`, `x`), zeros outside the image.
-    #[inline]
+    #[inline(always)]
     pub(super) fn lanes(&self, y: isize, x: isize, c0: usize, n: usize) -> Lanes {
         if y < 0 || x < 0 {
-            return f32x8::ZERO;
+            return Lanes::ZERO;
         }
         let (y, x) = (y.unsigned_abs(), x.unsigned_abs());
         if y >= self.height || x >= self.width {
-            return f32x8::ZERO;
+            return Lanes::ZERO;
         }
         load(&self.values[(y * self.width + x) * self.c + c0..][..n])
     }
 }
 
 /// `V = Bᵀ d B` for every tile of the chunk `rows`, into `transformed [points][tiles][c]`.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
 pub(super) fn transform_input<T: Transform<M, S>, const M: usize, const S: usize>(
     layout: &Layout,
     input: &[f32],
@@ -137,7 +136,7 @@ pub(super) fn transform_input<T: Transform<M, S>, const M: usize, const S: usize
     let tiles = rows.len() * layout.tiles_w;
     // One tile's columns, overwritten tile by tile: declared per tile, the 36 vectors were
     // zero-filled each time by a `memset` call.
-    let mut columns = [[f32x8::ZERO; S]; S];
+    let mut columns = [[Lanes::ZERO; S]; S];
     for (r, row) in rows.enumerate() {
         let (image, y) = layout.origin(row);
         let image = Image::nth(input, image, (g.height, g.width, c));

@@ -3,15 +3,14 @@
 //! on whole kernels.
 
 use rayon::prelude::*;
-use wide::f32x8;
 
 use super::Tiling;
 use crate::kernels::lanes::{Lanes, add, add_scaled, scale, sub};
 
 /// `values(j)` for `j < N`, built by a plain loop that the compiler unrolls.
-#[inline]
+#[inline(always)]
 pub(super) fn gather_lanes<const N: usize>(mut values: impl FnMut(usize) -> Lanes) -> [Lanes; N] {
-    let mut out = [f32x8::ZERO; N];
+    let mut out = [Lanes::ZERO; N];
     for (j, lanes) in out.iter_mut().enumerate() {
         *lanes = values(j);
     }
@@ -19,7 +18,7 @@ pub(super) fn gather_lanes<const N: usize>(mut values: impl FnMut(usize) -> Lane
 }
 
 /// Row `i` of a tile held as columns: the second pass of a two-dimensional transform.
-#[inline]
+#[inline(always)]
 pub(super) fn row_of<const R: usize, const C: usize>(
     columns: &[[Lanes; R]; C],
     i: usize,
@@ -45,29 +44,29 @@ pub(super) trait Transform<const M: usize, const S: usize> {
 pub(super) struct TransformF2;
 
 impl Transform<2, 4> for TransformF2 {
-    #[inline]
+    #[inline(always)]
     fn input([d0, d1, d2, d3]: [Lanes; 4]) -> [Lanes; 4] {
         [sub(d0, d2), add(d1, d2), sub(d2, d1), sub(d1, d3)]
     }
 
-    #[inline]
+    #[inline(always)]
     fn input_adjoint([v0, v1, v2, v3]: [Lanes; 4]) -> [Lanes; 4] {
         [
             v0,
             add(sub(v1, v2), v3),
             sub(add(v1, v2), v0),
-            sub(f32x8::ZERO, v3),
+            sub(Lanes::ZERO, v3),
         ]
     }
 
-    #[inline]
+    #[inline(always)]
     fn output([m0, m1, m2, m3]: [Lanes; 4]) -> [Lanes; 2] {
         [add(add(m0, m1), m2), sub(sub(m1, m2), m3)]
     }
 
-    #[inline]
+    #[inline(always)]
     fn output_adjoint([y0, y1]: [Lanes; 2]) -> [Lanes; 4] {
-        [y0, add(y0, y1), sub(y0, y1), sub(f32x8::ZERO, y1)]
+        [y0, add(y0, y1), sub(y0, y1), sub(Lanes::ZERO, y1)]
     }
 }
 
@@ -75,7 +74,7 @@ impl Transform<2, 4> for TransformF2 {
 pub(super) struct TransformF4;
 
 impl Transform<4, 6> for TransformF4 {
-    #[inline]
+    #[inline(always)]
     fn input([d0, d1, d2, d3, d4, d5]: [Lanes; 6]) -> [Lanes; 6] {
         let (sum12, sum34) = (add(d1, d2), add(d3, d4));
         let (diff12, diff43) = (sub(d1, d2), sub(d4, d3));
@@ -90,7 +89,7 @@ impl Transform<4, 6> for TransformF4 {
         ]
     }
 
-    #[inline]
+    #[inline(always)]
     fn input_adjoint([v0, v1, v2, v3, v4, v5]: [Lanes; 6]) -> [Lanes; 6] {
         let (sum12, diff12) = (add(v1, v2), sub(v1, v2));
         let (sum34, diff34) = (add(v3, v4), sub(v3, v4));
@@ -104,7 +103,7 @@ impl Transform<4, 6> for TransformF4 {
         ]
     }
 
-    #[inline]
+    #[inline(always)]
     fn output([m0, m1, m2, m3, m4, m5]: [Lanes; 6]) -> [Lanes; 4] {
         let (sum12, diff12) = (add(m1, m2), sub(m1, m2));
         let (sum34, diff34) = (add(m3, m4), sub(m3, m4));
@@ -116,7 +115,7 @@ impl Transform<4, 6> for TransformF4 {
         ]
     }
 
-    #[inline]
+    #[inline(always)]
     fn output_adjoint([y0, y1, y2, y3]: [Lanes; 4]) -> [Lanes; 6] {
         let (even, odd) = (add(y0, y2), add(y1, y3));
         let even4 = add_scaled(y0, 4.0, y2);
