@@ -7,6 +7,15 @@ use rayon::prelude::*;
 /// Rows per parallel task.
 const ROWS: usize = 512;
 
+/// Writes the output gradient of one row of the input, for the passes that never hold the
+/// whole `dy`. A trait rather than a closure: the implementation's `#[inline(always)]` puts it
+/// inside the AVX2 clone of the pass that calls it, where a closure would stay a function of
+/// its own, compiled for the baseline.
+pub(crate) trait RowGradient: Sync {
+    /// Writes the gradient of row `row` (its index among all rows) into `dy`.
+    fn fill(&self, row: usize, dy: &mut [f32]);
+}
+
 /// Adds per-block partial sums (each `2 · channels` long) in block order.
 fn combine(partials: Vec<Vec<f64>>, channels: usize) -> (Vec<f64>, Vec<f64>) {
     let mut total = vec![0.0_f64; 2 * channels];
@@ -26,20 +35,24 @@ pub(crate) fn channel_sums(x: &[f32], channels: usize) -> (Vec<f64>, Vec<f64>) {
     }
     let partials = x
         .par_chunks(ROWS * channels)
-        .map(|block| {
-            let mut sums = vec![0.0_f64; 2 * channels];
-            let (s1, s2) = sums.split_at_mut(channels);
-            for row in block.chunks_exact(channels) {
-                for ((a, b), &v) in s1.iter_mut().zip(s2.iter_mut()).zip(row) {
-                    let v = f64::from(v);
-                    *a += v;
-                    *b += v * v;
-                }
-            }
-            sums
-        })
+        .map(|block| block_sums(block, channels))
         .collect();
     combine(partials, channels)
+}
+
+/// `Σx` then `Σx²` of one block's rows.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+fn block_sums(block: &[f32], channels: usize) -> Vec<f64> {
+    let mut sums = vec![0.0_f64; 2 * channels];
+    let (s1, s2) = sums.split_at_mut(channels);
+    for row in block.chunks_exact(channels) {
+        for ((a, b), &v) in s1.iter_mut().zip(s2.iter_mut()).zip(row) {
+            let v = f64::from(v);
+            *a += v;
+            *b += v * v;
+        }
+    }
+    sums
 }
 
 /// Per channel, `Σdy` and `Σdy · x̂`, where `x̂ = (x − mean) · inverse_deviation`.
@@ -56,25 +69,30 @@ pub(crate) fn gradient_sums(
     let partials = dy
         .par_chunks(ROWS * channels)
         .zip(x.par_chunks(ROWS * channels))
-        .map(|(dy, x)| {
-            let mut sums = vec![0.0_f64; 2 * channels];
-            for (dy, x) in dy.chunks_exact(channels).zip(x.chunks_exact(channels)) {
-                add_gradient_row(&mut sums, dy, x, mean, inverse_deviation);
-            }
-            sums
-        })
+        .map(|(dy, x)| gradient_block(dy, x, mean, inverse_deviation))
         .collect();
     combine(partials, channels)
 }
 
-/// [`gradient_sums`] where `dy` is given row by row: `fill_dy(row, dy)` writes the gradient of
-/// row `row` of `x` (its index among all rows). The sums are the same, term for term, as those
+/// [`gradient_sums`] of one block's rows.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+fn gradient_block(dy: &[f32], x: &[f32], mean: &[f32], inverse_deviation: &[f32]) -> Vec<f64> {
+    let channels = mean.len();
+    let mut sums = vec![0.0_f64; 2 * channels];
+    for (dy, x) in dy.chunks_exact(channels).zip(x.chunks_exact(channels)) {
+        add_gradient_row(&mut sums, dy, x, mean, inverse_deviation);
+    }
+    sums
+}
+
+/// [`gradient_sums`] where `dy` is given row by row: `fill_dy` writes the gradient of
+/// each row of `x` (its index among all rows). The sums are the same, term for term, as those
 /// of the whole `dy`.
 pub(crate) fn gradient_sums_by_row(
     x: &[f32],
     mean: &[f32],
     inverse_deviation: &[f32],
-    fill_dy: impl Fn(usize, &mut [f32]) + Sync,
+    fill_dy: &impl RowGradient,
 ) -> (Vec<f64>, Vec<f64>) {
     let channels = mean.len();
     if channels == 0 {
@@ -83,21 +101,31 @@ pub(crate) fn gradient_sums_by_row(
     let partials = x
         .par_chunks(ROWS * channels)
         .enumerate()
-        .map(|(block, x)| {
-            let mut sums = vec![0.0_f64; 2 * channels];
-            let mut dy = vec![0.0_f32; channels];
-            for (i, x) in x.chunks_exact(channels).enumerate() {
-                fill_dy(block * ROWS + i, &mut dy);
-                add_gradient_row(&mut sums, &dy, x, mean, inverse_deviation);
-            }
-            sums
-        })
+        .map(|(block, x)| gradient_block_by_row(block, x, (mean, inverse_deviation), fill_dy))
         .collect();
     combine(partials, channels)
 }
 
+/// [`gradient_sums_by_row`] of block `block`'s rows `x`.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+fn gradient_block_by_row<F: RowGradient>(
+    block: usize,
+    x: &[f32],
+    (mean, inverse_deviation): (&[f32], &[f32]),
+    fill_dy: &F,
+) -> Vec<f64> {
+    let channels = mean.len();
+    let mut sums = vec![0.0_f64; 2 * channels];
+    let mut dy = vec![0.0_f32; channels];
+    for (i, x) in x.chunks_exact(channels).enumerate() {
+        fill_dy.fill(block * ROWS + i, &mut dy);
+        add_gradient_row(&mut sums, &dy, x, mean, inverse_deviation);
+    }
+    sums
+}
+
 /// Adds one row's `dy` and `dy · x̂` to `sums` (`Σdy` then `Σdy · x̂`, `channels` each).
-#[inline]
+#[inline(always)]
 fn add_gradient_row(sums: &mut [f64], dy: &[f32], x: &[f32], mean: &[f32], inverse: &[f32]) {
     let (s1, s2) = sums.split_at_mut(mean.len());
     let row = dy.iter().zip(x).zip(mean.iter().zip(inverse));
@@ -118,37 +146,49 @@ pub(crate) fn affine(x: &[f32], a: &[f32], b: &[f32], extra: Option<(&[f32], &[f
     let block = ROWS * channels;
     out.par_chunks_mut(block).enumerate().for_each(|(i, out)| {
         let x = &x[i * block..i * block + out.len()];
-        match extra {
-            None => {
-                for (out, x) in out.chunks_exact_mut(channels).zip(x.chunks_exact(channels)) {
-                    for (((o, &v), &a), &b) in out.iter_mut().zip(x).zip(a).zip(b) {
-                        *o = v * a + b;
-                    }
-                }
-            }
-            Some((x2, k)) => {
-                let x2 = &x2[i * block..i * block + out.len()];
-                let rows = out
-                    .chunks_exact_mut(channels)
-                    .zip(x.chunks_exact(channels))
-                    .zip(x2.chunks_exact(channels));
-                for ((out, x), x2) in rows {
-                    input_gradient_row(out, x, (a, b), x2, k);
-                }
-            }
-        }
+        let extra = extra.map(|(x2, k)| (&x2[i * block..i * block + out.len()], k));
+        affine_block(out, x, (a, b), extra);
     });
     out
 }
 
-/// The input gradient `dx = dy · a[c] + k1[c] + x · k2[c]` of rows of `x`, where `fill_dy(row,
-/// dy)` writes the output gradient of row `row`: [`affine`] with `extra`, without the whole
+/// [`affine`] of one block of rows (`extra`'s `x2` the block's own).
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+fn affine_block(
+    out: &mut [f32],
+    x: &[f32],
+    (a, b): (&[f32], &[f32]),
+    extra: Option<(&[f32], &[f32])>,
+) {
+    let channels = a.len();
+    match extra {
+        None => {
+            for (out, x) in out.chunks_exact_mut(channels).zip(x.chunks_exact(channels)) {
+                for (((o, &v), &a), &b) in out.iter_mut().zip(x).zip(a).zip(b) {
+                    *o = v * a + b;
+                }
+            }
+        }
+        Some((x2, k)) => {
+            let rows = out
+                .chunks_exact_mut(channels)
+                .zip(x.chunks_exact(channels))
+                .zip(x2.chunks_exact(channels));
+            for ((out, x), x2) in rows {
+                input_gradient_row(out, x, (a, b), x2, k);
+            }
+        }
+    }
+}
+
+/// The input gradient `dx = dy · a[c] + k1[c] + x · k2[c]` of rows of `x`, where `fill_dy`
+/// writes the output gradient of each row: [`affine`] with `extra`, without the whole
 /// `dy`, to the same bits.
 pub(crate) fn input_gradient_by_row(
     x: &[f32],
     a: &[f32],
     (k1, k2): (&[f32], &[f32]),
-    fill_dy: impl Fn(usize, &mut [f32]) + Sync,
+    fill_dy: &impl RowGradient,
 ) -> Vec<f32> {
     let channels = a.len();
     let mut out = vec![0.0_f32; x.len()];
@@ -158,18 +198,31 @@ pub(crate) fn input_gradient_by_row(
     let block = ROWS * channels;
     out.par_chunks_mut(block).enumerate().for_each(|(i, out)| {
         let x = &x[i * block..i * block + out.len()];
-        let mut dy = vec![0.0_f32; channels];
-        let rows = out.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
-        for (r, (out, x)) in rows.enumerate() {
-            fill_dy(i * ROWS + r, &mut dy);
-            input_gradient_row(out, &dy, (a, k1), x, k2);
-        }
+        input_gradient_block(i, out, x, (a, k1, k2), fill_dy);
     });
     out
 }
 
+/// [`input_gradient_by_row`] of block `i`'s rows.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+fn input_gradient_block<F: RowGradient>(
+    i: usize,
+    out: &mut [f32],
+    x: &[f32],
+    (a, k1, k2): (&[f32], &[f32], &[f32]),
+    fill_dy: &F,
+) {
+    let channels = a.len();
+    let mut dy = vec![0.0_f32; channels];
+    let rows = out.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
+    for (r, (out, x)) in rows.enumerate() {
+        fill_dy.fill(i * ROWS + r, &mut dy);
+        input_gradient_row(out, &dy, (a, k1), x, k2);
+    }
+}
+
 /// `out = dy · a + k1 + x · k2`, channel by channel.
-#[inline]
+#[inline(always)]
 fn input_gradient_row(
     out: &mut [f32],
     dy: &[f32],

@@ -12,7 +12,7 @@
 
 use rayon::prelude::*;
 
-use super::batch_norm::{gradient_sums_by_row, input_gradient_by_row};
+use super::batch_norm::{RowGradient, gradient_sums_by_row, input_gradient_by_row};
 use super::geometry::Geometry;
 use super::window_max::{NO_POSITION, PooledGrad};
 
@@ -35,36 +35,49 @@ pub(crate) fn forward(
         .enumerate()
         .for_each(|(image, (out, arg))| {
             let image = &x[image * image_in..(image + 1) * image_in];
-            for pixel in 0..g.out_pixels() {
-                let (oy, ox) = (pixel / g.out_w, pixel % g.out_w);
-                let (out, arg) = (
-                    &mut out[pixel * c..(pixel + 1) * c],
-                    &mut arg[pixel * c..(pixel + 1) * c],
-                );
-                for ky in 0..g.kernel_h {
-                    for kx in 0..g.kernel_w {
-                        let (y, x) = (oy * g.kernel_h + ky, ox * g.kernel_w + kx);
-                        let from = (y * g.width + x) * c;
-                        let position = (ky * g.kernel_w + kx) as u8;
-                        let window = out.iter_mut().zip(arg.iter_mut());
-                        let values = image[from..from + c].iter().zip(a.iter().zip(b));
-                        for ((out, arg), (&v, (&a, &b))) in window.zip(values) {
-                            let v = v * a + b;
-                            // As `max_pool`: `>` keeps the first maximum; NaN propagates.
-                            let take = (v > *out) | (v.is_nan() & !out.is_nan());
-                            *out = if take { v } else { *out };
-                            *arg = if take { position } else { *arg };
-                        }
-                    }
-                }
-                if relu {
-                    for out in out.iter_mut() {
-                        *out = out.max(0.0);
-                    }
-                }
-            }
+            forward_image(image, (a, b), relu, g, (out, arg));
         });
     (out, argmax)
+}
+
+/// [`forward`] of one image.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+fn forward_image(
+    image: &[f32],
+    (a, b): (&[f32], &[f32]),
+    relu: bool,
+    g: &Geometry,
+    (out, arg): (&mut [f32], &mut [u8]),
+) {
+    let c = g.channels;
+    for pixel in 0..g.out_pixels() {
+        let (oy, ox) = (pixel / g.out_w, pixel % g.out_w);
+        let (out, arg) = (
+            &mut out[pixel * c..(pixel + 1) * c],
+            &mut arg[pixel * c..(pixel + 1) * c],
+        );
+        for ky in 0..g.kernel_h {
+            for kx in 0..g.kernel_w {
+                let (y, x) = (oy * g.kernel_h + ky, ox * g.kernel_w + kx);
+                let from = (y * g.width + x) * c;
+                let position = (ky * g.kernel_w + kx) as u8;
+                let window = out.iter_mut().zip(arg.iter_mut());
+                let values = image[from..from + c].iter().zip(a.iter().zip(b));
+                for ((out, arg), (&v, (&a, &b))) in window.zip(values) {
+                    let v = v * a + b;
+                    // As `max_pool`: `>` keeps the first maximum; NaN propagates.
+                    let take = (v > *out) | (v.is_nan() & !out.is_nan());
+                    *out = if take { v } else { *out };
+                    *arg = if take { position } else { *arg };
+                }
+            }
+        }
+        if relu {
+            for out in out.iter_mut() {
+                *out = out.max(0.0);
+            }
+        }
+    }
 }
 
 /// The pooled gradient as the backward passes route it to input rows: zero where the relu
@@ -93,29 +106,41 @@ impl Routing {
     }
 }
 
-/// Writes the gradient reaching input row `row` (a pixel of `g`'s input, counted over the
-/// whole batch) from the pooled gradient: `0 + d` where the row is its window's argmax (and
-/// the relu passed), as the pooling's scatter onto zeros gives, and `0` elsewhere.
-#[inline]
-fn route(routing: &Routing, g: &Geometry, row: usize, dy: &mut [f32]) {
-    let pixels = g.height * g.width;
-    let (image, pixel) = (row / pixels, row % pixels);
-    let (y, x) = (pixel / g.width, pixel % g.width);
-    let (py, px) = (y / g.kernel_h, x / g.kernel_w);
-    if py >= g.out_h || px >= g.out_w {
-        // Past the last whole window (a size the window does not divide): no gradient.
-        dy.fill(0.0);
-        return;
-    }
-    let position = ((y % g.kernel_h) * g.kernel_w + x % g.kernel_w) as u32;
-    let c = g.channels;
-    let at = ((image * g.out_h + py) * g.out_w + px) * c;
-    let (d, argmax) = (&routing.d[at..at + c], &routing.argmax[at..at + c]);
-    for ((dy, &d), &arg) in dy[..c].iter_mut().zip(d).zip(argmax) {
-        // `d` kept by a mask of ones, not selected by a branch, which compiles to masked
-        // loads; `+ 0.0` as the scatter onto zeros adds it (a −0.0 becomes 0.0).
-        let keep = 0_u32.wrapping_sub(u32::from(arg == position));
-        *dy = f32::from_bits(d.to_bits() & keep) + 0.0;
+/// The pooled gradient routed to the rows of `g`'s input.
+struct Routed<'a> {
+    routing: &'a Routing,
+    g: &'a Geometry,
+}
+
+impl RowGradient for Routed<'_> {
+    /// Writes the gradient reaching input row `row` (a pixel of `g`'s input, counted over the
+    /// whole batch) from the pooled gradient: `0 + d` where the row is its window's argmax (and
+    /// the relu passed), as the pooling's scatter onto zeros gives, and `0` elsewhere.
+    #[inline(always)]
+    fn fill(&self, row: usize, dy: &mut [f32]) {
+        let g = self.g;
+        let pixels = g.height * g.width;
+        let (image, pixel) = (row / pixels, row % pixels);
+        let (y, x) = (pixel / g.width, pixel % g.width);
+        let (py, px) = (y / g.kernel_h, x / g.kernel_w);
+        if py >= g.out_h || px >= g.out_w {
+            // Past the last whole window (a size the window does not divide): no gradient.
+            dy.fill(0.0);
+            return;
+        }
+        let position = ((y % g.kernel_h) * g.kernel_w + x % g.kernel_w) as u32;
+        let c = g.channels;
+        let at = ((image * g.out_h + py) * g.out_w + px) * c;
+        let (d, argmax) = (
+            &self.routing.d[at..at + c],
+            &self.routing.argmax[at..at + c],
+        );
+        for ((dy, &d), &arg) in dy[..c].iter_mut().zip(d).zip(argmax) {
+            // `d` kept by a mask of ones, not selected by a branch, which compiles to masked
+            // loads; `+ 0.0` as the scatter onto zeros adds it (a −0.0 becomes 0.0).
+            let keep = 0_u32.wrapping_sub(u32::from(arg == position));
+            *dy = f32::from_bits(d.to_bits() & keep) + 0.0;
+        }
     }
 }
 
@@ -126,9 +151,7 @@ pub(crate) fn gradient_sums(
     (mean, inverse_deviation): (&[f32], &[f32]),
     g: &Geometry,
 ) -> (Vec<f64>, Vec<f64>) {
-    gradient_sums_by_row(x, mean, inverse_deviation, |row, dy| {
-        route(routing, g, row, dy);
-    })
+    gradient_sums_by_row(x, mean, inverse_deviation, &Routed { routing, g })
 }
 
 /// The input gradient `dy · a[c] + k1[c] + x · k2[c]`, `dy` routed from the pooled gradient.
@@ -139,7 +162,7 @@ pub(crate) fn input_gradient(
     k: (&[f32], &[f32]),
     g: &Geometry,
 ) -> Vec<f32> {
-    input_gradient_by_row(x, a, k, |row, dy| route(routing, g, row, dy))
+    input_gradient_by_row(x, a, k, &Routed { routing, g })
 }
 
 #[cfg(test)]

@@ -544,7 +544,7 @@ fn window_grad(
         .zip(bias.chunks_exact_mut(BLOCK));
     for (block, (kernel, bias)) in blocks.enumerate() {
         let kernel = kernel.as_chunks_mut::<BLOCK>().0;
-        let mut d = [Lanes::ZERO; 2];
+        let mut d = [Lanes::zero(); 2];
         let mut arg = [Lanes::splat(f32::from(NO_POSITION)); 2];
         for (v, range) in vector_ranges(block, l.filters).into_iter().enumerate() {
             let Some(range) = range else { break };
@@ -554,7 +554,7 @@ fn window_grad(
         store(&mut bias[..LANES], sum[0] + d[0]);
         store(&mut bias[LANES..], sum[1] + d[1]);
         for group in 0..l.rows() / GROUP {
-            let mut dy = [[Lanes::ZERO; 2]; GROUP];
+            let mut dy = [[Lanes::zero(); 2]; GROUP];
             for (i, dy) in dy.iter_mut().enumerate() {
                 let position = Lanes::splat((group * GROUP + i) as f32);
                 *dy = [

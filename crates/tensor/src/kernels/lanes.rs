@@ -16,9 +16,17 @@ pub(crate) const LANES: usize = 8;
 
 /// [`LANES`] channels of one position; also a lane mask (all bits set or clear per lane) as
 /// the comparisons return it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[repr(C, align(32))]
-pub(crate) struct Lanes([f32; LANES]);
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Lanes(Vector);
+
+/// How the lanes are held: on x86-64 as the compiler's 256-bit vector type, so that arrays of
+/// them stay vectors in registers (an `[f32; 8]` array is split into scalars and gathered back,
+/// with spills, in the kernels that keep several of them); the operations still go lane by
+/// lane through `[f32; 8]`, which the compiler folds back into vector instructions.
+#[cfg(target_arch = "x86_64")]
+type Vector = std::arch::x86_64::__m256;
+#[cfg(not(target_arch = "x86_64"))]
+type Vector = [f32; LANES];
 
 /// The bits of a set mask lane.
 const SET: u32 = u32::MAX;
@@ -29,27 +37,31 @@ const SET: u32 = u32::MAX;
 )]
 impl Lanes {
     /// Every lane zero.
-    pub(crate) const ZERO: Self = Self([0.0; LANES]);
+    #[inline(always)]
+    pub(crate) fn zero() -> Self {
+        Self::splat(0.0)
+    }
 
     /// Every lane `v`.
     #[inline(always)]
     pub(crate) fn splat(v: f32) -> Self {
-        Self([v; LANES])
+        Self::from([v; LANES])
     }
 
     /// The lanes in order.
     #[inline(always)]
     pub(crate) fn to_array(self) -> [f32; LANES] {
-        self.0
+        bytemuck::cast(self.0)
     }
 
     #[inline(always)]
     fn zip(self, other: Self, f: impl Fn(f32, f32) -> f32) -> Self {
+        let (a, b) = (self.to_array(), other.to_array());
         let mut out = [0.0; LANES];
         for i in 0..LANES {
-            out[i] = f(self.0[i], other.0[i]);
+            out[i] = f(a[i], b[i]);
         }
-        Self(out)
+        Self::from(out)
     }
 
     #[inline(always)]
@@ -65,11 +77,12 @@ impl Lanes {
     /// `self · m + a`, rounded once.
     #[inline(always)]
     pub(crate) fn mul_add(self, m: Self, a: Self) -> Self {
+        let (x, m, a) = (self.to_array(), m.to_array(), a.to_array());
         let mut out = [0.0; LANES];
         for i in 0..LANES {
-            out[i] = self.0[i].mul_add(m.0[i], a.0[i]);
+            out[i] = x[i].mul_add(m[i], a[i]);
         }
-        Self(out)
+        Self::from(out)
     }
 
     /// `self` where it is greater than `other`, else `other` (NaN in either gives `other`),
@@ -106,9 +119,10 @@ impl Lanes {
     /// Each lane truncated toward zero (lanes are small whole numbers where this is used).
     #[inline(always)]
     pub(crate) fn trunc_int(self) -> [i32; LANES] {
+        let x = self.to_array();
         let mut out = [0; LANES];
         for i in 0..LANES {
-            out[i] = self.0[i] as i32;
+            out[i] = x[i] as i32;
         }
         out
     }
@@ -117,7 +131,7 @@ impl Lanes {
 impl From<[f32; LANES]> for Lanes {
     #[inline(always)]
     fn from(values: [f32; LANES]) -> Self {
-        Self(values)
+        Self(bytemuck::cast(values))
     }
 }
 

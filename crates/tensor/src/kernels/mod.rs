@@ -6,12 +6,21 @@
 //! to run (and, except inside GEMM, across thread counts).
 //!
 //! The hot kernels are compiled twice, for x86-64's SSE2 baseline and for AVX2 + FMA, and pick
-//! one when called (`#[multiversion]` on the function that starts the parallel work: the
-//! closures inside it, and the `#[inline(always)]` helpers they call, are compiled with its
-//! features). So a crate that depends on this one runs AVX2 wherever the CPU has it, with no
-//! `target-cpu` flag, and gets the same bits either way ([`lanes`]).
+//! one when called: `#[multiversion]` on the function that does one chunk of the parallel
+//! work (a rayon closure calling it, never holding the work itself: rayon's call shims inline
+//! a closure without its features), with what it calls `#[inline(always)]` so that it is
+//! compiled with the same features. A crate that depends on this one thus runs AVX2 wherever
+//! the CPU has it, with no `target-cpu` flag, and gets the same bits either way ([`lanes`]).
 
+#[allow(
+    clippy::inline_always,
+    reason = "helpers must be inlined into the AVX2 clones"
+)]
 pub(crate) mod batch_norm;
+#[allow(
+    clippy::inline_always,
+    reason = "helpers must be inlined into the AVX2 clones"
+)]
 pub(crate) mod batch_norm_pool;
 pub(crate) mod conv;
 #[allow(

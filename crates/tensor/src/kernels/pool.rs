@@ -18,32 +18,38 @@ pub(crate) fn max_pool(input: &[f32], g: &Geometry) -> (Vec<f32>, Vec<u32>) {
         .enumerate()
         .for_each(|(b, (out, arg))| {
             let image = &input[b * image_in..(b + 1) * image_in];
-            for pixel in 0..g.out_pixels() {
-                let (oy, ox) = (pixel / g.out_w, pixel % g.out_w);
-                let (out, arg) = (
-                    &mut out[pixel * c..(pixel + 1) * c],
-                    &mut arg[pixel * c..(pixel + 1) * c],
-                );
-                for ky in 0..g.kernel_h {
-                    for kx in 0..g.kernel_w {
-                        let Some((y, x)) = g.source(oy, ox, ky, kx) else {
-                            continue;
-                        };
-                        let from = (y * g.width + x) * c;
-                        let window = out.iter_mut().zip(arg.iter_mut());
-                        for (ch, ((out, arg), &v)) in window.zip(&image[from..from + c]).enumerate()
-                        {
-                            // `>` keeps the first maximum, as TensorFlow does; NaN propagates.
-                            // Selects rather than branches, so the channel loop vectorises.
-                            let take = (v > *out) | (v.is_nan() & !out.is_nan());
-                            *out = if take { v } else { *out };
-                            *arg = if take { (from + ch) as u32 } else { *arg };
-                        }
-                    }
-                }
-            }
+            max_pool_image(image, g, (out, arg));
         });
     (out, argmax)
+}
+
+/// [`max_pool`] of one image.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+fn max_pool_image(image: &[f32], g: &Geometry, (out, arg): (&mut [f32], &mut [u32])) {
+    let c = g.channels;
+    for pixel in 0..g.out_pixels() {
+        let (oy, ox) = (pixel / g.out_w, pixel % g.out_w);
+        let (out, arg) = (
+            &mut out[pixel * c..(pixel + 1) * c],
+            &mut arg[pixel * c..(pixel + 1) * c],
+        );
+        for ky in 0..g.kernel_h {
+            for kx in 0..g.kernel_w {
+                let Some((y, x)) = g.source(oy, ox, ky, kx) else {
+                    continue;
+                };
+                let from = (y * g.width + x) * c;
+                let window = out.iter_mut().zip(arg.iter_mut());
+                for (ch, ((out, arg), &v)) in window.zip(&image[from..from + c]).enumerate() {
+                    // `>` keeps the first maximum, as TensorFlow does; NaN propagates.
+                    // Selects rather than branches, so the channel loop vectorises.
+                    let take = (v > *out) | (v.is_nan() & !out.is_nan());
+                    *out = if take { v } else { *out };
+                    *arg = if take { (from + ch) as u32 } else { *arg };
+                }
+            }
+        }
+    }
 }
 
 /// Gradient of max pooling: routes each output gradient to the input its max came from.

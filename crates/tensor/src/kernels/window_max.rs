@@ -18,7 +18,7 @@ pub(crate) fn take_max(
 ) -> (Lanes, Lanes) {
     if relu {
         // `max` with zero second turns NaN into 0, like `f32::max(NaN, 0.0)`: no NaN remains.
-        let value = value.fast_max(Lanes::ZERO);
+        let value = value.fast_max(Lanes::zero());
         let take = value.simd_gt(best);
         (best.fast_max(value), take.bitselect(position, arg))
     } else {
@@ -63,7 +63,7 @@ pub(crate) fn pooled_grad(grad: PooledGrad<'_>, range: std::ops::Range<usize>) -
     let mut d = load(&grad.values[range.clone()]);
     d &= !arg.simd_eq(Lanes::splat(f32::from(NO_POSITION)));
     if let Some(out) = grad.relu_output {
-        d &= load(&out[range]).simd_gt(Lanes::ZERO);
+        d &= load(&out[range]).simd_gt(Lanes::zero());
     }
     (d, arg)
 }

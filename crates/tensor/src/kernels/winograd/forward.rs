@@ -39,41 +39,70 @@ pub(super) fn pooled_with<T: Transform<M, S>, const M: usize, const S: usize>(
         .collect();
     work.into_par_iter()
         .for_each_init(KeptScratch::take, |scratch, (rows, pooled, argmax)| {
-            let tiles = rows.len() * layout.tiles_w;
-            let products = multiply_chunk::<T, M, S>(&layout, scratch, input, u, g, &rows, filters);
-            let mut block = [[Lanes::ZERO; M]; M];
-            let mut columns = [[Lanes::ZERO; M]; S];
-            let first_image = rows.start / layout.tiles_h;
-            for (r, row) in rows.enumerate() {
-                let (image, y) = layout.origin(row);
-                for tx in 0..layout.tiles_w {
-                    let tile = r * layout.tiles_w + tx;
-                    let x = tx * M;
-                    for f0 in (0..filters).step_by(LANES) {
-                        let n = LANES.min(filters - f0);
-                        transform_output_lanes::<T, M, S>(
-                            products,
-                            (tile, tiles, filters),
-                            f0,
-                            &mut columns,
-                            |i, k, lanes| {
-                                block[i][k] = epilogue.apply(lanes, f0, n);
-                            },
-                        );
-                        let pooled_chunk = (&mut *pooled, &mut *argmax);
-                        let origin = (image - first_image, y, x);
-                        pool_tile(&block, pooled_chunk, origin, (f0, n), (filters, g, window));
-                    }
-                }
-            }
+            let chunk = (rows, pooled, argmax);
+            pooled_rows::<T, M, S>(
+                &layout,
+                scratch,
+                (input, u),
+                epilogue,
+                filters,
+                g,
+                window,
+                chunk,
+            );
         });
     (pooled, argmax)
+}
+
+/// [`pooled_with`] of one chunk of tile rows, into the chunk's pooled values and argmax.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the chunk's share of pooled_with's arguments"
+)]
+fn pooled_rows<'e, T: Transform<M, S>, const M: usize, const S: usize>(
+    layout: &Layout,
+    scratch: &mut Scratch,
+    (input, u): (&[f32], &[f32]),
+    epilogue: Epilogue<'e>,
+    filters: usize,
+    g: &Geometry,
+    window: PoolWindow,
+    (rows, pooled, argmax): (Range<usize>, &mut [f32], &mut [u8]),
+) {
+    let tiles = rows.len() * layout.tiles_w;
+    let products = multiply_chunk::<T, M, S>(layout, scratch, input, u, g, &rows, filters);
+    let mut block = [[Lanes::zero(); M]; M];
+    let mut columns = [[Lanes::zero(); M]; S];
+    let first_image = rows.start / layout.tiles_h;
+    for (r, row) in rows.enumerate() {
+        let (image, y) = layout.origin(row);
+        for tx in 0..layout.tiles_w {
+            let tile = r * layout.tiles_w + tx;
+            let x = tx * M;
+            for f0 in (0..filters).step_by(LANES) {
+                let n = LANES.min(filters - f0);
+                transform_output_lanes::<T, M, S>(
+                    products,
+                    (tile, tiles, filters),
+                    f0,
+                    &mut columns,
+                    |i, k, lanes| {
+                        block[i][k] = epilogue.apply(lanes, f0, n);
+                    },
+                );
+                let pooled_chunk = (&mut *pooled, &mut *argmax);
+                let origin = (image - first_image, y, x);
+                pool_tile(&block, pooled_chunk, origin, (f0, n), (filters, g, window));
+            }
+        }
+    }
 }
 
 /// Pools channels `f0..f0 + n` of one tile's outputs, `block [row][column]` from output
 /// (`y`, `x`) of the chunk's image `image`, into the chunk's `pooled` values and `argmax`:
 /// the windows inside the tile that are whole windows of the output.
-#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+#[inline(always)]
 pub(super) fn pool_tile<const M: usize>(
     block: &[[Lanes; M]; M],
     (pooled, argmax): (&mut [f32], &mut [u8]),
@@ -126,33 +155,61 @@ pub(super) fn conv2d_with<T: Transform<M, S>, const M: usize, const S: usize>(
         .split(&mut out, g, filters)
         .into_par_iter()
         .for_each_init(KeptScratch::take, |scratch, (rows, out)| {
-            let tiles = rows.len() * layout.tiles_w;
-            let products = multiply_chunk::<T, M, S>(&layout, scratch, input, u, g, &rows, filters);
-            let base = layout.offset(rows.start, g, filters);
-            let mut columns = [[Lanes::ZERO; M]; S];
-            for (r, row) in rows.enumerate() {
-                let (image, y) = layout.origin(row);
-                for tx in 0..layout.tiles_w {
-                    let tile = r * layout.tiles_w + tx;
-                    let rows_here = M.min(g.out_h - y);
-                    let cols_here = M.min(g.out_w - tx * M);
-                    let first = ((image * g.out_h + y) * g.out_w + tx * M) * filters - base;
-                    let place = |i: usize, k: usize| first + (i * g.out_w + k) * filters;
-                    transform_output::<T, M, S>(
-                        products,
-                        (tile, tiles, filters),
-                        (rows_here, cols_here),
-                        &mut columns,
-                        |i, k, f0, lanes| {
-                            let n = LANES.min(filters - f0);
-                            let at = place(i, k) + f0;
-                            store(&mut out[at..at + n], epilogue.apply(lanes, f0, n));
-                        },
-                    );
-                }
-            }
+            conv2d_rows::<T, M, S>(
+                &layout,
+                scratch,
+                (input, u),
+                epilogue,
+                filters,
+                g,
+                rows,
+                out,
+            );
         });
     out
+}
+
+/// [`conv2d_with`] of one chunk of tile rows, into the chunk's `out`.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the chunk's share of conv2d_with's arguments"
+)]
+fn conv2d_rows<'e, T: Transform<M, S>, const M: usize, const S: usize>(
+    layout: &Layout,
+    scratch: &mut Scratch,
+    (input, u): (&[f32], &[f32]),
+    epilogue: Epilogue<'e>,
+    filters: usize,
+    g: &Geometry,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    let tiles = rows.len() * layout.tiles_w;
+    let products = multiply_chunk::<T, M, S>(layout, scratch, input, u, g, &rows, filters);
+    let base = layout.offset(rows.start, g, filters);
+    let mut columns = [[Lanes::zero(); M]; S];
+    for (r, row) in rows.enumerate() {
+        let (image, y) = layout.origin(row);
+        for tx in 0..layout.tiles_w {
+            let tile = r * layout.tiles_w + tx;
+            let rows_here = M.min(g.out_h - y);
+            let cols_here = M.min(g.out_w - tx * M);
+            let first = ((image * g.out_h + y) * g.out_w + tx * M) * filters - base;
+            let place = |i: usize, k: usize| first + (i * g.out_w + k) * filters;
+            transform_output::<T, M, S>(
+                products,
+                (tile, tiles, filters),
+                (rows_here, cols_here),
+                &mut columns,
+                |i, k, f0, lanes| {
+                    let n = LANES.min(filters - f0);
+                    let at = place(i, k) + f0;
+                    store(&mut out[at..at + n], epilogue.apply(lanes, f0, n));
+                },
+            );
+        }
+    }
 }
 
 /// The chunk `rows`' input transformed and multiplied by the transformed kernel `u` at every
@@ -187,7 +244,7 @@ impl Epilogue<'_> {
         }
         if self.relu {
             // `max` with zero second: NaN becomes 0, as `f32::max(NaN, 0.0)` gives.
-            lanes = lanes.fast_max(Lanes::ZERO);
+            lanes = lanes.fast_max(Lanes::zero());
         }
         lanes
     }
@@ -195,7 +252,7 @@ impl Epilogue<'_> {
 
 /// `Y = Aᵀ M A` for one tile of `products [points][tiles][f]`; `emit(i, k, f0, lanes)` takes
 /// channels `f0..` of output (i, k) for the `rows × cols` outputs inside the image.
-#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+#[inline(always)]
 pub(super) fn transform_output<T: Transform<M, S>, const M: usize, const S: usize>(
     products: &[f32],
     (tile, tiles, f): (usize, usize, usize),
@@ -216,7 +273,7 @@ pub(super) fn transform_output<T: Transform<M, S>, const M: usize, const S: usiz
 /// Channels `f0..f0 + 8` of [`transform_output`], for every output of the tile; `columns` is
 /// scratch, overwritten (declared per call, its 24 vectors were zero-filled by a `memset`
 /// call each time).
-#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+#[inline(always)]
 pub(super) fn transform_output_lanes<T: Transform<M, S>, const M: usize, const S: usize>(
     products: &[f32],
     (tile, tiles, f): (usize, usize, usize),

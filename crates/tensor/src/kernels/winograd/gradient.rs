@@ -47,7 +47,7 @@ impl OutputGradient<'_> {
                         let at = ((y + i).cast_signed(), (x + l).cast_signed());
                         let d = values.lanes(at.0, at.1, f0, n);
                         *dy = match relu_output {
-                            Some(out) => d & out.lanes(at.0, at.1, f0, n).simd_gt(Lanes::ZERO),
+                            Some(out) => d & out.lanes(at.0, at.1, f0, n).simd_gt(Lanes::zero()),
                             None => d,
                         };
                     }
@@ -57,7 +57,7 @@ impl OutputGradient<'_> {
                 let (pooled_h, pooled_w) = (g.out_h / window.h, g.out_w / window.w);
                 // Outputs past the last whole window get no gradient: only edge tiles have any.
                 if (y + M) / window.h > pooled_h || (x + M) / window.w > pooled_w {
-                    *dy = [[Lanes::ZERO; M]; M];
+                    *dy = [[Lanes::zero(); M]; M];
                 }
                 for wy in 0..M / window.h {
                     let py = y / window.h + wy;
@@ -205,8 +205,8 @@ pub(super) fn transform_output_grad<'g, T: Transform<M, S>, const M: usize, cons
 ) {
     let tiles = rows.len() * layout.tiles_w;
     // Overwritten tile by tile (see `transform_input`).
-    let mut dy = [[Lanes::ZERO; M]; M];
-    let mut columns = [[Lanes::ZERO; S]; M];
+    let mut dy = [[Lanes::zero(); M]; M];
+    let mut columns = [[Lanes::zero(); S]; M];
     for (r, row) in rows.clone().enumerate() {
         let (image, y) = layout.origin(row);
         for tx in 0..layout.tiles_w {
@@ -215,7 +215,7 @@ pub(super) fn transform_output_grad<'g, T: Transform<M, S>, const M: usize, cons
                 let n = LANES.min(f - f0);
                 grad.tile::<M>(g, f, (image, y, tx * M), (f0, n), &mut dy);
                 if !bias.is_empty() {
-                    let sum = dy.iter().flatten().fold(Lanes::ZERO, |s, &d| s + d);
+                    let sum = dy.iter().flatten().fold(Lanes::zero(), |s, &d| s + d);
                     add_into(&mut bias[f0..f0 + n], sum);
                 }
                 for (l, column) in columns.iter_mut().enumerate() {
@@ -248,7 +248,7 @@ pub(super) fn add_input_grad<T: Transform<M, S>, const M: usize, const S: usize>
     let tiles = rows.len() * layout.tiles_w;
     let image_len = g.height * g.width * c;
     // Overwritten tile by tile (see `transform_input`).
-    let mut columns = [[Lanes::ZERO; S]; S];
+    let mut columns = [[Lanes::zero(); S]; S];
     for (r, row) in rows.clone().enumerate() {
         let (image, y) = layout.origin(row);
         let d_image = &mut d_input[(image - first_image) * image_len..][..image_len];

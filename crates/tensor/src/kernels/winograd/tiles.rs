@@ -113,11 +113,11 @@ impl<'a> Image<'a> {
     #[inline(always)]
     pub(super) fn lanes(&self, y: isize, x: isize, c0: usize, n: usize) -> Lanes {
         if y < 0 || x < 0 {
-            return Lanes::ZERO;
+            return Lanes::zero();
         }
         let (y, x) = (y.unsigned_abs(), x.unsigned_abs());
         if y >= self.height || x >= self.width {
-            return Lanes::ZERO;
+            return Lanes::zero();
         }
         load(&self.values[(y * self.width + x) * self.c + c0..][..n])
     }
@@ -136,7 +136,7 @@ pub(super) fn transform_input<T: Transform<M, S>, const M: usize, const S: usize
     let tiles = rows.len() * layout.tiles_w;
     // One tile's columns, overwritten tile by tile: declared per tile, the 36 vectors were
     // zero-filled each time by a `memset` call.
-    let mut columns = [[Lanes::ZERO; S]; S];
+    let mut columns = [[Lanes::zero(); S]; S];
     for (r, row) in rows.enumerate() {
         let (image, y) = layout.origin(row);
         let image = Image::nth(input, image, (g.height, g.width, c));

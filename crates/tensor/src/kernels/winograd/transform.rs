@@ -10,7 +10,7 @@ use crate::kernels::lanes::{Lanes, add, add_scaled, scale, sub};
 /// `values(j)` for `j < N`, built by a plain loop that the compiler unrolls.
 #[inline(always)]
 pub(super) fn gather_lanes<const N: usize>(mut values: impl FnMut(usize) -> Lanes) -> [Lanes; N] {
-    let mut out = [Lanes::ZERO; N];
+    let mut out = [Lanes::zero(); N];
     for (j, lanes) in out.iter_mut().enumerate() {
         *lanes = values(j);
     }
@@ -55,7 +55,7 @@ impl Transform<2, 4> for TransformF2 {
             v0,
             add(sub(v1, v2), v3),
             sub(add(v1, v2), v0),
-            sub(Lanes::ZERO, v3),
+            sub(Lanes::zero(), v3),
         ]
     }
 
@@ -66,7 +66,7 @@ impl Transform<2, 4> for TransformF2 {
 
     #[inline(always)]
     fn output_adjoint([y0, y1]: [Lanes; 2]) -> [Lanes; 4] {
-        [y0, add(y0, y1), sub(y0, y1), sub(Lanes::ZERO, y1)]
+        [y0, add(y0, y1), sub(y0, y1), sub(Lanes::zero(), y1)]
     }
 }
 
