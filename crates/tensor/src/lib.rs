@@ -27,11 +27,13 @@
 //!   parallel on rayon with a fixed partition of work.
 //!
 //! Dependencies: `gemm` for matrix products near the machine's peak (`ndarray`'s own product
-//! reaches about half); `ndarray` for conversions; `rayon` for parallel kernels; `multiversion` to
-//! compile the SIMD kernels for AVX2 + FMA beside the baseline and pick one at run time (a
-//! dependent crate's build gets no `target-cpu` flag from this workspace); `rand_pcg` for seeded dropout masks;
-//! `thiserror` for the error type; `lockstep-cuda` for the GPU paths (loaded at run time, so
-//! the crate builds and runs on machines without CUDA; its backend is the `cuda` feature).
+//! reaches about half); `ndarray` for conversions; `rayon` for parallel kernels;
+//! `multiversion` to compile the SIMD kernels for AVX2 + FMA beside the baseline and pick one
+//! at run time (a dependent crate's build gets no `target-cpu` flag from this workspace);
+//! `bytemuck` to move eight lanes between `[f32; 8]` and the 256-bit vector type without
+//! `unsafe`; `rand_pcg` for seeded dropout masks; `thiserror` for the error type;
+//! `lockstep-cuda` for the GPU paths (loaded at run time, so the crate builds and runs on
+//! machines without CUDA; its backend is the `cuda` feature).
 
 mod autograd;
 mod device;

@@ -1,12 +1,13 @@
 //! Eight `f32` channels as one value, with loads and stores of partial vectors for a channel
 //! count that is not a multiple of eight.
 //!
-//! The type is plain Rust over `[f32; 8]`, each operation a loop over the lanes that the
-//! compiler turns into one instruction on the vector width of the function it is inlined into:
+//! The type holds a 256-bit vector and does each operation as a loop over its lanes as
+//! `[f32; 8]`, which the compiler turns into one instruction on the vector width of the
+//! function it is inlined into:
 //! one AVX register in a kernel compiled for AVX2 + FMA (see [`super`]), two SSE registers
 //! elsewhere. Its results do not depend on that choice: [`Lanes::mul_add`] is `f32::mul_add`,
-//! fused and rounded once on every machine (an FMA instruction where the function has it, the
-//! C library's `fmaf` elsewhere), and every other operation is exact per lane. So the kernels
+//! fused and rounded once on every machine (an FMA instruction where the function has it, a
+//! software `fmaf` elsewhere), and every other operation is exact per lane. So the kernels
 //! give the same bits whichever code the CPU runs.
 
 use std::ops::{Add, BitAnd, BitAndAssign, BitOr, Mul, Not, Sub};
