@@ -117,13 +117,17 @@ impl Lanes {
         (if_set & self) | (if_clear & !self)
     }
 
-    /// Each lane truncated toward zero (lanes are small whole numbers where this is used).
+    /// Each lane as an integer, for lanes that hold whole numbers in `0..2²³` (window
+    /// positions). Adding 2²³ puts such a number in the low bits of the mantissa, exactly; the
+    /// float-to-integer cast (`as`) would saturate lane by lane, a compare and a conditional
+    /// move each, where this is one vector add and one subtract.
     #[inline(always)]
-    pub(crate) fn trunc_int(self) -> [i32; LANES] {
+    pub(crate) fn small_whole_numbers(self) -> [u32; LANES] {
+        const TWO_23: f32 = 8_388_608.0;
         let x = self.to_array();
         let mut out = [0; LANES];
         for i in 0..LANES {
-            out[i] = x[i] as i32;
+            out[i] = (x[i] + TWO_23).to_bits() - TWO_23.to_bits();
         }
         out
     }
@@ -252,4 +256,16 @@ fn store_partial(dst: &mut [f32], lanes: Lanes) {
 pub(crate) fn add_into(dst: &mut [f32], lanes: Lanes) {
     let sum = add(load(dst), lanes);
     store(dst, sum);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_whole_numbers_are_read_back_exactly() {
+        let values: [f32; LANES] = [0.0, 1.0, 2.0, 7.0, 15.0, 254.0, 255.0, 8_388_607.0];
+        let expected = values.map(|v| v as u32);
+        assert_eq!(Lanes::from(values).small_whole_numbers(), expected);
+    }
 }

@@ -34,7 +34,7 @@ pub(crate) fn take_max(
 pub(crate) fn store_pooled((pooled, argmax): (&mut [f32], &mut [u8]), (best, arg): (Lanes, Lanes)) {
     store(pooled, best);
     // Window positions are below `MAX_POSITIONS` (or `NO_POSITION`): the conversions are exact.
-    for (slot, a) in argmax.iter_mut().zip(arg.trunc_int()) {
+    for (slot, a) in argmax.iter_mut().zip(arg.small_whole_numbers()) {
         *slot = a as u8;
     }
 }
