@@ -12,42 +12,23 @@
 //! compiled with the same features. A crate that depends on this one thus runs AVX2 wherever
 //! the CPU has it, with no `target-cpu` flag, and gets the same bits either way ([`lanes`]).
 
-#[allow(
+#![allow(
     clippy::inline_always,
-    reason = "helpers must be inlined into the AVX2 clones"
+    reason = "helpers must be inlined into the AVX2 clones of the functions that call them"
 )]
+
 pub(crate) mod batch_norm;
-#[allow(
-    clippy::inline_always,
-    reason = "helpers must be inlined into the AVX2 clones"
-)]
 pub(crate) mod batch_norm_pool;
 pub(crate) mod conv;
-#[allow(
-    clippy::inline_always,
-    reason = "helpers must be inlined into the AVX2 clones"
-)]
 pub(crate) mod conv_pool;
 pub(crate) mod elementwise;
 pub mod gemm;
 pub(crate) mod geometry;
-#[allow(
-    clippy::inline_always,
-    reason = "helpers must be inlined into the AVX2 clones"
-)]
 pub(crate) mod lanes;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod softmax;
-#[allow(
-    clippy::inline_always,
-    reason = "helpers must be inlined into the AVX2 clones"
-)]
 pub(crate) mod window_max;
-#[allow(
-    clippy::inline_always,
-    reason = "helpers must be inlined into the AVX2 clones"
-)]
 pub(crate) mod winograd;
 
 /// Elements per parallel task in elementwise kernels: large enough to amortise a task.
