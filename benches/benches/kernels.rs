@@ -224,6 +224,37 @@ fn conv2d_max_pool(c: &mut Criterion) {
             .expect("conv2d");
         ops::max_pool2d(&y, pool.size, pool.stride, pool.padding).expect("max_pool2d")
     });
+    // The same first layer in the CNN with batch normalization: no bias, the normalization (a
+    // training pass), relu and the pooling after it; folded into one pass, and apart (the
+    // convolution, then the normalization, relu and pooling as one pass).
+    let gamma = Tensor::parameter(vec![1.0; 32], &[32]).expect("gamma");
+    let beta = Tensor::parameter(vec![0.0; 32], &[32]).expect("beta");
+    let normalization = ops::Affine {
+        gamma: Some(&gamma),
+        beta: Some(&beta),
+    };
+    bench_layer(&mut group, "conv1_batch_norm_pool_fused", flops, &|| {
+        let conv = ((1, 1), Padding::Valid);
+        ops::conv2d_batch_norm_max_pool(
+            &x,
+            (&kernel, None),
+            conv,
+            normalization,
+            1e-3,
+            None,
+            true,
+            pool,
+        )
+        .expect("conv2d_batch_norm_max_pool")
+        .0
+    });
+    bench_layer(&mut group, "conv1_batch_norm_pool_apart", flops, &|| {
+        let y = ops::conv2d_bias_relu(&x, &kernel, None, false, (1, 1), Padding::Valid)
+            .expect("conv2d");
+        ops::batch_norm_max_pool(&y, normalization, 1e-3, None, true, pool)
+            .expect("batch_norm_max_pool")
+            .0
+    });
     // The second layer and its pooling: Winograd tiles pooled as they are transformed back.
     let x = Tensor::parameter(values(64 * 13 * 13 * 32), &[64, 13, 13, 32]).expect("x");
     let kernel = Tensor::parameter(values(3 * 3 * 32 * 64), &[3, 3, 32, 64]).expect("kernel");

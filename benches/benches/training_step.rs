@@ -1,5 +1,6 @@
 //! One training step — forward, backward, gradient gather and Adam update — of the tutorial
-//! CNN (batch 64; as a `Sequential` model and written with the functional API) and the Keras
+//! CNN (batch 64; as a `Sequential` model and written with the functional API), the CNN with
+//! batch normalization after each convolution (batch 64) and the Keras
 //! guide's MLP (batch 32), in examples per second, on 1 and 2 threads.
 //!
 //! `cargo bench -p lockstep-benches --bench training_step`
@@ -19,6 +20,10 @@ fn cnn() -> Network {
 
 fn functional_cnn() -> Network {
     models::mnist_cnn_functional(0).expect("functional cnn")
+}
+
+fn cnn_batch_norm() -> Network {
+    models::cnn_batch_norm(0, false).expect("cnn with batch normalization")
 }
 
 fn mlp() -> Network {
@@ -89,6 +94,12 @@ fn training_step(c: &mut Criterion) {
         (
             "cnn_functional_batch64",
             functional_cnn,
+            64,
+            vec![64, 28, 28, 1],
+        ),
+        (
+            "cnn_batch_norm_batch64",
+            cnn_batch_norm,
             64,
             vec![64, 28, 28, 1],
         ),

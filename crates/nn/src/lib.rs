@@ -35,9 +35,12 @@
 //! [`models`] holds the tutorials' models (the multi-worker tutorial's CNN, the Keras guide's
 //! MLP), defined once for the examples, tests and benchmarks.
 //!
-//! [`Sequential`] runs a `Conv2D` and the `MaxPooling2D` after it as one fused operation
+//! A model runs a `Conv2D` and the `MaxPooling2D` after it as one fused operation
 //! (`lockstep_tensor::ops::conv2d_bias_relu_max_pool`; see [`Layer::forward_then_max_pool`]),
-//! with the two layers' values.
+//! with the two layers' values; in training, `BatchNormalization`, a relu and a max pooling as
+//! one pass ([`Layer::forward_then_activation_max_pool`]), and a first `Conv2D` with those
+//! three after it as one (`lockstep_tensor::ops::conv2d_batch_norm_max_pool`; see
+//! [`Layer::forward_then_batch_norm_max_pool`]), equal to the layers apart up to rounding.
 //!
 //! Each layer, [`Sequential`] and each optimizer describe themselves as a configuration
 //! ([`LayerConfig`], [`SequentialConfig`], [`OptimizerConfig`]) that rebuilds them, as Keras'
@@ -72,7 +75,7 @@ pub use layers::{
     Activation, ActivationLayer, ActivationName, Add, AveragePooling2D, BatchNormalization,
     BuiltinLayerConfig, Concatenate, Conv2D, CustomLayerConfig, Dense, Dropout, Embedding, Flatten,
     ForwardContext, GlobalAveragePooling2D, Layer, LayerConfig, LayerFactory, LayerNormalization,
-    MaxPooling2D, Multiply, PaddingName, Reshape, register_layer,
+    MaxPooling2D, Multiply, NormalizationStep, PaddingName, Reshape, register_layer,
 };
 pub use loss::{
     BinaryCrossentropy, CategoricalCrossentropy, FnLoss, Huber, Loss, LossConfig,

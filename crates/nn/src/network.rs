@@ -15,7 +15,7 @@ use lockstep_tensor::{Device, Gradients, Tensor};
 use rayon::prelude::*;
 
 use crate::error::{InLayer, NnError};
-use crate::layers::{ForwardContext, Layer, ObservationSink};
+use crate::layers::{Activation, ForwardContext, Layer, NormalizationStep, ObservationSink};
 use crate::params::{ParamBuilder, Parameters};
 
 /// Values per task when gradients are copied into the flat buffer.
@@ -369,7 +369,17 @@ impl Network {
             let next = self.nodes.get(index + 1).filter(|next| {
                 node.readers == 1 && next.inputs == [Source::Node(index)] && inputs.len() == 1
             });
-            let ctx = ctx.for_layer(node.params.start);
+            let layer_ctx = ctx.for_layer(node.params.start);
+            // A layer, the batch normalization read only by it, an optional activation and a
+            // max pooling, each read only by the next, as one pass.
+            if let Some((last, pooled)) = next.and_then(|next| {
+                self.normalized_max_pool(index, next, (&inputs[0], params), ctx, variables)
+            }) {
+                values[last] = Some(pooled?);
+                index = last + 1;
+                continue;
+            }
+            let ctx = layer_ctx;
             // Likewise a layer, an activation read only by the max pooling after it, and that
             // pooling.
             let third = next
@@ -409,6 +419,51 @@ impl Network {
             index += 1;
         }
         self.outputs.iter().map(|&o| value(&values, o)).collect()
+    }
+
+    /// When node `index` (`next` after it) starts `layer → BatchNormalization → activation? →
+    /// MaxPooling2D`, each read only by the next, and the layer computes them in one pass
+    /// ([`Layer::forward_then_batch_norm_max_pool`]): the last node's index and the pooled
+    /// output.
+    fn normalized_max_pool(
+        &self,
+        index: usize,
+        next: &Node,
+        (x, params): (&Tensor, &[Tensor]),
+        ctx: ForwardContext<'_>,
+        variables: &[Tensor],
+    ) -> Option<(usize, Result<Tensor, NnError>)> {
+        let norm = next.layer.as_batch_norm()?;
+        let reads = |at: usize, from: usize| {
+            self.nodes
+                .get(at)
+                .filter(|node| node.inputs == [Source::Node(from)])
+        };
+        if next.readers != 1 {
+            return None;
+        }
+        let after = reads(index + 2, index + 1)?;
+        let (activation, last) = match after.layer.as_activation() {
+            Some(activation) if after.readers == 1 => (activation, index + 3),
+            Some(_) => return None,
+            None => (Activation::Linear, index + 2),
+        };
+        let pool = reads(last, last - 1)?.layer.as_max_pool()?;
+        let step = NormalizationStep {
+            layer: norm,
+            name: &next.name,
+            params: &variables[next.params.clone()],
+            ctx: ctx.for_layer(next.params.start),
+        };
+        let node = &self.nodes[index];
+        let pooled = node.layer.forward_then_batch_norm_max_pool(
+            &node.name,
+            x,
+            params,
+            step,
+            (activation, pool),
+        )?;
+        Some((last, pooled))
     }
 
     /// The (first) output for a single-input model.

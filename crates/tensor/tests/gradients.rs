@@ -367,6 +367,64 @@ proptest! {
     }
 
     #[test]
+    fn a_first_convolution_with_batch_norm_and_max_pool_equals_the_operations_apart(
+        batch in dims(3), (h, w) in (3..9_usize, 3..9_usize), c_in in prop::sample::select(vec![1_usize, 3]),
+        c_out in 1..20_usize, pool in (1..4_usize, 1..4_usize), stride in dims(2), relu: bool, same: bool,
+        use_bias: bool, affine: bool, x in distinct(3 * 8 * 8 * 3), k in values(9 * 3 * 19), b in values(19),
+        gb in values(38),
+    ) {
+        // Inputs of a first layer's size (within about ±2) and distinct, and a kernel whose one
+        // large tap dominates: the convolution's outputs stay apart by far more than rounding,
+        // so both paths pool the same positions and route the gradient to the same places.
+        let padding = if same { Padding::Same } else { Padding::Valid };
+        let out = |size: usize| if same { size.div_ceil(stride) } else { (size - 3) / stride + 1 };
+        let pool = (pool.0.min(out(h)), pool.1.min(out(w)));
+        let pool = MaxPool { size: pool, stride: pool, padding: Padding::Valid };
+        let x: Vec<f32> = x[..batch * h * w * c_in].iter().map(|v| v / 30.0).collect();
+        let x = Tensor::from_vec(x, &[batch, h, w, c_in]).unwrap();
+        let dominant = 4 * c_in * c_out;
+        let k: Vec<f32> = (0..9 * c_in * c_out)
+            .map(|i| if (dominant..dominant + c_out).contains(&i) { k[i] } else { k[i] * 1e-6 })
+            .collect();
+        let k = Tensor::parameter(k, &[3, 3, c_in, c_out]).unwrap();
+        let b = Tensor::parameter(b[..c_out].to_vec(), &[c_out]).unwrap();
+        let bias = use_bias.then_some(&b);
+        let gamma = Tensor::parameter(gb[..c_out].to_vec(), &[c_out]).unwrap();
+        let beta = Tensor::parameter(gb[19..19 + c_out].to_vec(), &[c_out]).unwrap();
+        let parts = if affine { ops::Affine { gamma: Some(&gamma), beta: Some(&beta) } } else { ops::Affine::default() };
+        let (fused, moments) = ops::conv2d_batch_norm_max_pool(
+            &x, (&k, bias), ((stride, stride), padding), parts, 1e-3, None, relu, pool,
+        ).unwrap();
+        let conv = ops::conv2d_bias_relu(&x, &k, bias, false, (stride, stride), padding).unwrap();
+        let (apart, apart_moments) = ops::batch_norm_max_pool(&conv, parts, 1e-3, None, relu, pool).unwrap();
+        // Relative to the largest value, or to 1 where all are small: a gradient that batch
+        // normalization makes (nearly) zero is the difference of terms near 1 in both paths.
+        let near = |f: &[f32], s: &[f32], tolerance: f32| {
+            let scale = s.iter().fold(1.0_f32, |m, v| m.max(v.abs()));
+            f.len() == s.len() && f.iter().zip(s).all(|(f, s)| (f - s).abs() <= tolerance * scale)
+        };
+        prop_assert!(near(&moments.mean, &apart_moments.mean, 1e-5), "{:?} vs {:?}", moments, apart_moments);
+        prop_assert!(near(&moments.variance, &apart_moments.variance, 1e-4), "{:?} vs {:?}", moments, apart_moments);
+        prop_assert_eq!(fused.shape(), apart.shape());
+        prop_assert!(near(fused.host_data().unwrap(), apart.host_data().unwrap(), 1e-4));
+        let weights: Vec<f32> = (0..fused.len()).map(|i| (i % 5) as f32 - 2.0).collect();
+        let weights = Tensor::from_vec(weights, fused.shape()).unwrap();
+        let grads = |y: &Tensor| {
+            let loss = ops::sum(&ops::mul(y, &weights).unwrap(), &[0, 1, 2, 3], false).unwrap();
+            let g = loss.backward().unwrap();
+            [&k, &gamma, &beta, &b].map(|t| g.get(t).map(|g| g.host_data().unwrap().to_vec()).unwrap_or_default())
+        };
+        let (fused, apart) = (grads(&fused), grads(&apart));
+        for (fused, apart) in fused.iter().zip(&apart).take(3) {
+            prop_assert!(near(fused, apart, 1e-3), "{:?} vs {:?}", fused, apart);
+        }
+        // Batch normalization subtracts the mean, and with it any bias: the bias's gradient is
+        // zero but for rounding (both paths' rounding, so not compared with each other).
+        let zeros = vec![0.0; fused[3].len()];
+        prop_assert!(near(&fused[3], &zeros, 1e-2), "{:?}", fused[3]);
+    }
+
+    #[test]
     fn max_pool_gradients(
         batch in dims(2), (h, w) in (2..7_usize, 2..7_usize), c in dims(3), pool in (dims(3), dims(3)),
         stride in (dims(3), dims(3)), same: bool, x in distinct(2 * 6 * 6 * 3),

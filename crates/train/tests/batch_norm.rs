@@ -12,7 +12,8 @@ mod common;
 use common::{CrashAt, digits, loss, workers};
 use lockstep_data::Dataset;
 use lockstep_nn::{
-    Activation, ActivationLayer, BatchNormalization, Dense, Network, NnError, Sequential, Sgd,
+    Activation, ActivationLayer, BatchNormalization, Conv2D, Dense, Flatten, MaxPooling2D, Network,
+    NnError, Reshape, Sequential, Sgd,
 };
 use lockstep_train::{
     BackupAndRestore, Callback, MirroredStrategy, Model, OneDeviceStrategy, SaveFreq, Strategy,
@@ -31,6 +32,29 @@ fn normalised_mlp(synchronized: bool) -> Result<Network, NnError> {
                     .synchronized(synchronized),
             ),
             Box::new(ActivationLayer(Activation::Relu)),
+            Box::new(Dense::new(10)),
+        ],
+        5,
+    )
+    .map(Into::into)
+}
+
+/// Reshape → 3×3 convolution → batch normalization → relu → 2×2 max pooling → dense: a first
+/// convolution that folds the normalization into itself.
+fn normalised_cnn(synchronized: bool) -> Result<Network, NnError> {
+    Sequential::new(
+        &[784],
+        vec![
+            Box::new(Reshape::new(&[28, 28, 1])),
+            Box::new(Conv2D::new(8, (3, 3))),
+            Box::new(
+                BatchNormalization::new()
+                    .momentum(0.9)
+                    .synchronized(synchronized),
+            ),
+            Box::new(ActivationLayer(Activation::Relu)),
+            Box::new(MaxPooling2D::new((2, 2))),
+            Box::new(Flatten),
             Box::new(Dense::new(10)),
         ],
         5,
@@ -58,7 +82,17 @@ fn two_epochs(callbacks: Vec<Box<dyn Callback>>) -> Result<Model, TrainError> {
 
 /// [`train`] on the first `examples` digits.
 fn train_on(strategy: impl Strategy, synchronized: bool, steps: u64, examples: usize) -> Vec<f32> {
-    let mut model = Model::new(strategy, || normalised_mlp(synchronized)).unwrap();
+    train_model(strategy, || normalised_mlp(synchronized), steps, examples)
+}
+
+/// [`train_on`] for the model `build` builds.
+fn train_model(
+    strategy: impl Strategy,
+    build: impl Fn() -> Result<Network, NnError>,
+    steps: u64,
+    examples: usize,
+) -> Vec<f32> {
+    let mut model = Model::new(strategy, build).unwrap();
     model.compile(Sgd::new(0.1), loss(), &["accuracy"]).unwrap();
     let data = model
         .distribute_dataset(digits().take(examples as u64), 64)
@@ -102,6 +136,31 @@ fn synchronised_batch_normalization_on_two_workers_of_two_replicas_trains_as_one
     let difference = max_difference(&one, &results[0]);
     assert!(difference < 1e-6, "{difference}");
     let net = normalised_mlp(true).unwrap();
+    let moving = view(&net, &one, "batch_normalization/moving_variance");
+    assert!(
+        moving.iter().any(|&v| (v - 1.0).abs() > 1e-3),
+        "the moving variance moved: {moving:?}"
+    );
+}
+
+#[test]
+fn synchronised_batch_normalization_folded_into_a_first_convolution_trains_as_one_replica() {
+    let one = train_model(
+        OneDeviceStrategy::new(),
+        || normalised_cnn(true),
+        3,
+        common::EXAMPLES,
+    );
+    let results = workers(2, 2, |strategy| {
+        train_model(strategy, || normalised_cnn(true), 3, common::EXAMPLES)
+    });
+    assert_eq!(
+        results[0], results[1],
+        "both workers hold the same variables"
+    );
+    let difference = max_difference(&one, &results[0]);
+    assert!(difference < 1e-5, "{difference}");
+    let net = normalised_cnn(true).unwrap();
     let moving = view(&net, &one, "batch_normalization/moving_variance");
     assert!(
         moving.iter().any(|&v| (v - 1.0).abs() > 1e-3),

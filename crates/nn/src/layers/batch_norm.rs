@@ -157,6 +157,30 @@ impl BatchNormalization {
     }
 }
 
+impl BatchNormalization {
+    /// In a training pass, `normalize` (given the affine parameters, ε and the replicas to
+    /// synchronise with) as this layer's pass, its statistics observed: for the layer before
+    /// this one computing both in one pass. `None` in inference, where the moving statistics
+    /// normalise.
+    pub(crate) fn fused_training_pass(
+        &self,
+        name: &str,
+        params: &[Tensor],
+        ctx: ForwardContext<'_>,
+        normalize: impl FnOnce(
+            ops::Affine<'_>,
+            f32,
+            Option<&Arc<dyn AllReduceSum>>,
+        ) -> Result<(Tensor, ops::Moments), TensorError>,
+    ) -> Option<Result<Tensor, NnError>> {
+        ctx.training.then(|| {
+            self.training_pass(name, params, ctx, |affine, replicas| {
+                normalize(affine, self.epsilon, replicas)
+            })
+        })
+    }
+}
+
 impl Default for BatchNormalization {
     fn default() -> Self {
         Self::new()
@@ -282,5 +306,9 @@ impl Layer for BatchNormalization {
     }
     fn synchronizes_replicas(&self) -> bool {
         self.synchronized
+    }
+
+    fn as_batch_norm(&self) -> Option<&BatchNormalization> {
+        Some(self)
     }
 }

@@ -2,7 +2,7 @@ use super::config::{BuiltinLayerConfig, LayerConfig};
 use lockstep_tensor::Tensor;
 use lockstep_tensor::ops::{self, MaxPool, Padding};
 
-use super::{Activation, ForwardContext, Layer};
+use super::{Activation, ForwardContext, Layer, NormalizationStep};
 use crate::error::{InLayer, NnError};
 use crate::initializers::Initializer;
 use crate::params::ParamBuilder;
@@ -211,6 +211,46 @@ impl Layer for Conv2D {
                 pool,
             )
             .in_layer(name),
+        )
+    }
+
+    /// Without an activation of its own, and with a relu (or none) after the normalization:
+    /// [`ops::conv2d_batch_norm_max_pool`], which folds the batch statistics into the
+    /// convolution where it is a first layer with few values per patch and runs the
+    /// operations apart elsewhere.
+    fn forward_then_batch_norm_max_pool(
+        &self,
+        _name: &str,
+        x: &Tensor,
+        params: &[Tensor],
+        norm: NormalizationStep<'_>,
+        (activation, pool): (Activation, MaxPool),
+    ) -> Option<Result<Tensor, NnError>> {
+        let relu = match activation {
+            Activation::Relu => true,
+            Activation::Linear => false,
+            Activation::Softmax | Activation::Sigmoid => return None,
+        };
+        if self.activation != Activation::Linear {
+            return None;
+        }
+        let bias = self.use_bias.then(|| &params[1]);
+        norm.layer.fused_training_pass(
+            norm.name,
+            norm.params,
+            norm.ctx,
+            |affine, epsilon, replicas| {
+                ops::conv2d_batch_norm_max_pool(
+                    x,
+                    (&params[0], bias),
+                    (self.strides, self.padding),
+                    affine,
+                    epsilon,
+                    replicas,
+                    relu,
+                    pool,
+                )
+            },
         )
     }
 }

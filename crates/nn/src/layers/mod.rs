@@ -288,4 +288,46 @@ pub trait Layer: Send + Sync {
         let _ = (name, x, params, activation, pool, ctx);
         None
     }
+
+    /// This layer when it is Keras' `BatchNormalization`: the layer before it may then compute
+    /// both, and an activation and a max pooling after them, in one pass
+    /// ([`Layer::forward_then_batch_norm_max_pool`]).
+    fn as_batch_norm(&self) -> Option<&BatchNormalization> {
+        None
+    }
+
+    /// This layer, then the batch normalization `norm`, `activation` and max pooling `pool`,
+    /// in one pass; `None` when the layer has no such pass (or not for these settings), and
+    /// the network runs them as it would otherwise. The result must equal the four layers'
+    /// up to rounding.
+    ///
+    /// # Errors
+    ///
+    /// When a tensor operation fails.
+    fn forward_then_batch_norm_max_pool(
+        &self,
+        name: &str,
+        x: &Tensor,
+        params: &[Tensor],
+        norm: NormalizationStep<'_>,
+        (activation, pool): (Activation, MaxPool),
+    ) -> Option<Result<Tensor, NnError>> {
+        let _ = (name, x, params, norm, activation, pool);
+        None
+    }
+}
+
+/// A batch normalization layer as the layer before it sees it when the two run as one
+/// ([`Layer::forward_then_batch_norm_max_pool`]): the layer, its name, its variables and the
+/// context of its forward pass (where its statistics are observed).
+#[derive(Clone, Copy)]
+pub struct NormalizationStep<'a> {
+    /// The normalization.
+    pub layer: &'a BatchNormalization,
+    /// Its name in the model.
+    pub name: &'a str,
+    /// Its own variables, in declaration order.
+    pub params: &'a [Tensor],
+    /// The context the network hands it.
+    pub ctx: ForwardContext<'a>,
 }

@@ -4,6 +4,8 @@
 
 use rayon::prelude::*;
 
+use super::window_max::{NO_POSITION, PooledGrad};
+
 /// Rows per parallel task.
 const ROWS: usize = 512;
 
@@ -120,6 +122,55 @@ fn gradient_block_by_row<F: RowGradient>(
     for (i, x) in x.chunks_exact(channels).enumerate() {
         fill_dy.fill(block * ROWS + i, &mut dy);
         add_gradient_row(&mut sums, &dy, x, mean, inverse_deviation);
+    }
+    sums
+}
+
+/// Per channel, `Σdy` and `Σdy · x̂` where `x̂` is given (`normalized`, laid out as the pooled
+/// values) and `dy` is the pooled gradient `grad` where it reached its window's argmax (and a
+/// relu passed it), zero elsewhere: batch normalization's backward sums over the only rows of
+/// its output that a max pooling after it routes gradient to.
+pub(crate) fn pooled_gradient_sums(
+    grad: PooledGrad<'_>,
+    normalized: &[f32],
+    channels: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    if channels == 0 {
+        return (Vec::new(), Vec::new());
+    }
+    let block = ROWS * channels;
+    let partials = normalized
+        .par_chunks(block)
+        .enumerate()
+        .map(|(i, x)| {
+            let range = i * block..i * block + x.len();
+            let relu = grad.relu_output.map(|y| &y[range.clone()]);
+            let routed = (&grad.values[range.clone()], &grad.argmax[range]);
+            pooled_gradient_block(routed, relu, x, channels)
+        })
+        .collect();
+    combine(partials, channels)
+}
+
+/// [`pooled_gradient_sums`] of one block of pooled rows.
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+fn pooled_gradient_block(
+    (d, argmax): (&[f32], &[u8]),
+    relu_output: Option<&[f32]>,
+    x: &[f32],
+    channels: usize,
+) -> Vec<f64> {
+    let mut sums = vec![0.0_f64; 2 * channels];
+    let (s1, s2) = sums.split_at_mut(channels);
+    let rows = d.chunks_exact(channels).zip(argmax.chunks_exact(channels));
+    for (r, ((d, argmax), x)) in rows.zip(x.chunks_exact(channels)).enumerate() {
+        let relu = relu_output.map(|y| &y[r * channels..(r + 1) * channels]);
+        for c in 0..channels {
+            let passed = argmax[c] != NO_POSITION && relu.is_none_or(|y| y[c] > 0.0);
+            let d = if passed { f64::from(d[c]) } else { 0.0 };
+            s1[c] += d;
+            s2[c] += d * f64::from(x[c]);
+        }
     }
     sums
 }

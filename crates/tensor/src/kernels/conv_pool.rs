@@ -296,6 +296,7 @@ impl WindowPatch {
     }
 
     /// Fills the patch for window (`py`, `px`) of `image`.
+    #[inline(always)]
     fn fill(&mut self, l: &Layout, image: &[f32], (py, px): (usize, usize)) {
         let Some(first) = l.first_input_inside(py, px) else {
             l.gather_window(image, (py, px), &mut self.values);
@@ -448,15 +449,7 @@ fn pool_window(
         let mut best = [Lanes::splat(f32::NEG_INFINITY); 2];
         let mut arg = [Lanes::splat(f32::from(NO_POSITION)); 2];
         for group in 0..l.rows() / GROUP {
-            let [x0, x1, x2, x3] = patch.group(group, kernel.len());
-            let mut acc = [bias; GROUP];
-            for (t, k) in kernel.iter().enumerate() {
-                let k = block_lanes(k);
-                for (acc, x) in acc.iter_mut().zip([x0[t], x1[t], x2[t], x3[t]]) {
-                    let x = Lanes::splat(x);
-                    *acc = [k[0].mul_add(x, acc[0]), k[1].mul_add(x, acc[1])];
-                }
-            }
+            let acc = group_outputs(patch, kernel, bias, group);
             let positions = l.window.positions().saturating_sub(group * GROUP);
             for (i, acc) in acc.iter().take(positions).enumerate() {
                 let position = Lanes::splat((group * GROUP + i) as f32);
@@ -479,9 +472,154 @@ fn pool_window(
     }
 }
 
+/// The convolution outputs of window positions `group · GROUP..` for one block of filters:
+/// `bias` plus the kernel's taps times the patch's values, tap by tap.
+#[inline(always)]
+fn group_outputs(
+    patch: &WindowPatch,
+    kernel: &[[f32; BLOCK]],
+    bias: [Lanes; 2],
+    group: usize,
+) -> [[Lanes; 2]; GROUP] {
+    let [x0, x1, x2, x3] = patch.group(group, kernel.len());
+    let mut acc = [bias; GROUP];
+    for (t, k) in kernel.iter().enumerate() {
+        let k = block_lanes(k);
+        for (acc, x) in acc.iter_mut().zip([x0[t], x1[t], x2[t], x3[t]]) {
+            let x = Lanes::splat(x);
+            *acc = [k[0].mul_add(x, acc[0]), k[1].mul_add(x, acc[1])];
+        }
+    }
+    acc
+}
+
+/// What the normalised forward pass ([`direct_forward_normalized`]) returns: the pooled
+/// values, their argmax, and the normalised value `x̂` each pooled value came from.
+pub(crate) struct NormalizedPooled {
+    pub(crate) pooled: Vec<f32>,
+    pub(crate) argmax: Vec<u8>,
+    pub(crate) selected: Vec<f32>,
+}
+
+/// Batch normalization's training pass folded into the direct method:
+/// `max_pool(relu?(x̂ · gamma + beta))` where `x̂ = conv2d(input, kernel) + bias` is the
+/// normalised convolution (the caller folds the batch statistics into `kernel` and `bias`),
+/// with the `x̂` each pooled value came from (zero where a window took none), for the
+/// backward pass's `Σdy · x̂`. As [`direct_forward`] otherwise.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the convolution's three operands, the affine map's two and the pooling's two, as the layers take them"
+)]
+pub(crate) fn direct_forward_normalized(
+    input: &[f32],
+    (kernel, bias): (&[f32], &[f32]),
+    (gamma, beta): (&[f32], &[f32]),
+    relu: bool,
+    filters: usize,
+    g: &Geometry,
+    window: PoolWindow,
+) -> NormalizedPooled {
+    let l = Layout::new(g, window, filters);
+    let (kernel, bias) = (l.blocked(kernel), l.blocked(bias));
+    let (gamma, beta) = (l.blocked(gamma), l.blocked(beta));
+    let len = g.batch * l.image_out();
+    let mut out = NormalizedPooled {
+        pooled: vec![0.0; len],
+        argmax: vec![NO_POSITION; len],
+        selected: vec![0.0; len],
+    };
+    if l.image_out() == 0 {
+        return out;
+    }
+    out.pooled
+        .par_chunks_mut(l.image_out())
+        .zip(out.argmax.par_chunks_mut(l.image_out()))
+        .zip(out.selected.par_chunks_mut(l.image_out()))
+        .enumerate()
+        .for_each(|(b, ((pooled, argmax), selected))| {
+            let image = &input[b * l.image_in()..(b + 1) * l.image_in()];
+            let affine = [&kernel[..], &bias, &gamma, &beta];
+            forward_image_normalized(&l, image, affine, relu, (pooled, argmax, selected));
+        });
+    out
+}
+
+/// One image of [`direct_forward_normalized`].
+#[multiversion::multiversion(targets("x86_64+avx2+fma"))]
+fn forward_image_normalized(
+    l: &Layout,
+    image: &[f32],
+    affine: [&[f32]; 4],
+    relu: bool,
+    (pooled, argmax, selected): (&mut [f32], &mut [u8], &mut [f32]),
+) {
+    let filters = l.filters;
+    let mut patch = WindowPatch::new(l);
+    for pixel in 0..l.pooled_pixels() {
+        patch.fill(l, image, (pixel / l.pooled_w, pixel % l.pooled_w));
+        let range = pixel * filters..(pixel + 1) * filters;
+        pool_window_normalized(
+            l,
+            &patch,
+            affine,
+            relu,
+            (
+                &mut pooled[range.clone()],
+                &mut argmax[range.clone()],
+                &mut selected[range],
+            ),
+        );
+    }
+}
+
+/// One pooling window of [`direct_forward_normalized`], a block of filters at a time.
+#[inline(always)]
+fn pool_window_normalized(
+    l: &Layout,
+    patch: &WindowPatch,
+    [kernel, bias, gamma, beta]: [&[f32]; 4],
+    relu: bool,
+    (pooled, argmax, selected): (&mut [f32], &mut [u8], &mut [f32]),
+) {
+    let taps = l.g.patch();
+    let blocks = kernel
+        .chunks_exact(taps * BLOCK)
+        .zip(bias.chunks_exact(BLOCK))
+        .zip(gamma.chunks_exact(BLOCK).zip(beta.chunks_exact(BLOCK)));
+    for (block, ((kernel, bias), (gamma, beta))) in blocks.enumerate() {
+        let kernel = kernel.as_chunks::<BLOCK>().0;
+        let (bias, gamma, beta) = (block_lanes(bias), block_lanes(gamma), block_lanes(beta));
+        let mut best = [Lanes::splat(f32::NEG_INFINITY); 2];
+        let mut arg = [Lanes::splat(f32::from(NO_POSITION)); 2];
+        let mut chosen = [Lanes::zero(); 2];
+        for group in 0..l.rows() / GROUP {
+            let normalized = group_outputs(patch, kernel, bias, group);
+            let positions = l.window.positions().saturating_sub(group * GROUP);
+            for (i, normalized) in normalized.iter().take(positions).enumerate() {
+                let position = Lanes::splat((group * GROUP + i) as f32);
+                for v in 0..2 {
+                    let value = normalized[v].mul_add(gamma[v], beta[v]);
+                    let (max, at) = take_max(value, relu, (best[v], arg[v]), position);
+                    // Each position is taken at most once, so a new argmax marks a take.
+                    chosen[v] = at.simd_eq(position).bitselect(normalized[v], chosen[v]);
+                    (best[v], arg[v]) = (max, at);
+                }
+            }
+        }
+        for (v, range) in vector_ranges(block, l.filters).into_iter().enumerate() {
+            let Some(range) = range else { break };
+            store(&mut selected[range.clone()], chosen[v]);
+            store_pooled(
+                (&mut pooled[range.clone()], &mut argmax[range]),
+                (best[v], arg[v]),
+            );
+        }
+    }
+}
+
 /// The gradients of [`direct_forward`] with respect to the kernel
 /// (`[kernel_h, kernel_w, channels, filters]`) and the bias (`[filters]`).
-fn direct_backward(
+pub(crate) fn direct_backward(
     input: &[f32],
     grad: PooledGrad<'_>,
     filters: usize,

@@ -25,6 +25,7 @@ pub(crate) mod elementwise;
 pub mod gemm;
 pub(crate) mod geometry;
 pub(crate) mod lanes;
+pub(crate) mod patch_gram;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod softmax;

@@ -49,7 +49,7 @@ fn per_channel(t: &Tensor, channels: usize, what: &str) -> Result<(), TensorErro
 }
 
 impl Affine<'_> {
-    fn check(&self, channels: usize) -> Result<(), TensorError> {
+    pub(super) fn check(&self, channels: usize) -> Result<(), TensorError> {
         for (t, what) in [(self.gamma, "gamma"), (self.beta, "beta")] {
             if let Some(t) = t {
                 per_channel(t, channels, what)?;
@@ -58,7 +58,7 @@ impl Affine<'_> {
         Ok(())
     }
 
-    fn inputs<'t>(&'t self, x: &'t Tensor) -> Vec<&'t Tensor> {
+    pub(super) fn inputs<'t>(&'t self, x: &'t Tensor) -> Vec<&'t Tensor> {
         std::iter::once(x)
             .chain(self.gamma)
             .chain(self.beta)
@@ -66,7 +66,7 @@ impl Affine<'_> {
     }
 
     /// Per channel, `a = γ · inverse_deviation` and `b = β − mean · a`: `y = x · a + b`.
-    fn coefficients(&self, mean: &[f32], inverse: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    pub(super) fn coefficients(&self, mean: &[f32], inverse: &[f32]) -> (Vec<f32>, Vec<f32>) {
         let gamma = self.gamma.map(Tensor::host);
         let beta = self.beta.map(Tensor::host);
         let a: Vec<f32> = inverse
@@ -98,7 +98,7 @@ fn channels_of(x: &Tensor) -> Result<usize, TensorError> {
 }
 
 /// `1/√(variance + ε)` per channel.
-fn inverse_deviation(variance: &[f32], epsilon: f32) -> Vec<f32> {
+pub(super) fn inverse_deviation(variance: &[f32], epsilon: f32) -> Vec<f32> {
     variance
         .iter()
         .map(|&v| (1.0 / (f64::from(v) + f64::from(epsilon)).sqrt()) as f32)
@@ -181,35 +181,44 @@ impl Saved {
     /// (that is `a·(dy − Σdy/N − x̂·Σ(dy·x̂)/N)`), the sums all-reduced over `replicas`.
     fn input_coefficients(
         &self,
-        (sum_dy, sum_dy_xhat): (&[f64], &[f64]),
+        sums: (&[f64], &[f64]),
         replicas: Option<&Arc<dyn AllReduceSum>>,
         inverse_count: f64,
     ) -> Result<(Vec<f32>, Vec<f32>), TensorError> {
-        let channels = self.mean.len();
-        let mut global: Vec<f32> = sum_dy
-            .iter()
-            .chain(sum_dy_xhat)
-            .map(|&v| v as f32)
-            .collect();
-        if let Some(replicas) = replicas {
-            replicas
-                .all_reduce_sum(&mut global)
-                .map_err(|why| TensorError::Collective { op: OP, why })?;
-        }
-        let (global_dy, global_dy_xhat) = global.split_at(channels);
-        let mut k1 = Vec::with_capacity(channels);
-        let mut k2 = Vec::with_capacity(channels);
-        for c in 0..channels {
+        let (mean_dy, mean_dy_xhat) = gradient_means(sums, replicas, inverse_count)?;
+        let mut k1 = Vec::with_capacity(self.mean.len());
+        let mut k2 = Vec::with_capacity(self.mean.len());
+        for c in 0..self.mean.len() {
             let a = f64::from(self.a[c]);
             let s = f64::from(self.inverse[c]);
             let m = f64::from(self.mean[c]);
-            let mean_dy = f64::from(global_dy[c]) * inverse_count;
-            let mean_dy_xhat = f64::from(global_dy_xhat[c]) * inverse_count;
-            k1.push((a * (s * m * mean_dy_xhat - mean_dy)) as f32);
-            k2.push((-a * s * mean_dy_xhat) as f32);
+            k1.push((a * (s * m * mean_dy_xhat[c] - mean_dy[c])) as f32);
+            k2.push((-a * s * mean_dy_xhat[c]) as f32);
         }
         Ok((k1, k2))
     }
+}
+
+/// Per channel, the means of `dy` and `dy · x̂` over every replica's batch: this replica's
+/// sums (`f32` on the wire) all-reduced over `replicas`, times `1/N`.
+pub(super) fn gradient_means(
+    (sum_dy, sum_dy_xhat): (&[f64], &[f64]),
+    replicas: Option<&Arc<dyn AllReduceSum>>,
+    inverse_count: f64,
+) -> Result<(Vec<f64>, Vec<f64>), TensorError> {
+    let channels = sum_dy.len();
+    let mut global: Vec<f32> = sum_dy
+        .iter()
+        .chain(sum_dy_xhat)
+        .map(|&v| v as f32)
+        .collect();
+    if let Some(replicas) = replicas {
+        replicas
+            .all_reduce_sum(&mut global)
+            .map_err(|why| TensorError::Collective { op: OP, why })?;
+    }
+    let mean = |v: &[f32]| v.iter().map(|&v| f64::from(v) * inverse_count).collect();
+    Ok((mean(&global[..channels]), mean(&global[channels..])))
 }
 
 /// The batch statistics of a training pass: per channel the mean and biased variance of `x`
@@ -220,8 +229,17 @@ fn batch_moments(
     channels: usize,
     replicas: Option<&Arc<dyn AllReduceSum>>,
 ) -> Result<(Moments, f64), TensorError> {
-    let (mut sums, mut squares) = channel_sums(x.host(), channels);
-    let mut count = (x.len() / channels.max(1)) as f64;
+    let count = (x.len() / channels.max(1)) as f64;
+    moments_from_sums(channel_sums(x.host(), channels), count, replicas)
+}
+
+/// [`batch_moments`] from this replica's per-channel `Σx` and `Σx²` over `count` values each.
+pub(super) fn moments_from_sums(
+    (mut sums, mut squares): (Vec<f64>, Vec<f64>),
+    mut count: f64,
+    replicas: Option<&Arc<dyn AllReduceSum>>,
+) -> Result<(Moments, f64), TensorError> {
+    let channels = sums.len();
     if let Some(replicas) = replicas {
         let mut packed: Vec<f32> = sums.iter().chain(&squares).map(|&v| v as f32).collect();
         packed.push(count as f32);

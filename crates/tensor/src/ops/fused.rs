@@ -33,7 +33,11 @@ fn check_bias(
     }
 }
 
-fn inputs<'a>(first: &'a Tensor, second: &'a Tensor, bias: Option<&'a Tensor>) -> Vec<&'a Tensor> {
+pub(super) fn inputs<'a>(
+    first: &'a Tensor,
+    second: &'a Tensor,
+    bias: Option<&'a Tensor>,
+) -> Vec<&'a Tensor> {
     [first, second].into_iter().chain(bias).collect()
 }
 
@@ -69,7 +73,7 @@ fn conv_grads(
 
 /// The convolution's geometry and filter count, once `x`, the kernel and the bias are checked
 /// to fit.
-fn conv_geometry(
+pub(super) fn conv_geometry(
     x: &Tensor,
     kernel: &Tensor,
     bias: Option<&Tensor>,
