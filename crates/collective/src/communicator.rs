@@ -42,6 +42,27 @@ pub struct CommunicationOptions {
     pub bytes_per_pack: usize,
     /// How long one collective may wait for its peers before failing.
     pub timeout: Duration,
+    /// How a training step sends its gradients ([`Compression`]): a setting for the step,
+    /// which picks the element type it all-reduces; the collectives themselves send the type
+    /// they are given.
+    pub compression: Compression,
+}
+
+/// The element type gradients travel in, as Horovod's `Compression` and PyTorch DDP's
+/// `bf16_compress_hook`/`fp16_compress_hook`: half the bytes of `f32` on the wire, each sum
+/// taken in `f32` and rounded once to the 16-bit type. A step's loss and metric totals stay in
+/// `f32` (counts of examples must stay exact).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Compression {
+    /// `f32`, as computed.
+    #[default]
+    None,
+    /// bfloat16: `f32`'s range, 8 bits of mantissa.
+    Bf16,
+    /// IEEE half precision: 11 bits of mantissa, values up to 65,504; each replica's
+    /// gradients are divided by the number of replicas before they are rounded (as PyTorch's
+    /// hook does), so that their sum stays in range.
+    Fp16,
 }
 
 impl Default for CommunicationOptions {
@@ -50,6 +71,7 @@ impl Default for CommunicationOptions {
             implementation: Implementation::Auto,
             bytes_per_pack: 1 << 20,
             timeout: Duration::from_mins(5),
+            compression: Compression::None,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The element types collectives move and reduce.
 
-use half::bf16;
+use half::{bf16, f16};
 
 use crate::header::DType;
 
@@ -34,7 +34,7 @@ impl Element for f64 {
     }
 }
 
-/// bfloat16, for compressed gradients: sums are taken in `f32` and rounded once per step.
+/// bfloat16, for compressed gradients: each sum is taken in `f32` and rounded once to bf16.
 impl Element for bf16 {
     const DTYPE: DType = DType::Bf16;
     fn add(a: Self, b: Self) -> Self {
@@ -42,6 +42,18 @@ impl Element for bf16 {
     }
     fn div_count(a: Self, n: usize) -> Self {
         bf16::from_f32(a.to_f32() / n as f32)
+    }
+}
+
+/// IEEE half precision, for compressed gradients: as bf16, three more bits of mantissa and a
+/// range up to 65,504.
+impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+    fn add(a: Self, b: Self) -> Self {
+        f16::from_f32(a.to_f32() + b.to_f32())
+    }
+    fn div_count(a: Self, n: usize) -> Self {
+        f16::from_f32(a.to_f32() / n as f32)
     }
 }
 

@@ -73,6 +73,8 @@ pub enum DType {
     F64,
     /// bfloat16.
     Bf16,
+    /// IEEE half precision.
+    F16,
 }
 
 impl DType {
@@ -82,6 +84,7 @@ impl DType {
             Self::F32 => 1,
             Self::F64 => 2,
             Self::Bf16 => 3,
+            Self::F16 => 4,
         }
     }
 
@@ -91,6 +94,7 @@ impl DType {
             1 => Self::F32,
             2 => Self::F64,
             3 => Self::Bf16,
+            4 => Self::F16,
             _ => return None,
         })
     }

@@ -64,6 +64,11 @@ impl<X: Transport> HierarchicalCommunicator<X> {
         self.processes * self.local.world_size()
     }
 
+    /// The options every collective of this replica runs with.
+    pub fn options(&self) -> &CommunicationOptions {
+        self.local.options()
+    }
+
     /// This process's index among the processes.
     pub fn process(&self) -> usize {
         self.process

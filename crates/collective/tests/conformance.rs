@@ -10,7 +10,7 @@
 mod common;
 
 use common::{Wire, run};
-use lockstep_collective::{CommunicationOptions, Implementation, ReduceOp, bf16};
+use lockstep_collective::{CommunicationOptions, Implementation, ReduceOp, bf16, f16};
 use proptest::prelude::*;
 
 /// Rank `r`'s input: distinct per rank and position, exactly representable.
@@ -39,6 +39,7 @@ fn options(implementation: Implementation, bytes_per_pack: usize) -> Communicati
         implementation,
         bytes_per_pack,
         timeout: std::time::Duration::from_secs(20),
+        ..CommunicationOptions::default()
     }
 }
 
@@ -84,19 +85,23 @@ macro_rules! conformance {
                 }
 
                 #[test]
-                fn f64_and_bf16_reduce_too(n in 1..=5_usize, len in 0..100_usize) {
+                fn f64_bf16_and_f16_reduce_too(n in 1..=5_usize, len in 0..100_usize) {
                     let results = run(WIRE, n, options(IMPLEMENTATION, 32), move |comm| {
                         let mut doubles: Vec<f64> = (0..len).map(|i| (i + comm.rank()) as f64).collect();
                         comm.all_reduce(&mut doubles, ReduceOp::Sum).unwrap();
                         let mut halves: Vec<bf16> = (0..len).map(|i| bf16::from_f32((i % 7) as f32)).collect();
                         comm.all_reduce(&mut halves, ReduceOp::Max).unwrap();
-                        (doubles, halves)
+                        // Small whole numbers: every partial sum is exact in half precision.
+                        let mut ieee: Vec<f16> = (0..len).map(|i| f16::from_f32((i % 5 + comm.rank()) as f32)).collect();
+                        comm.all_reduce(&mut ieee, ReduceOp::Sum).unwrap();
+                        (doubles, halves, ieee)
                     });
                     let sum_of_ranks = (n * (n - 1) / 2) as f64;
-                    for (doubles, halves) in results {
-                        for (i, (d, h)) in doubles.iter().zip(&halves).enumerate() {
+                    for (doubles, halves, ieee) in results {
+                        for (i, ((d, h), e)) in doubles.iter().zip(&halves).zip(&ieee).enumerate() {
                             prop_assert_eq!(*d, (i * n) as f64 + sum_of_ranks);
                             prop_assert_eq!(h.to_f32(), (i % 7) as f32);
+                            prop_assert_eq!(f64::from(e.to_f32()), ((i % 5) * n) as f64 + sum_of_ranks);
                         }
                     }
                 }

@@ -23,6 +23,7 @@ fn quick(implementation: Implementation) -> CommunicationOptions {
         implementation,
         bytes_per_pack: 1 << 20,
         timeout: Duration::from_secs(2),
+        ..CommunicationOptions::default()
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use lockstep_collective::ReduceOp;
+use lockstep_collective::{CollectiveError, Compression, Element, ReduceOp, bf16, f16};
 use lockstep_nn::{ForwardContext, Loss, Network, Optimizer, PredictionMetric};
 use lockstep_tensor::Tensor;
 use lockstep_tensor::ops::AllReduceSum;
@@ -174,7 +174,7 @@ impl Replica {
             }
             None => {}
         }
-        self.link.all_reduce(&mut self.buffer, ReduceOp::Sum)?;
+        self.reduce_step(n)?;
         let totals = StepTotals::from_values(self.buffer[n..].iter().map(|&v| f64::from(v)));
         if totals.examples > 0.0 {
             let scale = (1.0 / totals.examples) as f32;
@@ -192,6 +192,33 @@ impl Replica {
         Ok(totals)
     }
 
+    /// The step's all-reduce of the gradients (`..n` of the buffer) and the totals after them:
+    /// one collective of `f32`, or with gradient [`Compression`] the gradients in the 16-bit
+    /// type, then the totals in `f32`.
+    fn reduce_step(&mut self, n: usize) -> Result<(), TrainError> {
+        let compression = self.link.options().compression;
+        let (gradients, totals) = self.buffer.split_at_mut(n);
+        match compression {
+            Compression::None => {
+                return Ok(self.link.all_reduce(&mut self.buffer, ReduceOp::Sum)?);
+            }
+            Compression::Bf16 => {
+                reduce_as(&mut self.link, gradients, 1.0, bf16::from_f32, bf16::to_f32)?;
+            }
+            Compression::Fp16 => {
+                let replicas = self.link.world_size() as f32;
+                reduce_as(
+                    &mut self.link,
+                    gradients,
+                    replicas,
+                    f16::from_f32,
+                    f16::to_f32,
+                )?;
+            }
+        }
+        Ok(self.link.all_reduce(totals, ReduceOp::Sum)?)
+    }
+
     /// Loss and metrics of this replica's batch, summed over every replica.
     pub(crate) fn evaluate_batch(
         &mut self,
@@ -206,6 +233,23 @@ impl Replica {
         self.link.all_reduce(&mut totals, ReduceOp::Sum)?;
         Ok(StepTotals::from_values(totals.into_iter()))
     }
+}
+
+/// Sums `values` over every replica as `E`: each replica's values divided by `divisor` and
+/// rounded to `E`, the sum multiplied back.
+fn reduce_as<E: Element>(
+    link: &mut ReplicaLink,
+    values: &mut [f32],
+    divisor: f32,
+    to_wire: fn(f32) -> E,
+    from_wire: fn(E) -> f32,
+) -> Result<(), CollectiveError> {
+    let mut wire: Vec<E> = values.iter().map(|&v| to_wire(v / divisor)).collect();
+    link.all_reduce(&mut wire, ReduceOp::Sum)?;
+    for (v, w) in values.iter_mut().zip(wire) {
+        *v = from_wire(w) * divisor;
+    }
+    Ok(())
 }
 
 /// A batch of no examples for each of `net`'s inputs.

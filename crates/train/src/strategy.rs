@@ -139,6 +139,22 @@ impl ReplicaLink {
         self.lock().all_reduce(data, op)
     }
 
+    /// The options this replica's collectives run with.
+    pub(crate) fn options(&self) -> CommunicationOptions {
+        match &*self.lock() {
+            Link::InProcess(c) => *c.options(),
+            Link::Cluster(c) => *c.options(),
+        }
+    }
+
+    /// The number of replicas in sync, over every process.
+    pub(crate) fn world_size(&self) -> usize {
+        match &*self.lock() {
+            Link::InProcess(c) => c.world_size(),
+            Link::Cluster(c) => c.world_size(),
+        }
+    }
+
     pub(crate) fn broadcast<E: Element>(&mut self, data: &mut [E]) -> Result<(), CollectiveError> {
         match &mut *self.lock() {
             Link::InProcess(c) => c.broadcast(data),
@@ -192,6 +208,22 @@ impl MirroredStrategy {
     ///
     /// When `replicas` is 0.
     pub fn new(replicas: usize) -> Result<Self, TrainError> {
+        Self::with_options(replicas, CommunicationOptions::default())
+    }
+
+    /// `replicas` replicas whose collectives run with `options` (the timeout, the pack size,
+    /// gradient [`Compression`](lockstep_collective::Compression)).
+    ///
+    /// # Errors
+    ///
+    /// When `replicas` is 0, or NCCL is asked for.
+    pub fn with_options(
+        replicas: usize,
+        options: CommunicationOptions,
+    ) -> Result<Self, TrainError> {
+        if options.implementation == Implementation::Nccl {
+            return Err(nccl_refused());
+        }
         if replicas == 0 {
             return Err(TrainError::invalid(
                 "MirroredStrategy",
@@ -200,7 +232,7 @@ impl MirroredStrategy {
         }
         Ok(Self {
             count: replicas,
-            replicas: Some(in_process(replicas, CommunicationOptions::default())),
+            replicas: Some(in_process(replicas, options)),
         })
     }
 }
@@ -363,10 +395,7 @@ fn check(
     local_replicas: usize,
 ) -> Result<usize, TrainError> {
     if options.implementation == Implementation::Nccl {
-        return Err(TrainError::invalid(
-            "CommunicationOptions",
-            "NCCL all-reduces GPU buffers, and Lockstep has no GPU backend yet; use Ring or Auto",
-        ));
+        return Err(nccl_refused());
     }
     if local_replicas == 0 {
         return Err(TrainError::invalid(
@@ -401,4 +430,11 @@ impl Strategy for MultiWorkerMirroredStrategy {
     fn take_replicas(&mut self) -> Result<Vec<ReplicaLink>, TrainError> {
         self.replicas.take().ok_or_else(taken)
     }
+}
+
+fn nccl_refused() -> TrainError {
+    TrainError::invalid(
+        "CommunicationOptions",
+        "NCCL all-reduces GPU buffers, and Lockstep has no GPU backend yet; use Ring or Auto",
+    )
 }

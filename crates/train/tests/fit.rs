@@ -12,7 +12,7 @@ mod common;
 
 use common::{CrashAt, EXAMPLES, digits, loss, mlp, workers};
 use lockstep_cluster::{Cluster, TfConfig};
-use lockstep_collective::{CommunicationOptions, Implementation};
+use lockstep_collective::{CommunicationOptions, Compression, Implementation};
 use lockstep_data::{AutoShardPolicy, Dataset, DatasetOptions};
 use lockstep_nn::{Adam, AdamW, LearningRateSchedule, Sgd, models};
 use lockstep_train::{
@@ -100,6 +100,40 @@ fn repeated_runs_give_bit_identical_weights() {
     let (a, _) = train(MirroredStrategy::new(2).unwrap(), 64, 1, Vec::new()).unwrap();
     let (b, _) = train(MirroredStrategy::new(2).unwrap(), 64, 1, Vec::new()).unwrap();
     assert_eq!(a, b);
+}
+
+#[test]
+fn compressed_gradients_train_near_the_uncompressed_run_and_repeat_bit_for_bit() {
+    let (plain, plain_history) =
+        train(MirroredStrategy::new(2).unwrap(), 64, 1, Vec::new()).unwrap();
+    for compression in [Compression::Bf16, Compression::Fp16] {
+        let options = CommunicationOptions {
+            compression,
+            ..CommunicationOptions::default()
+        };
+        let run = || {
+            let strategy = MirroredStrategy::with_options(2, options).unwrap();
+            train(strategy, 64, 1, Vec::new()).unwrap()
+        };
+        let ((once, history), (again, _)) = (run(), run());
+        assert_eq!(once, again, "{compression:?} repeats bit for bit");
+        // Rounded on the wire: near the uncompressed weights, not equal to them.
+        let difference = max_difference(&once, &plain);
+        assert!(
+            difference > 0.0 && difference < 0.05,
+            "{compression:?}: {difference}"
+        );
+        // The totals travel in f32: the examples are counted exactly, so the losses differ
+        // only as the weights do.
+        let (loss, plain_loss) = (
+            history.get("loss").unwrap(),
+            plain_history.get("loss").unwrap(),
+        );
+        assert!(
+            (loss[0] - plain_loss[0]).abs() < 0.05,
+            "{loss:?} vs {plain_loss:?}"
+        );
+    }
 }
 
 #[test]

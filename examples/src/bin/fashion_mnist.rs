@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use clap::Parser;
-use lockstep_collective::CommunicationOptions;
+use lockstep_collective::{CommunicationOptions, Compression};
 use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_examples::{ClusterArgs, ClusterTrainingArgs};
@@ -57,6 +57,20 @@ struct Args {
     /// `CosineDecay`, stepped every batch) instead of keeping it constant.
     #[arg(long)]
     cosine_decay: bool,
+    /// The type gradients travel in between workers: `none` (f32), `bf16` or `fp16`.
+    #[arg(long, default_value = "none", value_parser = compression)]
+    compression: Compression,
+}
+
+fn compression(name: &str) -> Result<Compression, String> {
+    match name {
+        "none" => Ok(Compression::None),
+        "bf16" => Ok(Compression::Bf16),
+        "fp16" => Ok(Compression::Fp16),
+        other => Err(format!(
+            "unknown compression {other:?}: use none, bf16 or fp16"
+        )),
+    }
 }
 
 /// The Keras guide's `get_compiled_model()` network, in the functional API.
@@ -128,7 +142,10 @@ fn main() -> anyhow::Result<()> {
     let workers = cluster.world_size().max(1);
     let strategy = MultiWorkerMirroredStrategy::with_transport_options(
         &cluster,
-        CommunicationOptions::default(),
+        CommunicationOptions {
+            compression: args.compression,
+            ..CommunicationOptions::default()
+        },
         1,
         &args.cluster.transport(),
     )?;
