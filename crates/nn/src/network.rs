@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::ops::Range;
 
-use lockstep_tensor::{Device, Gradients, Tensor};
+use lockstep_tensor::{Device, Gradients, Tensor, TensorError};
 use rayon::prelude::*;
 
 use crate::error::{InLayer, NnError};
@@ -606,6 +606,79 @@ impl Network {
             slot.par_chunks_mut(COPY_CHUNK)
                 .zip(values.par_chunks(COPY_CHUNK))
                 .for_each(|(slot, g)| slot.copy_from_slice(g));
+        }
+        Ok(())
+    }
+
+    /// [`Network::gradients`] of `loss`, taken by its backward pass: each variable's slot of
+    /// `out` is written as soon as the pass has finished its gradient, and `ready(out, index)`
+    /// is called once per variable when its slot is final, so that a data-parallel step can
+    /// start reducing the last layers' gradients while the first layers' are still being
+    /// computed. State variables (their observations) come first, then trainable ones in the
+    /// pass's fixed order, then those the loss does not depend on (zeros).
+    ///
+    /// # Errors
+    ///
+    /// As [`Network::gradients`], and when the backward pass fails.
+    pub fn gradients_streamed(
+        &self,
+        forward: &Forward,
+        loss: &Tensor,
+        out: &mut [f32],
+        ready: &mut dyn FnMut(&[f32], usize),
+    ) -> Result<(), NnError> {
+        if out.len() != self.params.len() {
+            return Err(NnError::Length {
+                what: "gradient buffer and parameters",
+                left: out.len(),
+                right: self.params.len(),
+            });
+        }
+        let specs = self.params.specs();
+        let mut done = vec![false; specs.len()];
+        let mut trainable = HashMap::new();
+        for (index, (spec, variable)) in specs.iter().zip(&forward.variables).enumerate() {
+            if spec.is_trainable() {
+                trainable.insert(variable.id(), index);
+            } else {
+                observation(forward, index, &mut out[spec.range()])?;
+                done[index] = true;
+                ready(out, index);
+            }
+        }
+        loss.backward_with(&mut |parameter, gradient| {
+            let Some(&index) = trainable.get(&parameter.id()) else {
+                return Ok(());
+            };
+            let slot = &mut out[specs[index].range()];
+            match gradient.host_data() {
+                Ok(values) if values.len() == slot.len() => slot.copy_from_slice(values),
+                _ => {
+                    let values = gradient.to_vec()?;
+                    if values.len() != slot.len() {
+                        return Err(TensorError::InvalidArgument {
+                            op: "gradients",
+                            why: format!(
+                                "{} holds {} values, its gradient {}",
+                                specs[index].name,
+                                slot.len(),
+                                values.len()
+                            ),
+                        });
+                    }
+                    slot.copy_from_slice(&values);
+                }
+            }
+            done[index] = true;
+            ready(out, index);
+            Ok(())
+        })
+        .in_layer("gradients")?;
+        for (index, spec) in specs.iter().enumerate() {
+            if !done[index] {
+                out[spec.range()].fill(0.0);
+                ready(out, index);
+            }
         }
         Ok(())
     }

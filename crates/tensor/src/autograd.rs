@@ -69,6 +69,21 @@ impl Tensor {
     ///
     /// When the tensor is not a single value, or an operation's backward rule fails.
     pub fn backward(&self) -> Result<Gradients, TensorError> {
+        self.backward_with(&mut |_, _| Ok(()))
+    }
+
+    /// [`Tensor::backward`], calling `complete(parameter, gradient)` as soon as each
+    /// parameter's gradient is final, before the rest of the pass: what a data-parallel step
+    /// needs to start reducing the last layers' gradients while the first layers' are still
+    /// being computed. Parameters come in the pass's fixed order, each once.
+    ///
+    /// # Errors
+    ///
+    /// As [`Tensor::backward`], and the first error `complete` returns, which ends the pass.
+    pub fn backward_with(
+        &self,
+        complete: &mut dyn FnMut(&Tensor, &Tensor) -> Result<(), TensorError>,
+    ) -> Result<Gradients, TensorError> {
         if self.len() != 1 {
             return Err(TensorError::invalid(
                 "backward",
@@ -86,6 +101,9 @@ impl Tensor {
             match &node.inner.grad {
                 Grad::None => {}
                 Grad::Leaf => {
+                    // Every operation that reads a leaf comes after it in the order, so its
+                    // gradient is whole once the reverse walk reaches it.
+                    complete(node, &grad)?;
                     result.by_id.insert(node.id(), grad);
                 }
                 Grad::Node(f) => {
@@ -153,4 +171,31 @@ fn topological_order(root: &Tensor) -> Vec<Tensor> {
         }
     }
     order
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Tensor, ops};
+
+    #[test]
+    fn each_parameter_is_handed_over_once_as_soon_as_its_gradient_is_whole() {
+        // loss = Σ((x · w1) · w2): w2's gradient is whole before w1's is computed.
+        let x = Tensor::from_vec(vec![1.0, 2.0], &[1, 2]).unwrap();
+        let w1 = Tensor::parameter(vec![1.0, 0.5, -1.0, 2.0], &[2, 2]).unwrap();
+        let w2 = Tensor::parameter(vec![3.0, -1.0], &[2, 1]).unwrap();
+        let y = ops::matmul(&ops::matmul(&x, &w1).unwrap(), &w2).unwrap();
+        let loss = ops::sum(&y, &[0, 1], false).unwrap();
+        let mut seen = Vec::new();
+        let grads = loss
+            .backward_with(&mut |parameter, gradient| {
+                seen.push((parameter.id(), gradient.to_vec()?));
+                Ok(())
+            })
+            .unwrap();
+        let ids: Vec<_> = seen.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, [w2.id(), w1.id()]);
+        for (parameter, (_, handed)) in [&w2, &w1].into_iter().zip(&seen) {
+            assert_eq!(&grads.get(parameter).unwrap().to_vec().unwrap(), handed);
+        }
+    }
 }

@@ -48,6 +48,7 @@ mod fit;
 mod history;
 mod kill_switch;
 mod model;
+mod packs;
 mod progress;
 mod replica;
 mod sidecar_evaluator;

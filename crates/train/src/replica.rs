@@ -3,13 +3,14 @@
 
 use std::sync::Arc;
 
-use lockstep_collective::{CollectiveError, Compression, Element, ReduceOp, bf16, f16};
+use lockstep_collective::ReduceOp;
 use lockstep_nn::{ForwardContext, Loss, Network, Optimizer, PredictionMetric};
 use lockstep_tensor::Tensor;
 use lockstep_tensor::ops::AllReduceSum;
 
 use crate::batch::LabeledParts;
 use crate::error::TrainError;
+use crate::packs::{self, Packs, Wire};
 use crate::strategy::ReplicaLink;
 
 /// Statistics of one step (or evaluation batch) summed over every replica in sync: the
@@ -101,6 +102,8 @@ pub(crate) struct Replica {
     /// The kernel threads a process's single replica runs its steps on (made at its first
     /// step; see [`on_replicas`]).
     kernels: Option<Arc<rayon::ThreadPool>>,
+    /// The gradient buffer's packs and how they travel (made at the first step).
+    packs: Option<(Packs, Wire)>,
 }
 
 impl Replica {
@@ -112,6 +115,7 @@ impl Replica {
             optimizer: None,
             buffer: Vec::new(),
             kernels: None,
+            packs: None,
         }
     }
 
@@ -152,7 +156,29 @@ impl Replica {
         self.buffer.resize(n + objective.totals_len(), 0.0);
         let ctx =
             ForwardContext::training(step, self.link.replica_id()).with_replicas(&self.across);
+        let (packs, wire) = self.packs.get_or_insert_with(|| {
+            let options = self.link.options();
+            let packs = Packs::new(self.net.parameters().specs(), options.bytes_per_pack);
+            let wire = Wire {
+                compression: options.compression,
+                replicas: self.link.world_size(),
+            };
+            (packs, wire)
+        });
+        let (packs, wire) = (&*packs, *wire);
         match batch.filter(|parts| !parts.targets.is_empty()) {
+            // Several packs, and no collective inside the pass to keep in order with them: each
+            // pack is reduced while the backward pass goes on.
+            Some(parts) if packs.len() > 1 && !self.net.synchronizes_replicas() => {
+                let forward = self.net.forward(&parts.inputs, ctx)?;
+                let (value, totals) = objective.measure(&forward.output, &parts)?;
+                for (slot, total) in self.buffer[n..].iter_mut().zip(totals) {
+                    *slot = total as f32;
+                }
+                let both = (&mut self.link, &self.net);
+                packs::reduce_during(both, (&forward, &value), &mut self.buffer, n, (packs, wire))?;
+                return self.update(n);
+            }
             Some(parts) => {
                 let forward = self.net.forward(&parts.inputs, ctx)?;
                 let (value, totals) = objective.measure(&forward.output, &parts)?;
@@ -174,7 +200,13 @@ impl Replica {
             }
             None => {}
         }
-        self.reduce_step(n)?;
+        packs::reduce_after(&mut self.link, &mut self.buffer, n, (packs, wire))?;
+        self.update(n)
+    }
+
+    /// The step's update from the reduced buffer (gradients `..n`, then totals): every
+    /// replica divides by the step's examples and applies the same update.
+    fn update(&mut self, n: usize) -> Result<StepTotals, TrainError> {
         let totals = StepTotals::from_values(self.buffer[n..].iter().map(|&v| f64::from(v)));
         if totals.examples > 0.0 {
             let scale = (1.0 / totals.examples) as f32;
@@ -192,33 +224,6 @@ impl Replica {
         Ok(totals)
     }
 
-    /// The step's all-reduce of the gradients (`..n` of the buffer) and the totals after them:
-    /// one collective of `f32`, or with gradient [`Compression`] the gradients in the 16-bit
-    /// type, then the totals in `f32`.
-    fn reduce_step(&mut self, n: usize) -> Result<(), TrainError> {
-        let compression = self.link.options().compression;
-        let (gradients, totals) = self.buffer.split_at_mut(n);
-        match compression {
-            Compression::None => {
-                return Ok(self.link.all_reduce(&mut self.buffer, ReduceOp::Sum)?);
-            }
-            Compression::Bf16 => {
-                reduce_as(&mut self.link, gradients, 1.0, bf16::from_f32, bf16::to_f32)?;
-            }
-            Compression::Fp16 => {
-                let replicas = self.link.world_size() as f32;
-                reduce_as(
-                    &mut self.link,
-                    gradients,
-                    replicas,
-                    f16::from_f32,
-                    f16::to_f32,
-                )?;
-            }
-        }
-        Ok(self.link.all_reduce(totals, ReduceOp::Sum)?)
-    }
-
     /// Loss and metrics of this replica's batch, summed over every replica.
     pub(crate) fn evaluate_batch(
         &mut self,
@@ -233,23 +238,6 @@ impl Replica {
         self.link.all_reduce(&mut totals, ReduceOp::Sum)?;
         Ok(StepTotals::from_values(totals.into_iter()))
     }
-}
-
-/// Sums `values` over every replica as `E`: each replica's values divided by `divisor` and
-/// rounded to `E`, the sum multiplied back.
-fn reduce_as<E: Element>(
-    link: &mut ReplicaLink,
-    values: &mut [f32],
-    divisor: f32,
-    to_wire: fn(f32) -> E,
-    from_wire: fn(E) -> f32,
-) -> Result<(), CollectiveError> {
-    let mut wire: Vec<E> = values.iter().map(|&v| to_wire(v / divisor)).collect();
-    link.all_reduce(&mut wire, ReduceOp::Sum)?;
-    for (v, w) in values.iter_mut().zip(wire) {
-        *v = from_wire(w) * divisor;
-    }
-    Ok(())
 }
 
 /// A batch of no examples for each of `net`'s inputs.

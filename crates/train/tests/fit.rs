@@ -10,7 +10,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{CrashAt, EXAMPLES, digits, loss, mlp, workers};
+use common::{CrashAt, EXAMPLES, digits, loss, mlp, workers, workers_with};
 use lockstep_cluster::{Cluster, TfConfig};
 use lockstep_collective::{CommunicationOptions, Compression, Implementation};
 use lockstep_data::{AutoShardPolicy, Dataset, DatasetOptions};
@@ -134,6 +134,38 @@ fn compressed_gradients_train_near_the_uncompressed_run_and_repeat_bit_for_bit()
             "{loss:?} vs {plain_loss:?}"
         );
     }
+}
+
+/// Packs of 4 KiB: the MLP's gradients go as two collectives (its last layer's, started
+/// while the backward pass goes on with the first layer, then the first layer's).
+fn small_packs() -> CommunicationOptions {
+    CommunicationOptions {
+        bytes_per_pack: 4 * 1024,
+        ..CommunicationOptions::default()
+    }
+}
+
+#[test]
+fn gradients_reduced_in_packs_during_the_backward_pass_train_to_the_same_bits() {
+    // Two workers over TCP (a sum of two values does not depend on its order) and three
+    // replicas in shared memory (which sum each value in rank order): the packs change only
+    // when each value is reduced, not what it is reduced to.
+    let packed = workers_with(2, 1, small_packs(), |strategy| {
+        train(strategy, 64, 1, Vec::new()).unwrap()
+    });
+    let whole = workers(2, 1, |strategy| train(strategy, 64, 1, Vec::new()).unwrap());
+    assert_eq!(packed[0].0, packed[1].0);
+    assert_eq!(packed[0].0, whole[0].0, "over TCP");
+    assert_eq!(packed[0].1.history, whole[0].1.history);
+    let mirrored = |options| {
+        let strategy = MirroredStrategy::with_options(3, options).unwrap();
+        train(strategy, 60, 1, Vec::new()).unwrap().0
+    };
+    assert_eq!(
+        mirrored(small_packs()),
+        mirrored(CommunicationOptions::default()),
+        "in shared memory"
+    );
 }
 
 #[test]

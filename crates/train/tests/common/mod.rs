@@ -104,6 +104,17 @@ pub(crate) fn workers<R: Send + 'static>(
     replicas: usize,
     body: fn(MultiWorkerMirroredStrategy) -> R,
 ) -> Vec<R> {
+    workers_with(n, replicas, CommunicationOptions::default(), body)
+}
+
+/// [`workers`] whose collectives run with `communication`.
+#[allow(dead_code, reason = "not every test binary uses every helper")]
+pub(crate) fn workers_with<R: Send + 'static>(
+    n: usize,
+    replicas: usize,
+    communication: CommunicationOptions,
+    body: fn(MultiWorkerMirroredStrategy) -> R,
+) -> Vec<R> {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let identity = (u64::from(std::process::id()) << 32) | NEXT.fetch_add(1, Ordering::Relaxed);
     let listeners: Vec<TcpListener> = (0..n)
@@ -133,7 +144,7 @@ pub(crate) fn workers<R: Send + 'static>(
                 let strategy = MultiWorkerMirroredStrategy::from_transport(
                     &cluster,
                     transport,
-                    CommunicationOptions::default(),
+                    communication,
                     replicas,
                 )
                 .unwrap();

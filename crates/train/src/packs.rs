@@ -1,0 +1,227 @@
+//! A step's gradients in packs (`CommunicationOptions::bytes_per_pack`, as TensorFlow's): runs
+//! of whole variables, the last layers' first, each reduced by its own collective as soon as
+//! the backward pass has finished every variable in it, on a thread of its own while the pass
+//! goes on with the earlier layers (PyTorch DDP's buckets). The same collectives on the same
+//! values in the same order whether they overlap the pass or follow it, so the two give the
+//! same bits. One pack (the default for a model of up to `bytes_per_pack` of gradients) is one
+//! all-reduce of the whole buffer, gradients and totals, as a step had before packs.
+
+use std::ops::Range;
+use std::sync::mpsc;
+
+use lockstep_collective::{CollectiveError, Compression, Element, ReduceOp, bf16, f16};
+use lockstep_nn::{Forward, Network, ParamSpec};
+use lockstep_tensor::Tensor;
+
+use crate::error::TrainError;
+use crate::strategy::ReplicaLink;
+
+/// The packs of a model's gradient buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Packs {
+    /// Ranges of the gradient buffer, in the order they are reduced.
+    ranges: Vec<Range<usize>>,
+    /// The pack of each variable.
+    pack_of: Vec<usize>,
+    /// The number of variables in each pack.
+    variables: Vec<usize>,
+}
+
+impl Packs {
+    /// Packs of whole variables of at least `bytes_per_pack` bytes each (the last one reduced,
+    /// holding the first layers, may be smaller), from the last variable to the first; one pack
+    /// when `bytes_per_pack` is 0.
+    pub(crate) fn new(specs: &[ParamSpec], bytes_per_pack: usize) -> Self {
+        let mut packs = Self {
+            ranges: Vec::new(),
+            pack_of: vec![0; specs.len()],
+            variables: Vec::new(),
+        };
+        let mut end = specs.last().map_or(0, |s| s.range().end);
+        let mut count = 0;
+        for (index, spec) in specs.iter().enumerate().rev() {
+            packs.pack_of[index] = packs.ranges.len();
+            count += 1;
+            let start = spec.range().start;
+            let full = bytes_per_pack > 0 && (end - start) * 4 >= bytes_per_pack;
+            if full || index == 0 {
+                packs.ranges.push(start..end);
+                packs.variables.push(count);
+                (end, count) = (start, 0);
+            }
+        }
+        packs
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ranges.len()
+    }
+}
+
+/// How one replica sends its packs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wire {
+    pub(crate) compression: Compression,
+    /// The replicas in sync (fp16's values are divided by it before they are rounded).
+    pub(crate) replicas: usize,
+}
+
+/// Sums `buffer` (the gradients, `..n`, then the step's totals) over every replica, pack by
+/// pack in order, after the backward pass.
+pub(crate) fn reduce_after(
+    link: &mut ReplicaLink,
+    buffer: &mut [f32],
+    n: usize,
+    (packs, wire): (&Packs, Wire),
+) -> Result<(), CollectiveError> {
+    for (k, range) in packs.ranges.iter().enumerate() {
+        let end = if with_totals(k, wire) {
+            buffer.len()
+        } else {
+            range.end
+        };
+        reduce_pack(link, &mut buffer[range.start..end], wire)?;
+    }
+    reduce_totals(link, &mut buffer[n..], wire)
+}
+
+/// The backward pass of `loss` writing `forward`'s gradients into `buffer[..n]`, each pack
+/// reduced on a thread of its own as soon as it is complete, the totals (`n..`) with the first
+/// pack or after the last: the collectives of [`reduce_after`], overlapping the pass.
+pub(crate) fn reduce_during(
+    (link, net): (&mut ReplicaLink, &Network),
+    (forward, loss): (&Forward, &Tensor),
+    buffer: &mut [f32],
+    n: usize,
+    (packs, wire): (&Packs, Wire),
+) -> Result<(), TrainError> {
+    let (gradients, totals) = buffer.split_at_mut(n);
+    let reduced = std::thread::scope(|scope| {
+        let (send, packed) = mpsc::channel::<(usize, Vec<f32>)>();
+        let communication = std::thread::Builder::new()
+            .name("lockstep-packs".into())
+            .spawn_scoped(scope, move || {
+                let mut reduced = Vec::new();
+                for (k, mut values) in packed {
+                    reduce_pack(link, &mut values, wire)?;
+                    reduced.push((k, values));
+                }
+                Ok::<_, CollectiveError>((reduced, link))
+            })
+            .map_err(|e| {
+                TrainError::invalid(
+                    "step",
+                    format!("no thread to reduce the gradient packs: {e}"),
+                )
+            })?;
+        let first_totals = totals.to_vec();
+        let mut waiting = packs.variables.clone();
+        let mut next = 0;
+        let pass = net.gradients_streamed(forward, loss, gradients, &mut |out, index| {
+            waiting[packs.pack_of[index]] -= 1;
+            while waiting.get(next) == Some(&0) {
+                let mut values = out[packs.ranges[next].clone()].to_vec();
+                if with_totals(next, wire) {
+                    values.extend_from_slice(&first_totals);
+                }
+                // A send fails only once the thread has stopped on an error, which its join
+                // returns.
+                let _ = send.send((next, values));
+                next += 1;
+            }
+        });
+        drop(send);
+        let joined = communication.join().map_err(|_| {
+            TrainError::invalid("step", "the thread reducing the gradient packs panicked")
+        })?;
+        pass?;
+        Ok::<_, TrainError>(joined?)
+    })?;
+    let (reduced, link) = reduced;
+    for (k, values) in reduced {
+        let range = packs.ranges[k].clone();
+        let (pack, rest) = values.split_at(range.len());
+        gradients[range].copy_from_slice(pack);
+        if with_totals(k, wire) {
+            totals.copy_from_slice(rest);
+        }
+    }
+    Ok(reduce_totals(link, totals, wire)?)
+}
+
+/// Whether pack `k` carries the totals: the first pack, when it goes in `f32`.
+fn with_totals(k: usize, wire: Wire) -> bool {
+    k == 0 && wire.compression == Compression::None
+}
+
+/// The totals' own collective, after the packs, when the packs go in 16 bits.
+fn reduce_totals(
+    link: &mut ReplicaLink,
+    totals: &mut [f32],
+    wire: Wire,
+) -> Result<(), CollectiveError> {
+    if wire.compression == Compression::None {
+        return Ok(());
+    }
+    link.all_reduce(totals, ReduceOp::Sum)
+}
+
+/// Sums one pack over every replica in `wire`'s type.
+fn reduce_pack(
+    link: &mut ReplicaLink,
+    values: &mut [f32],
+    wire: Wire,
+) -> Result<(), CollectiveError> {
+    match wire.compression {
+        Compression::None => link.all_reduce(values, ReduceOp::Sum),
+        Compression::Bf16 => reduce_as(link, values, 1.0, bf16::from_f32, bf16::to_f32),
+        Compression::Fp16 => {
+            let replicas = wire.replicas as f32;
+            reduce_as(link, values, replicas, f16::from_f32, f16::to_f32)
+        }
+    }
+}
+
+/// Sums `values` over every replica as `E`: each replica's values divided by `divisor` and
+/// rounded to `E`, the sum multiplied back.
+fn reduce_as<E: Element>(
+    link: &mut ReplicaLink,
+    values: &mut [f32],
+    divisor: f32,
+    to_wire: fn(f32) -> E,
+    from_wire: fn(E) -> f32,
+) -> Result<(), CollectiveError> {
+    let mut wire: Vec<E> = values.iter().map(|&v| to_wire(v / divisor)).collect();
+    link.all_reduce(&mut wire, ReduceOp::Sum)?;
+    for (v, w) in values.iter_mut().zip(wire) {
+        *v = from_wire(w) * divisor;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockstep_nn::{Dense, Sequential};
+
+    #[test]
+    fn packs_hold_whole_variables_from_the_last_layer_back() {
+        // 4 → 8 → 2: kernel 32, bias 8, kernel 16, bias 2 values.
+        let net = Sequential::new(
+            &[4],
+            vec![Box::new(Dense::new(8)), Box::new(Dense::new(2))],
+            0,
+        )
+        .unwrap();
+        let specs = net.parameters().specs();
+        let whole = vec![Range { start: 0, end: 58 }];
+        assert_eq!(Packs::new(specs, 0).ranges, whole);
+        assert_eq!(Packs::new(specs, 1 << 20).ranges, whole);
+        // 40 bytes: the last bias and kernel (18 values) fill the first pack, then the first
+        // bias (8, short of 10) and kernel.
+        let packs = Packs::new(specs, 40);
+        assert_eq!(packs.ranges, [40..58, 0..40]);
+        assert_eq!(packs.pack_of, [1, 1, 0, 0]);
+        assert_eq!(packs.variables, [2, 2]);
+    }
+}
