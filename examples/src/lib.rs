@@ -5,8 +5,8 @@
 //! Each binary is a thin `main` over the library crates.
 
 pub use lockstep_task::{
-    ClusterArgs, ClusterTrainingArgs, colour_logs, init_logging, private_state_dir,
-    start_kernel_threads,
+    ClusterArgs, ClusterTrainingArgs, CommunicationArgs, colour_logs, init_logging,
+    private_state_dir, start_kernel_threads,
 };
 pub use lockstep_train::StepClock;
 

@@ -128,6 +128,11 @@ impl<T: Transport> Communicator<T> {
         &self.options
     }
 
+    /// Whether the transport's waits may spin ([`Transport::set_spinning`]).
+    pub fn set_spinning(&mut self, spinning: bool) {
+        self.transport.set_spinning(spinning);
+    }
+
     /// Changes the options of later collectives. Every rank must make the same change at the
     /// same point, as with any collective setting.
     pub fn set_options(&mut self, options: CommunicationOptions) {

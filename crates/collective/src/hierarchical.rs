@@ -64,6 +64,15 @@ impl<X: Transport> HierarchicalCommunicator<X> {
         self.processes * self.local.world_size()
     }
 
+    /// Whether this replica's waits, within the process and across processes, may spin
+    /// ([`Transport::set_spinning`]).
+    pub fn set_spinning(&mut self, spinning: bool) {
+        self.local.set_spinning(spinning);
+        if let Some(cross) = &mut self.cross {
+            cross.set_spinning(spinning);
+        }
+    }
+
     /// The options every collective of this replica runs with.
     pub fn options(&self) -> &CommunicationOptions {
         self.local.options()

@@ -4,7 +4,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use lockstep_cluster::{AutoResolver, Cluster, ClusterResolver as _};
-use lockstep_collective::TcpOptions;
+use lockstep_collective::{CommunicationOptions, Compression, TcpOptions};
 
 use crate::error::TaskError;
 
@@ -35,6 +35,41 @@ impl ClusterTrainingArgs {
     /// Examples per step over `workers` workers.
     pub fn global_batch(&self, workers: usize) -> usize {
         self.global_batch.unwrap_or(self.batch_per_worker * workers)
+    }
+}
+
+/// How a step's gradients travel: the flags of `CommunicationOptions` a training program
+/// offers.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CommunicationArgs {
+    /// Reduce the gradients in packs of this many bytes (whole variables, the last layers'
+    /// first), each as soon as the backward pass has finished it; 0 = one pack.
+    #[arg(long, default_value_t = CommunicationOptions::default().bytes_per_pack, value_name = "BYTES")]
+    pub bytes_per_pack: usize,
+    /// The type gradients travel in: `none` (f32), `bf16` or `fp16`.
+    #[arg(long, default_value = "none", value_parser = compression)]
+    pub compression: Compression,
+}
+
+impl CommunicationArgs {
+    /// The options these flags give, the rest at their defaults.
+    pub fn options(&self) -> CommunicationOptions {
+        CommunicationOptions {
+            bytes_per_pack: self.bytes_per_pack,
+            compression: self.compression,
+            ..CommunicationOptions::default()
+        }
+    }
+}
+
+fn compression(name: &str) -> Result<Compression, String> {
+    match name {
+        "none" => Ok(Compression::None),
+        "bf16" => Ok(Compression::Bf16),
+        "fp16" => Ok(Compression::Fp16),
+        other => Err(format!(
+            "unknown compression {other:?}: use none, bf16 or fp16"
+        )),
     }
 }
 

@@ -33,7 +33,7 @@ mod state_dir;
 mod threads;
 
 pub use error::TaskError;
-pub use flags::{ClusterArgs, ClusterTrainingArgs};
+pub use flags::{ClusterArgs, ClusterTrainingArgs, CommunicationArgs};
 pub use logging::{colour_logs, init_logging};
 pub use state_dir::private_state_dir;
 pub use threads::start_kernel_threads;

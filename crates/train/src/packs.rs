@@ -96,6 +96,9 @@ pub(crate) fn reduce_during(
     (packs, wire): (&Packs, Wire),
 ) -> Result<(), TrainError> {
     let (gradients, totals) = buffer.split_at_mut(n);
+    // The packs' waits leave the core to the backward pass.
+    link.set_spinning(false);
+    let reducer = &mut *link;
     let reduced = std::thread::scope(|scope| {
         let (send, packed) = mpsc::channel::<(usize, Vec<f32>)>();
         let communication = std::thread::Builder::new()
@@ -103,10 +106,10 @@ pub(crate) fn reduce_during(
             .spawn_scoped(scope, move || {
                 let mut reduced = Vec::new();
                 for (k, mut values) in packed {
-                    reduce_pack(link, &mut values, wire)?;
+                    reduce_pack(reducer, &mut values, wire)?;
                     reduced.push((k, values));
                 }
-                Ok::<_, CollectiveError>((reduced, link))
+                Ok::<_, CollectiveError>(reduced)
             })
             .map_err(|e| {
                 TrainError::invalid(
@@ -136,8 +139,9 @@ pub(crate) fn reduce_during(
         })?;
         pass?;
         Ok::<_, TrainError>(joined?)
-    })?;
-    let (reduced, link) = reduced;
+    });
+    link.set_spinning(true);
+    let reduced = reduced?;
     for (k, values) in reduced {
         let range = packs.ranges[k].clone();
         let (pack, rest) = values.split_at(range.len());

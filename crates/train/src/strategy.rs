@@ -147,6 +147,14 @@ impl ReplicaLink {
         }
     }
 
+    /// Whether this replica's collectives may spin while they wait.
+    pub(crate) fn set_spinning(&mut self, spinning: bool) {
+        match &mut *self.lock() {
+            Link::InProcess(c) => c.set_spinning(spinning),
+            Link::Cluster(c) => c.set_spinning(spinning),
+        }
+    }
+
     /// The number of replicas in sync, over every process.
     pub(crate) fn world_size(&self) -> usize {
         match &*self.lock() {

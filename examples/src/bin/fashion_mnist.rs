@@ -25,10 +25,9 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use clap::Parser;
-use lockstep_collective::{CommunicationOptions, Compression};
 use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, scale};
-use lockstep_examples::{ClusterArgs, ClusterTrainingArgs};
+use lockstep_examples::{ClusterArgs, ClusterTrainingArgs, CommunicationArgs};
 use lockstep_nn::{
     Activation, Adam, Dense, Input, LayerCall, LearningRateSchedule, Network, NnError,
     SparseCategoricalCrossentropy, models,
@@ -57,20 +56,8 @@ struct Args {
     /// `CosineDecay`, stepped every batch) instead of keeping it constant.
     #[arg(long)]
     cosine_decay: bool,
-    /// The type gradients travel in between workers: `none` (f32), `bf16` or `fp16`.
-    #[arg(long, default_value = "none", value_parser = compression)]
-    compression: Compression,
-}
-
-fn compression(name: &str) -> Result<Compression, String> {
-    match name {
-        "none" => Ok(Compression::None),
-        "bf16" => Ok(Compression::Bf16),
-        "fp16" => Ok(Compression::Fp16),
-        other => Err(format!(
-            "unknown compression {other:?}: use none, bf16 or fp16"
-        )),
-    }
+    #[command(flatten)]
+    communication: CommunicationArgs,
 }
 
 /// The Keras guide's `get_compiled_model()` network, in the functional API.
@@ -142,10 +129,7 @@ fn main() -> anyhow::Result<()> {
     let workers = cluster.world_size().max(1);
     let strategy = MultiWorkerMirroredStrategy::with_transport_options(
         &cluster,
-        CommunicationOptions {
-            compression: args.compression,
-            ..CommunicationOptions::default()
-        },
+        args.communication.options(),
         1,
         &args.cluster.transport(),
     )?;

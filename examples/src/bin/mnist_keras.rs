@@ -35,10 +35,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Parser;
 use lockstep_cluster::{Cluster, EVALUATOR};
-use lockstep_collective::CommunicationOptions;
 use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, scale};
-use lockstep_examples::{ClusterArgs, ClusterTrainingArgs};
+use lockstep_examples::{ClusterArgs, ClusterTrainingArgs, CommunicationArgs};
 use lockstep_nn::{Adam, Sgd, SparseCategoricalCrossentropy, models};
 use lockstep_train::{
     BackupAndRestore, Model, ModelCheckpoint, MultiWorkerMirroredStrategy, OneDeviceStrategy,
@@ -57,6 +56,8 @@ struct Args {
     training: ClusterTrainingArgs,
     #[command(flatten)]
     cluster: ClusterArgs,
+    #[command(flatten)]
+    communication: CommunicationArgs,
     /// Where the chief keeps the backup that a restarted cluster resumes from (deleted after
     /// a run that completes). By default a directory named after the run's settings (so a run
     /// resumes only a backup of the same settings) in `lockstep-<uid>` under the system's
@@ -239,7 +240,7 @@ fn main() -> anyhow::Result<()> {
     let workers = cluster.world_size().max(1);
     let strategy = MultiWorkerMirroredStrategy::with_transport_options(
         &cluster,
-        CommunicationOptions::default(),
+        args.communication.options(),
         1,
         &args.cluster.transport(),
     )?;

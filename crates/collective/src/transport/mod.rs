@@ -46,6 +46,14 @@ pub trait Transport: Send {
         None
     }
 
+    /// Whether waits may spin before they sleep (the default, where a transport spins at all),
+    /// or must yield the core between checks: `false` while this rank's core has other work
+    /// beside the collective (a step's backward pass beside its gradient packs), which a
+    /// spinning wait would take it from.
+    fn set_spinning(&mut self, spinning: bool) {
+        let _ = spinning;
+    }
+
     /// Sends a message to `peer`: `Ok(true)` once the transport has taken it, `Ok(false)` when
     /// `deadline` passed first (a transport with bounded buffers waits for a slow reader).
     ///
@@ -296,6 +304,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn shared_memory(&self) -> Option<&SharedMemoryTransport> {
         (**self).shared_memory()
+    }
+    fn set_spinning(&mut self, spinning: bool) {
+        (**self).set_spinning(spinning);
     }
     fn send(
         &mut self,

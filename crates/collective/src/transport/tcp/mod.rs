@@ -90,6 +90,8 @@ pub struct TcpTransport {
     addresses: Vec<String>,
     links: Vec<Option<Link>>,
     spin: Duration,
+    /// Whether waits spin now, or yield the core between checks ([`Transport::set_spinning`]).
+    spinning: bool,
     /// More ranks than cores on this host: spinning must yield, or it steals a peer's core.
     oversubscribed: bool,
 }
@@ -286,6 +288,7 @@ impl TcpTransport {
             rank,
             cluster: options.cluster,
             spin: SPIN,
+            spinning: true,
             oversubscribed: oversubscribed(addresses, rank),
             addresses: addresses.to_vec(),
             links,
@@ -335,6 +338,7 @@ impl TcpTransport {
             addresses: vec!["local".into()],
             links: vec![None],
             spin: Duration::ZERO,
+            spinning: true,
             oversubscribed: false,
         }
     }
@@ -439,7 +443,7 @@ impl TcpTransport {
             return None;
         }
         if now.duration_since(*idle_since.get_or_insert(now)) < self.spin {
-            if self.oversubscribed {
+            if self.oversubscribed || !self.spinning {
                 thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -563,6 +567,10 @@ impl Frame {
 impl Transport for TcpTransport {
     fn rank(&self) -> usize {
         self.rank
+    }
+
+    fn set_spinning(&mut self, spinning: bool) {
+        self.spinning = spinning;
     }
 
     fn world_size(&self) -> usize {

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The multi-worker tutorial's CNN trained by 2 workers × 1 thread, each in a network namespace
+# of its own, joined by a veth pair whose both ends a `tbf` qdisc limits to RATE: Lockstep's
+# `mnist_keras` (one pack of gradients after the backward pass, the default for this model's
+# 0.9 MB; packs of 256 KiB reduced during the pass; bf16 on the wire; both) beside PyTorch DDP over
+# gloo (../shared/anchors/training/torch_train.py), interleaved, every run's figure printed.
+# Global batch 128, SGD lr 1e-3, the anchors' MNIST data, EPOCHS epochs.
+#
+# Usage: sudo benches/side_by_side_links.sh   (from the repository root; needs root for the
+# namespaces, `ip` and `tc`)
+# Needs: PY=/path/to/python with torch. RATES (default "unlimited 1gbit 100mbit"), REPS
+# (default 2), EPOCHS (default 3).
+#
+# Figures: examples/s over `fit` (every step, the first included) for both: Lockstep's
+# `examples_per_s`, PyTorch's `fit_examples_per_s`; and beside them the link's limit for this
+# model, the examples/s at which a step's gradient bytes (each worker sends and receives its
+# 0.9 MB once in a ring of two) take the whole link.
+set -euo pipefail
+ANCHORS="${ANCHORS:-../shared/anchors/training}"
+DATA="${DATA:-../shared/data/mnist}"
+PY="${PY:-python3}"
+RATES="${RATES:-unlimited 1gbit 100mbit}"
+REPS="${REPS:-2}"
+EPOCHS="${EPOCHS:-3}"
+NS=(lockstep-link0 lockstep-link1)
+DEV=(lsl-veth0 lsl-veth1)
+ADDR=(10.231.7.1 10.231.7.2)
+
+cleanup() { for ns in "${NS[@]}"; do ip netns del "$ns" 2>/dev/null || true; done; }
+trap cleanup EXIT
+cleanup
+for i in 0 1; do ip netns add "${NS[$i]}"; done
+ip link add "${DEV[0]}" type veth peer name "${DEV[1]}"
+for i in 0 1; do
+  ip link set "${DEV[$i]}" netns "${NS[$i]}"
+  ip -n "${NS[$i]}" addr add "${ADDR[$i]}/24" dev "${DEV[$i]}"
+  ip -n "${NS[$i]}" link set "${DEV[$i]}" up
+  ip -n "${NS[$i]}" link set lo up
+done
+
+cargo build --release --quiet -p lockstep-examples --bin mnist_keras
+
+limit() { # rate → ip netns exec + tc on both ends
+  for i in 0 1; do
+    tc -n "${NS[$i]}" qdisc del dev "${DEV[$i]}" root 2>/dev/null || true
+    if [ "$1" != unlimited ]; then
+      tc -n "${NS[$i]}" qdisc add dev "${DEV[$i]}" root tbf rate "$1" burst 256kb latency 100ms
+    fi
+  done
+}
+
+lockstep() { # tag seed flags...
+  local tag=$1 seed=$2 port=$((7200 + RANDOM % 500))
+  shift 2
+  local cluster="{\"cluster\":{\"worker\":[\"${ADDR[0]}:$port\",\"${ADDR[1]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":IDX}}"
+  ip netns exec "${NS[1]}" env TF_CONFIG="${cluster/IDX/1}" timeout 900 target/release/mnist_keras \
+    --threads 1 --optimizer sgd --learning-rate 0.001 --no-backup --epochs "$EPOCHS" \
+    --seed "$seed" "$@" >/dev/null 2>&1 &
+  ip netns exec "${NS[0]}" env TF_CONFIG="${cluster/IDX/0}" timeout 900 target/release/mnist_keras \
+    --threads 1 --optimizer sgd --learning-rate 0.001 --no-backup --epochs "$EPOCHS" \
+    --seed "$seed" "$@" 2>/dev/null |
+    sed -n 's/^test_accuracy=\([0-9.]*\) .*examples_per_s=\([0-9]*\) .*$/'"$tag"',examples_per_s=\2,test_acc=\1/p'
+  wait
+}
+
+torch() { # tag seed
+  local tag=$1 seed=$2 port=$((29500 + RANDOM % 500)) launched
+  launched=$(date +%s.%N)
+  for i in 1 0; do
+    ip netns exec "${NS[$i]}" env MASTER_ADDR="${ADDR[0]}" MASTER_PORT="$port" RANK="$i" \
+      WORLD_SIZE=2 GLOO_SOCKET_IFNAME="${DEV[$i]}" LAUNCH_T="$launched" \
+      RESULT_JSON="/tmp/lockstep-links-torch.w$i.json" timeout 900 "$PY" "$ANCHORS/torch_train.py" \
+      --data "$DATA" --model cnn --batch 64 --epochs "$EPOCHS" --lr 0.001 --threads 1 \
+      --interop 1 --seed "$seed" >"/tmp/lockstep-links-torch.w$i.out" 2>&1 &
+  done
+  wait
+  "$PY" - "$tag" /tmp/lockstep-links-torch.w0.out <<'PYEOF'
+import json, sys
+lines = [l for l in open(sys.argv[2]) if l.startswith("{")]
+r = json.loads(lines[-1]) if lines else {}
+print(f"{sys.argv[1]},examples_per_s={r.get('fit_examples_per_s', 0):.0f},test_acc={r.get('test_acc', 0):.4f}")
+PYEOF
+}
+
+for rate in $RATES; do
+  limit "$rate"
+  case $rate in
+    unlimited) echo "# link $rate" ;;
+    *) bits=$(numfmt --from=si "$(echo "${rate%bit}" | tr a-z A-Z)")
+       # 225,034 parameters of 4 bytes, sent and received once a step by each of 2 workers.
+       echo "# link $rate: limit $((bits / 8 * 128 / (225034 * 4))) examples/s" ;;
+  esac
+  for rep in $(seq 0 $((REPS - 1))); do
+    torch "torch_ddp.$rate.r$rep" "$rep"
+    lockstep "lockstep.$rate.r$rep" "$rep"
+    lockstep "lockstep_packs_256k.$rate.r$rep" "$rep" --bytes-per-pack 262144
+    lockstep "lockstep_bf16.$rate.r$rep" "$rep" --compression bf16
+    lockstep "lockstep_bf16_packs_256k.$rate.r$rep" "$rep" --compression bf16 --bytes-per-pack 262144
+  done
+done
