@@ -14,11 +14,12 @@ use crate::cluster_plan::{Shape, plan};
 use crate::ports::TaskListeners;
 use crate::supervise::{Outcome, Supervisor};
 
-/// `lockstep_train::KILL_AT_STEP` and `KILL_IN_SAVE`, the variables of the training crate's
-/// fault injection, named here so that the launcher builds without the training crates (a
-/// test checks that they agree).
+/// `lockstep_train::KILL_AT_STEP`, `KILL_IN_SAVE` and `SLOW_STEP_MS`, the variables of the
+/// training crate's fault injection, named here so that the launcher builds without the
+/// training crates (a test checks that they agree).
 const KILL_AT_STEP: &str = "LOCKSTEP_KILL_AT_STEP";
 const KILL_IN_SAVE: &str = "LOCKSTEP_KILL_IN_SAVE";
+const SLOW_STEP_MS: &str = "LOCKSTEP_SLOW_STEP_MS";
 
 /// Options of `lockstep run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -55,6 +56,11 @@ pub(crate) struct RunArgs {
     /// a Lockstep training program for the crash to happen.
     #[arg(long, value_name = "TASK@[save:]STEP", value_parser = parse_kill)]
     kill: Vec<Kill>,
+    /// Make a task sleep MS milliseconds after each of its training steps, on every start
+    /// (`worker:1@50`; repeatable): a straggler on demand, which the chief's straggler report
+    /// then names. The program must be a Lockstep training program.
+    #[arg(long, value_name = "TASK@MS", value_parser = parse_slow)]
+    slow: Vec<Slow>,
     /// The program every task runs and its arguments, after `--` (a path, or a name looked
     /// up in `PATH`).
     #[arg(last = true, required = true, value_name = "PROGRAM [ARGS]")]
@@ -68,6 +74,25 @@ pub(crate) struct Kill {
     task: TaskId,
     step: u64,
     in_save: bool,
+}
+
+/// A straggler to inject: `task` sleeps `ms` milliseconds after each training step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Slow {
+    task: TaskId,
+    ms: u64,
+}
+
+fn parse_slow(text: &str) -> Result<Slow, String> {
+    let (task, ms) = text
+        .rsplit_once('@')
+        .ok_or_else(|| format!("{text:?} is not TASK@MS, such as worker:1@50"))?;
+    Ok(Slow {
+        task: task.parse().map_err(|e| format!("{e}"))?,
+        ms: ms
+            .parse()
+            .map_err(|_| format!("{ms:?} in {text:?} is not a number of milliseconds"))?,
+    })
 }
 
 fn parse_kill(text: &str) -> Result<Kill, String> {
@@ -117,7 +142,11 @@ fn task_commands(
                 .args(program_args)
                 .env("TF_CONFIG", config.to_json())
                 .env_remove(KILL_AT_STEP)
-                .env_remove(KILL_IN_SAVE);
+                .env_remove(KILL_IN_SAVE)
+                .env_remove(SLOW_STEP_MS);
+            if let Some(slow) = args.slow.iter().find(|s| s.task == *task) {
+                command.env(SLOW_STEP_MS, slow.ms.to_string());
+            }
             if let Some(secret) = secret {
                 command.env(SECRET_VARIABLE, secret);
             }
@@ -167,6 +196,13 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
         .find(|k| !planned.iter().any(|(task, _)| *task == k.task))
     {
         bail!("--kill names {}, a task this cluster lacks", kill.task);
+    }
+    if let Some(slow) = args
+        .slow
+        .iter()
+        .find(|s| !planned.iter().any(|(task, _)| *task == s.task))
+    {
+        bail!("--slow names {}, a task this cluster lacks", slow.task);
     }
     let Some(program_and_args) = args.command.split_first() else {
         bail!("no program to run: give it after `--`, as in `lockstep run -- ./trainer`");
@@ -230,6 +266,27 @@ mod tests {
     fn the_kill_variables_are_the_training_crates() {
         assert_eq!(KILL_AT_STEP, lockstep_train::KILL_AT_STEP);
         assert_eq!(KILL_IN_SAVE, lockstep_train::KILL_IN_SAVE);
+        assert_eq!(SLOW_STEP_MS, lockstep_train::SLOW_STEP_MS);
+    }
+
+    #[test]
+    fn a_slow_task_names_a_task_and_milliseconds() {
+        assert_eq!(
+            parse_slow("worker:1@50").unwrap(),
+            Slow {
+                task: TaskId::worker(1),
+                ms: 50,
+            }
+        );
+        for bad in [
+            "worker:1",
+            "worker:1@",
+            "worker:1@-5",
+            "@5",
+            "worker:1@fast",
+        ] {
+            assert!(parse_slow(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

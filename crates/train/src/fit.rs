@@ -192,6 +192,7 @@ where
                     break;
                 }
             }
+            crate::stragglers::report(ctx.model, epoch)?;
             let mut logs = Logs::from_totals(&ctx.position.totals(), &compiled.metrics, "");
             if let Some(validation) = validation {
                 logs.extend_prefixed(ctx.model.evaluate(validation)?, "val_");

@@ -1,4 +1,5 @@
-//! Fault injection for demonstrations and tests: a process that kills itself at a step.
+//! Fault injection for demonstrations and tests: a process that kills itself at a step, or
+//! that is slow at every step.
 
 use crate::error::TrainError;
 
@@ -14,6 +15,11 @@ pub const KILL_AT_STEP: &str = "LOCKSTEP_KILL_AT_STEP";
 /// `cargo xtask run-cluster --kill TASK@save:STEP` sets it for one task's first start.
 pub const KILL_IN_SAVE: &str = "LOCKSTEP_KILL_IN_SAVE";
 
+/// The environment variable that makes a training process sleep this many milliseconds after
+/// each of its training steps: a straggler on demand, which the others then wait for in the
+/// next step's collectives. `cargo xtask run-cluster --slow TASK@MS` sets it for one task.
+pub const SLOW_STEP_MS: &str = "LOCKSTEP_SLOW_STEP_MS";
+
 /// `LOCKSTEP_KILL_AT_STEP=N` makes the process SIGKILL itself once its training step N (the
 /// optimizer's `iterations`, the Estimator's global step) has ended, callbacks and saves of
 /// that step included; `LOCKSTEP_KILL_IN_SAVE=N` while it writes step N's backup or checkpoint: a crash with
@@ -22,6 +28,7 @@ pub const KILL_IN_SAVE: &str = "LOCKSTEP_KILL_IN_SAVE";
 pub(crate) struct KillSwitch {
     after_step: Option<u64>,
     in_save: Option<u64>,
+    slow_step: Option<u64>,
 }
 
 impl KillSwitch {
@@ -30,11 +37,16 @@ impl KillSwitch {
         Ok(Self {
             after_step: step_var(KILL_AT_STEP)?,
             in_save: step_var(KILL_IN_SAVE)?,
+            slow_step: step_var(SLOW_STEP_MS)?,
         })
     }
 
-    /// Kills the process with SIGKILL if `step` is the armed one.
+    /// Kills the process with SIGKILL if `step` is the armed one; sleeps when every step is
+    /// to be slow.
     pub(crate) fn after_step(self, step: u64) {
+        if let Some(ms) = self.slow_step {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
         if self.after_step == Some(step) {
             kill(KILL_AT_STEP, step);
         }

@@ -54,6 +54,7 @@ mod replica;
 mod sidecar_evaluator;
 mod state;
 mod step_clock;
+mod stragglers;
 mod strategy;
 mod tensorboard;
 
@@ -70,7 +71,7 @@ pub use estimator::{
 };
 pub use fit::Fit;
 pub use history::{History, Logs};
-pub use kill_switch::{KILL_AT_STEP, KILL_IN_SAVE};
+pub use kill_switch::{KILL_AT_STEP, KILL_IN_SAVE, SLOW_STEP_MS};
 pub use model::Model;
 pub use sidecar_evaluator::{Evaluation, SidecarEvaluator};
 pub use step_clock::StepClock;

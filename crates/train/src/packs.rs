@@ -8,6 +8,7 @@
 
 use std::ops::Range;
 use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use lockstep_collective::{CollectiveError, Compression, Element, ReduceOp, bf16, f16};
 use lockstep_nn::{Forward, Network, ParamSpec};
@@ -87,14 +88,15 @@ pub(crate) fn reduce_after(
 
 /// The backward pass of `loss` writing `forward`'s gradients into `buffer[..n]`, each pack
 /// reduced on a thread of its own as soon as it is complete, the totals (`n..`) with the first
-/// pack or after the last: the collectives of [`reduce_after`], overlapping the pass.
+/// pack or after the last: the collectives of [`reduce_after`], overlapping the pass. Returns
+/// how long the step waited for them once the pass had ended.
 pub(crate) fn reduce_during(
     (link, net): (&mut ReplicaLink, &Network),
     (forward, loss): (&Forward, &Tensor),
     buffer: &mut [f32],
     n: usize,
     (packs, wire): (&Packs, Wire),
-) -> Result<(), TrainError> {
+) -> Result<Duration, TrainError> {
     let (gradients, totals) = buffer.split_at_mut(n);
     // The packs' waits leave the core to the backward pass.
     link.set_spinning(false);
@@ -133,15 +135,16 @@ pub(crate) fn reduce_during(
                 next += 1;
             }
         });
+        let waiting_since = Instant::now();
         drop(send);
         let joined = communication.join().map_err(|_| {
             TrainError::invalid("step", "the thread reducing the gradient packs panicked")
         })?;
         pass?;
-        Ok::<_, TrainError>(joined?)
+        Ok::<_, TrainError>((joined?, waiting_since))
     });
     link.set_spinning(true);
-    let reduced = reduced?;
+    let (reduced, waiting_since) = reduced?;
     for (k, values) in reduced {
         let range = packs.ranges[k].clone();
         let (pack, rest) = values.split_at(range.len());
@@ -150,7 +153,8 @@ pub(crate) fn reduce_during(
             totals.copy_from_slice(rest);
         }
     }
-    Ok(reduce_totals(link, totals, wire)?)
+    reduce_totals(link, totals, wire)?;
+    Ok(waiting_since.elapsed())
 }
 
 /// Whether pack `k` carries the totals: the first pack, when it goes in `f32`.

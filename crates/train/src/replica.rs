@@ -2,6 +2,7 @@
 //! does in a step. Replicas of one process run on threads of their own for each step.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use lockstep_collective::ReduceOp;
 use lockstep_nn::{ForwardContext, Loss, Network, Optimizer, PredictionMetric};
@@ -11,6 +12,7 @@ use lockstep_tensor::ops::AllReduceSum;
 use crate::batch::LabeledParts;
 use crate::error::TrainError;
 use crate::packs::{self, Packs, Wire};
+use crate::stragglers::Waits;
 use crate::strategy::ReplicaLink;
 
 /// Statistics of one step (or evaluation batch) summed over every replica in sync: the
@@ -104,6 +106,8 @@ pub(crate) struct Replica {
     kernels: Option<Arc<rayon::ThreadPool>>,
     /// The gradient buffer's packs and how they travel (made at the first step).
     packs: Option<(Packs, Wire)>,
+    /// The steps' time and the part blocked in their collectives, since the last report.
+    pub(crate) waits: Waits,
 }
 
 impl Replica {
@@ -116,6 +120,7 @@ impl Replica {
             buffer: Vec::new(),
             kernels: None,
             packs: None,
+            waits: Waits::default(),
         }
     }
 
@@ -151,6 +156,7 @@ impl Replica {
         objective: Objective<'_>,
         step: u64,
     ) -> Result<StepTotals, TrainError> {
+        let started = Instant::now();
         let n = self.net.parameters().len();
         self.buffer.clear();
         self.buffer.resize(n + objective.totals_len(), 0.0);
@@ -176,8 +182,16 @@ impl Replica {
                     *slot = total as f32;
                 }
                 let both = (&mut self.link, &self.net);
-                packs::reduce_during(both, (&forward, &value), &mut self.buffer, n, (packs, wire))?;
-                return self.update(n);
+                let blocked = packs::reduce_during(
+                    both,
+                    (&forward, &value),
+                    &mut self.buffer,
+                    n,
+                    (packs, wire),
+                )?;
+                let totals = self.update(n)?;
+                self.waits.add_step(started.elapsed(), blocked);
+                return Ok(totals);
             }
             Some(parts) => {
                 let forward = self.net.forward(&parts.inputs, ctx)?;
@@ -200,8 +214,12 @@ impl Replica {
             }
             None => {}
         }
+        let reducing = Instant::now();
         packs::reduce_after(&mut self.link, &mut self.buffer, n, (packs, wire))?;
-        self.update(n)
+        let blocked = reducing.elapsed();
+        let totals = self.update(n)?;
+        self.waits.add_step(started.elapsed(), blocked);
+        Ok(totals)
     }
 
     /// The step's update from the reduced buffer (gradients `..n`, then totals): every
