@@ -555,6 +555,18 @@ impl Network {
             .collect()
     }
 
+    /// An error unless `out` is as long as the parameters.
+    fn check_gradient_buffer(&self, out: &[f32]) -> Result<(), NnError> {
+        if out.len() == self.params.len() {
+            return Ok(());
+        }
+        Err(NnError::Length {
+            what: "gradient buffer and parameters",
+            left: out.len(),
+            right: self.params.len(),
+        })
+    }
+
     /// Copies the gradients of a forward pass into `out`, laid out like the parameters (zero
     /// for variables the loss does not depend on). A non-trainable variable's slot gets what
     /// its layer observed times the examples of the batch (zero when it observed nothing): a
@@ -570,13 +582,7 @@ impl Network {
         grads: &Gradients,
         out: &mut [f32],
     ) -> Result<(), NnError> {
-        if out.len() != self.params.len() {
-            return Err(NnError::Length {
-                what: "gradient buffer and parameters",
-                left: out.len(),
-                right: self.params.len(),
-            });
-        }
+        self.check_gradient_buffer(out)?;
         for (index, (spec, variable)) in self
             .params
             .specs()
@@ -627,13 +633,7 @@ impl Network {
         out: &mut [f32],
         ready: &mut dyn FnMut(&[f32], usize),
     ) -> Result<(), NnError> {
-        if out.len() != self.params.len() {
-            return Err(NnError::Length {
-                what: "gradient buffer and parameters",
-                left: out.len(),
-                right: self.params.len(),
-            });
-        }
+        self.check_gradient_buffer(out)?;
         let specs = self.params.specs();
         let mut done = vec![false; specs.len()];
         let mut trainable = HashMap::new();
