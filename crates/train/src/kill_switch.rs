@@ -35,9 +35,9 @@ impl KillSwitch {
     /// Reads the environment once, at the start of training.
     pub(crate) fn from_env() -> Result<Self, TrainError> {
         Ok(Self {
-            after_step: step_var(KILL_AT_STEP)?,
-            in_save: step_var(KILL_IN_SAVE)?,
-            slow_step: step_var(SLOW_STEP_MS)?,
+            after_step: number_var(KILL_AT_STEP, "a step number")?,
+            in_save: number_var(KILL_IN_SAVE, "a step number")?,
+            slow_step: number_var(SLOW_STEP_MS, "a number of milliseconds")?,
         })
     }
 
@@ -66,18 +66,18 @@ fn kill(var: &str, step: u64) {
     let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
 }
 
-/// A step number from `var`, `None` when unset.
-fn step_var(var: &'static str) -> Result<Option<u64>, TrainError> {
+/// A whole number (`what`, for the error) from `var`, `None` when unset.
+fn number_var(var: &'static str, what: &str) -> Result<Option<u64>, TrainError> {
     match std::env::var(var) {
         Err(std::env::VarError::NotPresent) => Ok(None),
         Ok(text) => text
             .trim()
             .parse()
             .map(Some)
-            .map_err(|_| TrainError::invalid(var, format!("{text:?} is not a step number"))),
+            .map_err(|_| TrainError::invalid(var, format!("{text:?} is not {what}"))),
         Err(std::env::VarError::NotUnicode(text)) => Err(TrainError::invalid(
             var,
-            format!("{} is not a step number", text.display()),
+            format!("{} is not {what}", text.display()),
         )),
     }
 }
