@@ -24,6 +24,35 @@ fn cnn(seed: u64) -> Sequential {
     models::mnist_cnn(seed).unwrap()
 }
 
+/// [`cnn`] with biases away from zero, for comparing a GPU's gradients with the CPU's.
+///
+/// With Keras' zero biases, a convolution over a patch of zeros (MNIST's background) is exactly
+/// 0 in a direct or im2col convolution (the GPU's, PyTorch's), where relu's gradient is 0. The
+/// CPU's Winograd convolution (the second layer's) leaves rounding residues of about 1e-9
+/// there instead, and a positive residue passes the gradient: the bias's gradient at the
+/// first step then differs by up to a quarter (seen on an H200; float64 PyTorch agrees with
+/// the GPU). Both are subgradients at relu's kink. With biases of ±0.005 to ±0.035 no output sits on the
+/// kink and the CPU agrees with float64 PyTorch to 1e-8.
+fn cnn_off_the_kink(seed: u64) -> Sequential {
+    let mut model = cnn(seed);
+    let biases: Vec<std::ops::Range<usize>> = model
+        .parameters()
+        .specs()
+        .iter()
+        .filter(|spec| spec.name.ends_with("/bias"))
+        .map(|spec| spec.offset..spec.offset + spec.len())
+        .collect();
+    for range in biases {
+        for (i, b) in model.parameters_mut().values_mut()[range]
+            .iter_mut()
+            .enumerate()
+        {
+            *b = 0.01 * ((i % 7) as f32 - 3.5);
+        }
+    }
+    model
+}
+
 /// A batch as the model's input tensor and labels; `flat` gives `[batch, 784]`.
 fn to_tensor(images: ndarray::Array4<f32>, flat: bool) -> Tensor {
     let shape = images.shape().to_vec();
@@ -156,10 +185,10 @@ fn the_tutorial_cnn_trained_on_a_gpu_reaches_the_cpus_accuracy() {
 
 #[test]
 fn a_step_on_a_gpu_gives_the_cpus_loss_and_gradients() {
-    let Some(gpu) = on_gpu(cnn(3)) else {
+    let Some(gpu) = on_gpu(cnn_off_the_kink(3)) else {
         return;
     };
-    let cpu = cnn(3);
+    let cpu = cnn_off_the_kink(3);
     let (x, labels) = first_batch(64);
     let step = |model: &Sequential| {
         let forward = model.forward(&x, ForwardContext::default()).unwrap();
@@ -467,10 +496,10 @@ fn a_session_on_a_gpu_reads_back_nothing_but_the_loss_it_is_asked_for() {
 
 #[test]
 fn a_session_on_a_gpu_follows_the_cpu_with_sgd_momentum_and_with_adam() {
-    let Some(mut gpu) = on_gpu(cnn(9)) else {
+    let Some(mut gpu) = on_gpu(cnn_off_the_kink(9)) else {
         return;
     };
-    let mut cpu = cnn(9);
+    let mut cpu = cnn_off_the_kink(9);
     let batch = first_batch(64);
     let steps = 4;
     let nesterov = || lockstep_nn::Sgd::with_momentum(0.05, 0.9, true);
