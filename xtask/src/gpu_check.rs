@@ -33,6 +33,11 @@ const GPU_TESTS: &[GpuTests] = &[
         filters: &[],
     },
     GpuTests {
+        package: "lockstep-cuda",
+        target: "nccl",
+        filters: &[],
+    },
+    GpuTests {
         package: "lockstep-tensor",
         target: "gpu",
         filters: &[],
@@ -47,6 +52,12 @@ const GPU_TESTS: &[GpuTests] = &[
 /// PyTorch's figures for the same benchmark, copied beside `gpu_bench`.
 const TORCH_REFERENCE: &str = "benches/torch_gpu_reference.py";
 
+/// The package of the NCCL benchmark.
+const NCCL_BENCH_PACKAGE: &str = "lockstep-cuda";
+
+/// PyTorch's NCCL figures, copied beside `nccl_bench`.
+const TORCH_NCCL_REFERENCE: &str = "benches/torch_nccl_reference.py";
+
 /// The runner written beside the executables. `run.sh [LOG_DIR]`:
 /// 1. finds NVIDIA's libraries (asking `python3` where pip's `nvidia` package is, when
 ///    `LOCKSTEP_CUDA_LIBRARY_PATH` is unset) and prints the environment: `nvidia-smi`, the
@@ -54,8 +65,8 @@ const TORCH_REFERENCE: &str = "benches/torch_gpu_reference.py";
 /// 2. runs each test executable on its GPU tests, under its own `timeout`, its log in
 ///    `LOG_DIR` (default `logs` beside the script) as it goes, so a hang or a crash loses
 ///    nothing; `LOCKSTEP_REQUIRE_GPU=1` (the default here) turns every skip into a failure;
-/// 3. runs `gpu_bench` and the PyTorch reference interleaved, `LOCKSTEP_BENCH_REPEATS` times
-///    each (default 3);
+/// 3. runs `gpu_bench` and the PyTorch reference interleaved, then `nccl_bench` and PyTorch's
+///    NCCL reference, `LOCKSTEP_BENCH_REPEATS` times each (default 3);
 /// 4. ends with one summary line per executable, the number of GPU tests that ran, and every
 ///    benchmark table. It exits non-zero when a test failed, timed out or did not run.
 const RUNNER: &str = r#"#!/usr/bin/env bash
@@ -130,12 +141,21 @@ for ((r = 1; r <= repeats; r++)); do
     echo "== benchmark, repetition $r of $repeats"
     timeout --kill-after=10 "$timeout_s" ./gpu_bench >"$logs/gpu_bench.$r.log" 2>&1 || status=1
     cat "$logs/gpu_bench.$r.log"
-    if command -v python3 >/dev/null && python3 -c 'import torch' 2>/dev/null; then
+    torch=0
+    if command -v python3 >/dev/null && python3 -c 'import torch' 2>/dev/null; then torch=1; fi
+    if [ "$torch" = 1 ]; then
         timeout --kill-after=10 "$timeout_s" python3 torch_gpu_reference.py \
             >"$logs/torch.$r.log" 2>&1 || status=1
         cat "$logs/torch.$r.log"
     else
         echo "PyTorch reference skipped: no python3 with torch"
+    fi
+    timeout --kill-after=10 "$timeout_s" ./nccl_bench >"$logs/nccl_bench.$r.log" 2>&1 || status=1
+    cat "$logs/nccl_bench.$r.log"
+    if [ "$torch" = 1 ]; then
+        PYTHONUNBUFFERED=1 timeout --kill-after=10 "$timeout_s" python3 torch_nccl_reference.py \
+            >"$logs/torch_nccl.$r.log" 2>&1 || status=1
+        cat "$logs/torch_nccl.$r.log"
     fi
 done
 
@@ -148,7 +168,8 @@ else
 fi
 for ((r = 1; r <= repeats; r++)); do
     echo "-- benchmark, repetition $r"
-    grep -h -E '^(\||device)' "$logs/gpu_bench.$r.log" "$logs/torch.$r.log" 2>/dev/null
+    grep -h -E '^(\||device)' "$logs/gpu_bench.$r.log" "$logs/torch.$r.log" \
+        "$logs/nccl_bench.$r.log" "$logs/torch_nccl.$r.log" 2>/dev/null
 done
 exit $status
 "#;
@@ -205,11 +226,29 @@ pub(crate) fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
     let reference = out.join("torch_gpu_reference.py");
     std::fs::copy(root.join(TORCH_REFERENCE), &reference)
         .with_context(|| format!("copying {TORCH_REFERENCE}"))?;
+    let nccl_bench = cargo_executables(&[
+        "build",
+        "--release",
+        "--package",
+        NCCL_BENCH_PACKAGE,
+        "--example",
+        "nccl_bench",
+    ])?;
+    let nccl_bench = nccl_bench
+        .iter()
+        .find(|artifact| artifact.name == "nccl_bench")
+        .context("cargo built no nccl_bench executable")?;
+    copy_executable(&nccl_bench.path, &out.join("nccl_bench"))?;
+    std::fs::copy(
+        root.join(TORCH_NCCL_REFERENCE),
+        out.join("torch_nccl_reference.py"),
+    )
+    .with_context(|| format!("copying {TORCH_NCCL_REFERENCE}"))?;
     let runner = out.join("run.sh");
     std::fs::write(&runner, RUNNER).with_context(|| format!("writing {}", runner.display()))?;
     make_executable(&runner)?;
     println!(
-        "wrote {} ({} test executables, gpu_bench, {} MiB); on the GPU machine run {}/run.sh [LOG_DIR]",
+        "wrote {} ({} test executables, gpu_bench, nccl_bench, {} MiB); on the GPU machine run {}/run.sh [LOG_DIR]",
         out.display(),
         GPU_TESTS.len(),
         folder_size(&out)? >> 20,

@@ -113,6 +113,16 @@ impl CudaDevice {
         &self.shared.stream
     }
 
+    /// Makes this device's context the calling thread's current one, as NCCL expects of the
+    /// device a rank runs on.
+    pub(crate) fn bind_to_thread(&self) -> Result<(), CudaError> {
+        self.shared
+            .stream
+            .context()
+            .bind_to_thread()
+            .map_err(CudaError::driver("making the device current"))
+    }
+
     /// The training kernels, compiled by NVRTC on first use; a failure is kept and returned
     /// again as the same error (a missing NVRTC stays [`CudaError::MissingLibrary`]).
     pub(crate) fn kernels(&self) -> Result<&Kernels, CudaError> {

@@ -65,6 +65,45 @@ pub enum CudaError {
         #[source]
         source: cudarc::cublas::result::CublasError,
     },
+    /// An NCCL call failed (the communicator was aborted if it had been made).
+    #[error("NCCL: {what}: {message}{}", code.map(|c| format!(" (code {c})")).unwrap_or_default())]
+    Nccl {
+        /// What was being done.
+        what: &'static str,
+        /// NCCL's result code, when the call returned one.
+        code: Option<i32>,
+        /// NCCL's description of the code and its last error message.
+        message: String,
+    },
+    /// A collective did not finish within its timeout: some rank did not take part. The
+    /// communicator was aborted and refuses every later call.
+    #[error(
+        "NCCL {op} on rank {rank} of {world_size} did not finish within {waited:?}: a rank did \
+         not take part (NCCL cannot tell which); the communicator was aborted"
+    )]
+    CollectiveTimeout {
+        /// The collective, or `joining the group`.
+        op: &'static str,
+        /// This rank.
+        rank: usize,
+        /// The ranks in the group.
+        world_size: usize,
+        /// How long this rank waited.
+        waited: std::time::Duration,
+    },
+    /// A peer of an NCCL group is gone, as the side channel beside it tells: its process died
+    /// or closed its connection. The communicator was aborted.
+    #[error("NCCL {op} on rank {rank}: rank {peer} is gone ({why}); the communicator was aborted")]
+    PeerLost {
+        /// The collective that was waiting.
+        op: &'static str,
+        /// This rank.
+        rank: usize,
+        /// The rank that is gone.
+        peer: usize,
+        /// What the side channel saw.
+        why: String,
+    },
     /// Buffers of the wrong length, or from another device, were passed to an operation.
     #[error("{op}: {reason}")]
     Invalid {

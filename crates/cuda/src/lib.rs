@@ -22,6 +22,8 @@
 //! - [`ops`]: element-wise, bias, relu, reductions, softmax cross-entropy, im2col/col2im, max
 //!   pooling, dropout and the SGD/Adam updates as NVRTC kernels; GEMM by cuBLAS. Each call
 //!   queues work on the device's stream and returns; nothing waits but reading back.
+//! - [`nccl`]: all-reduce and broadcast of GPU buffers among GPUs (of one process or many)
+//!   through NCCL, with a deadline on every wait and a communicator aborted when it passes.
 //! - Libraries are loaded at run time: the crate builds and its tests run on machines with no
 //!   CUDA (they skip, printing why). NVIDIA's libraries are found on the loader's path, in
 //!   `LOCKSTEP_CUDA_LIBRARY_PATH`, or where pip's `nvidia-*` wheels put them
@@ -32,7 +34,7 @@
 //! [`CudaDevice::open`] and [`device_count`] are [`CudaError::NotBuilt`], and no
 //! [`CudaBuffer`] can exist. [`BUILT_WITH_CUDA`] says which build this is.
 //!
-//! Dependencies: `cudarc` (the `cuda` feature) for the driver, NVRTC and cuBLAS APIs with dynamic loading (`cust`
+//! Dependencies: `cudarc` (the `cuda` feature) for the driver, NVRTC and cuBLAS APIs with dynamic loading and NCCL's types (`cust`
 //! needs a CUDA toolkit to build and is unmaintained); `libloading` to open NVIDIA's
 //! libraries by path before cudarc opens them by name; `thiserror` for the error type;
 //! `tracing` for what was opened where.
@@ -47,6 +49,8 @@ mod kernels;
 pub mod libraries;
 #[cfg(feature = "cuda")]
 mod memory_pool;
+#[cfg_attr(not(feature = "cuda"), path = "absent/nccl.rs")]
+pub mod nccl;
 pub mod ops;
 mod transfers;
 

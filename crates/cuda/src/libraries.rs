@@ -38,6 +38,10 @@ pub(crate) const NVRTC: &[&str] = &["libnvrtc.so.13", "libnvrtc-builtins.so.13"]
 /// cuBLAS and cuBLASLt, which cuBLAS calls.
 pub(crate) const CUBLAS: &[&str] = &["libcublasLt.so.13", "libcublas.so.13"];
 
+/// NCCL, the collectives between GPUs (pip's `nvidia-nccl-cu13` wheel ships it under this
+/// name only).
+pub(crate) const NCCL: &[&str] = &["libnccl.so.2"];
+
 /// Libraries opened here, kept open for the life of the process.
 #[cfg(feature = "cuda")]
 static OPENED: Mutex<Vec<(String, Library)>> = Mutex::new(Vec::new());
@@ -208,7 +212,7 @@ pub fn locations() -> Vec<(&'static str, Location)> {
             Location::Missing
         },
     )];
-    for &library in NVRTC.iter().chain(CUBLAS) {
+    for &library in NVRTC.iter().chain(CUBLAS).chain(NCCL) {
         // SAFETY: as in `ensure`: NVIDIA's libraries, which cudarc opens anyway.
         let by_name = unsafe { Library::open(Some(library), RTLD_NOW | RTLD_GLOBAL) }.is_ok();
         let location = if by_name {
@@ -283,6 +287,7 @@ mod tests {
         let names: Vec<&str> = locations.iter().map(|(name, _)| *name).collect();
         assert_eq!(names[0], "libcuda.so.1");
         assert!(names.contains(&"libnvrtc.so.13") && names.contains(&"libcublas.so.13"));
+        assert!(names.contains(&"libnccl.so.2"));
         for (name, location) in locations {
             assert!(!location.to_string().is_empty(), "{name}");
         }

@@ -11,6 +11,7 @@
 
 use std::ops::Range;
 
+use lockstep_cuda::nccl::NcclComm;
 use lockstep_cuda::ops::{self as cuda, AdamStep};
 use lockstep_cuda::{CudaBuffer, CudaDevice, CudaError};
 use lockstep_tensor::{Device, Tensor, TensorError};
@@ -272,6 +273,45 @@ impl TrainingSession<'_> {
                 why: "the session has finished".into(),
             }),
         }
+    }
+
+    /// [`TrainingSession::step`] as one replica of several, one per GPU: after the backward
+    /// pass the gradient buffer is summed over every rank of `comm` on the device (one NCCL
+    /// call on the device's stream, between the backward pass and the update), divided by the
+    /// number of ranks, and every rank applies the same update. Each rank's `loss` is the mean
+    /// over its own batch, so with batches of one size the update is the mean over all of them,
+    /// as PyTorch's `DistributedDataParallel` averages. Nothing is read back.
+    ///
+    /// With one rank the step is [`TrainingSession::step`], bit for bit.
+    ///
+    /// # Errors
+    ///
+    /// As [`TrainingSession::step`]; a session on the CPU (NCCL sums GPU buffers) or on another
+    /// GPU than `comm`'s; the all-reduce's error, a timeout or a lost peer among them (the
+    /// parameters are then left as they were before the step).
+    pub fn step_all_reduced(
+        &mut self,
+        x: &Tensor,
+        ctx: ForwardContext<'_>,
+        loss: impl FnOnce(&Tensor) -> Result<Tensor, NnError>,
+        comm: &mut NcclComm,
+    ) -> Result<Tensor, NnError> {
+        let State::Cuda(resident) = &mut self.state else {
+            return Err(NnError::InvalidConfig {
+                layer: "training session".into(),
+                why: "NCCL all-reduces GPU buffers: this session runs on the CPU or has finished"
+                    .into(),
+            });
+        };
+        let value = resident.gradients(self.model, x, ctx, loss)?;
+        let failed = on_gpu(resident.device, "all-reduce of the gradients");
+        comm.all_reduce_sum(&mut resident.grads).map_err(&failed)?;
+        let ranks = comm.world_size();
+        if ranks > 1 {
+            resident.grads = cuda::scale(&resident.grads, 1.0 / ranks as f32).map_err(&failed)?;
+        }
+        resident.update(self.optimizer.learning_rate())?;
+        Ok(value)
     }
 
     /// Inference with the session's current parameters, where they are (no copy back).

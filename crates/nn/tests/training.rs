@@ -535,7 +535,7 @@ fn a_session_on_a_gpu_follows_the_cpu_with_sgd_momentum_and_with_adam() {
     // Adam moves each value by about its learning rate whatever the gradient's size, so a
     // gradient near zero may move the two apart by up to twice that per step: most values
     // agree closely, every value within that bound.
-    let (mut cpu, mut gpu) = (cnn(9), on_gpu(cnn(9)).unwrap());
+    let (mut cpu, mut gpu) = (cnn_off_the_kink(9), on_gpu(cnn_off_the_kink(9)).unwrap());
     let (mut on_cpu, mut on_gpu_) = (Adam::default(), Adam::default());
     session_steps(&mut cpu, &mut on_cpu, &batch, steps);
     session_steps(&mut gpu, &mut on_gpu_, &batch, steps);
@@ -555,5 +555,105 @@ fn a_session_on_a_gpu_follows_the_cpu_with_sgd_momentum_and_with_adam() {
     );
     for ((name, c), (_, g)) in on_cpu.slots().iter().zip(on_gpu_.slots()) {
         assert_eq!(c.len(), g.len(), "slot {name}");
+    }
+}
+
+/// NCCL's group of every GPU here, or none (printing why) without a GPU with NCCL.
+fn nccl_group() -> Option<Vec<lockstep_cuda::nccl::NcclComm>> {
+    let required = std::env::var_os("LOCKSTEP_REQUIRE_GPU").is_some_and(|v| v == "1");
+    let devices = lockstep_cuda::device_count().and_then(|count| {
+        (0..count)
+            .map(lockstep_cuda::CudaDevice::open)
+            .collect::<Result<Vec<_>, _>>()
+    });
+    match devices.and_then(|d| {
+        lockstep_cuda::nccl::NcclComm::local_group(&d, std::time::Duration::from_mins(1))
+    }) {
+        Ok(comms) => Some(comms),
+        Err(e) if required => panic!("LOCKSTEP_REQUIRE_GPU=1 but no GPU with NCCL: {e}"),
+        Err(e) => {
+            eprintln!("skipped: no GPU with NCCL: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn a_session_all_reduced_by_nccl_over_one_gpu_trains_as_one_without() {
+    let Some(mut comms) = nccl_group() else {
+        return;
+    };
+    let comm = &mut comms[0];
+    let Some(mut plain) = on_gpu(cnn_off_the_kink(5)) else {
+        return;
+    };
+    let mut reduced = on_gpu(cnn_off_the_kink(5)).unwrap();
+    let batch = first_batch(64);
+    let plain_losses = session_steps(&mut plain, &mut Adam::default(), &batch, 3);
+    let mut adam = Adam::default();
+    let mut session = reduced.training(&mut adam).unwrap();
+    let mut reduced_losses = Vec::new();
+    for step in 0..3 {
+        let ctx = ForwardContext::training(step, 0);
+        let before = lockstep_cuda::Transfers::on_this_thread();
+        let loss = session
+            .step_all_reduced(&batch.0, ctx, |logits| LOSS.call(logits, &batch.1), comm)
+            .unwrap();
+        // In: the batch and its labels. Out: nothing, the all-reduce included.
+        let during = lockstep_cuda::Transfers::on_this_thread() - before;
+        assert_eq!(during.to_host, 0);
+        reduced_losses.push(loss.item().unwrap());
+    }
+    session.finish().unwrap();
+    if comm.world_size() == 1 {
+        // A sum over one rank is the rank's own gradient: the same bits.
+        assert_eq!(plain_losses, reduced_losses);
+        assert_eq!(plain.parameters().values(), reduced.parameters().values());
+    }
+}
+
+#[test]
+fn replicas_on_every_gpu_all_reduced_by_nccl_stay_identical() {
+    let Some(mut comms) = nccl_group() else {
+        return;
+    };
+    if comms.len() < 2 {
+        eprintln!("skipped: needs 2 GPUs, this machine has {}", comms.len());
+        return;
+    }
+    let batch = first_batch(64);
+    // Each replica its own half of the batch, as a strategy shards it.
+    let weights: Vec<Vec<f32>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .iter_mut()
+            .map(|comm| {
+                let batch = &batch;
+                scope.spawn(move || {
+                    let ordinal = comm.device().ordinal();
+                    let Ok(mut model) = cnn_off_the_kink(5).to_device(Device::Cuda(ordinal)) else {
+                        panic!("moving the model to GPU {ordinal}");
+                    };
+                    let mut adam = Adam::default();
+                    let mut session = model.training(&mut adam).unwrap();
+                    for step in 0..3 {
+                        let ctx = ForwardContext::training(step, comm.rank());
+                        session
+                            .step_all_reduced(
+                                &batch.0,
+                                ctx,
+                                |logits| LOSS.call(logits, &batch.1),
+                                comm,
+                            )
+                            .unwrap();
+                    }
+                    session.finish().unwrap();
+                    model.parameters().values().to_vec()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for w in &weights {
+        assert_eq!(w, &weights[0], "replicas diverged");
     }
 }
