@@ -188,6 +188,7 @@ fn a_rank_that_never_joins_ends_the_join_with_a_timeout_error() {
     let started = Instant::now();
     let err = NcclComm::join(&devices[0], UniqueId::new().unwrap(), (0, 2), timeout).unwrap_err();
     let waited = started.elapsed();
+    eprintln!("a rank that never joins: {err} after {waited:?} (timeout {timeout:?})");
     assert!(
         matches!(
             err,
@@ -230,6 +231,7 @@ fn a_peer_the_side_channel_sees_gone_ends_the_wait_within_seconds_naming_it() {
         "{err}"
     );
     assert!(err.to_string().contains("rank 1 is gone"), "{err}");
+    eprintln!("a peer gone: {err} after {:?}", started.elapsed());
     assert!(
         started.elapsed() < Duration::from_secs(30),
         "waited {:?}",
