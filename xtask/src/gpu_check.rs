@@ -1,7 +1,7 @@
 //! `cargo xtask gpu-check`: builds, on this machine, what a GPU machine with no Rust toolchain
 //! needs to check the GPU paths: the test executables that exercise them (lockstep-cuda's ops
 //! against the CPU, lockstep-tensor's GPU-vs-CPU tests, lockstep-nn's GPU training and session
-//! tests), lockstep-nn's `gpu_bench` example and PyTorch's reference script, in release and
+//! tests), the benchmarks ([`BENCHES`]) and PyTorch's reference scripts, in release and
 //! stripped, in one folder with a `run.sh` (see [`RUNNER`]).
 
 use std::fmt::Write as _;
@@ -13,8 +13,13 @@ use clap::Args;
 
 use crate::build_example::workspace_root;
 
-/// The package of the GPU benchmark (the CNN's training step needs the models).
-const BENCH_PACKAGE: &str = "lockstep-nn";
+/// The benchmarks, `(package, example)`: the CNN's training step (lockstep-nn, which has the
+/// models), NCCL's all-reduce (lockstep-cuda) and `fit` end to end (lockstep-train).
+const BENCHES: [(&str, &str); 3] = [
+    ("lockstep-nn", "gpu_bench"),
+    ("lockstep-cuda", "nccl_bench"),
+    ("lockstep-train", "gpu_fit_bench"),
+];
 
 /// A test executable that runs GPU paths, and the filters that pick its GPU tests (none: all
 /// of them). The CPU-only tests (NVRTC's compilation, the library search, the CPU training
@@ -47,13 +52,23 @@ const GPU_TESTS: &[GpuTests] = &[
         target: "training",
         filters: &["gpu", "every_device"],
     },
+    GpuTests {
+        package: "lockstep-train",
+        target: "gpu",
+        filters: &[],
+    },
+    GpuTests {
+        package: "lockstep-train",
+        target: LIB,
+        filters: &["a_replica_on_a_gpu"],
+    },
 ];
+
+/// The `target` of a package's unit tests (its library's test executable).
+const LIB: &str = "lib";
 
 /// PyTorch's figures for the same benchmark, copied beside `gpu_bench`.
 const TORCH_REFERENCE: &str = "benches/torch_gpu_reference.py";
-
-/// The package of the NCCL benchmark.
-const NCCL_BENCH_PACKAGE: &str = "lockstep-cuda";
 
 /// PyTorch's NCCL figures, copied beside `nccl_bench`.
 const TORCH_NCCL_REFERENCE: &str = "benches/torch_nccl_reference.py";
@@ -65,8 +80,9 @@ const TORCH_NCCL_REFERENCE: &str = "benches/torch_nccl_reference.py";
 /// 2. runs each test executable on its GPU tests, under its own `timeout`, its log in
 ///    `LOG_DIR` (default `logs` beside the script) as it goes, so a hang or a crash loses
 ///    nothing; `LOCKSTEP_REQUIRE_GPU=1` (the default here) turns every skip into a failure;
-/// 3. runs `gpu_bench` and the PyTorch reference interleaved, then `nccl_bench` and PyTorch's
-///    NCCL reference, `LOCKSTEP_BENCH_REPEATS` times each (default 3);
+/// 3. runs `gpu_bench`, `gpu_fit_bench` and the PyTorch reference interleaved, then
+///    `nccl_bench` and PyTorch's NCCL reference, `LOCKSTEP_BENCH_REPEATS` times each (default
+///    3);
 /// 4. ends with one summary line per executable, the number of GPU tests that ran, and every
 ///    benchmark table. It exits non-zero when a test failed, timed out or did not run.
 const RUNNER: &str = r#"#!/usr/bin/env bash
@@ -141,6 +157,8 @@ for ((r = 1; r <= repeats; r++)); do
     echo "== benchmark, repetition $r of $repeats"
     timeout --kill-after=10 "$timeout_s" ./gpu_bench >"$logs/gpu_bench.$r.log" 2>&1 || status=1
     cat "$logs/gpu_bench.$r.log"
+    timeout --kill-after=10 "$timeout_s" ./gpu_fit_bench >"$logs/gpu_fit_bench.$r.log" 2>&1 || status=1
+    cat "$logs/gpu_fit_bench.$r.log"
     torch=0
     if command -v python3 >/dev/null && python3 -c 'import torch' 2>/dev/null; then torch=1; fi
     if [ "$torch" = 1 ]; then
@@ -168,7 +186,7 @@ else
 fi
 for ((r = 1; r <= repeats; r++)); do
     echo "-- benchmark, repetition $r"
-    grep -h -E '^(\||device)' "$logs/gpu_bench.$r.log" "$logs/torch.$r.log" \
+    grep -h -E '^(\||device)' "$logs/gpu_bench.$r.log" "$logs/gpu_fit_bench.$r.log" "$logs/torch.$r.log" \
         "$logs/nccl_bench.$r.log" "$logs/torch_nccl.$r.log" 2>/dev/null
 done
 exit $status
@@ -191,18 +209,20 @@ pub(crate) fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(out.join("tests"))
         .with_context(|| format!("creating {}", out.display()))?;
     for tests in GPU_TESTS {
-        let built = cargo_executables(&[
-            "test",
-            "--no-run",
-            "--release",
-            "--package",
-            tests.package,
-            "--test",
-            tests.target,
-        ])?;
+        let (which, name) = if tests.target == LIB {
+            (
+                vec!["--lib"],
+                format!("{}_unit", tests.package.replace('-', "_")),
+            )
+        } else {
+            (vec!["--test", tests.target], tests.target.to_owned())
+        };
+        let mut args = vec!["test", "--no-run", "--release", "--package", tests.package];
+        args.extend(which);
+        let built = cargo_executables(&args)?;
         let artifact = built
             .iter()
-            .find(|artifact| artifact.test && artifact.name == tests.target)
+            .find(|artifact| artifact.test && artifact.name == name)
             .with_context(|| {
                 format!("cargo built no test {} of {}", tests.target, tests.package)
             })?;
@@ -210,51 +230,44 @@ pub(crate) fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
     }
     let list = out.join("tests/list");
     std::fs::write(&list, test_list()).with_context(|| format!("writing {}", list.display()))?;
-    let bench = cargo_executables(&[
-        "build",
-        "--release",
-        "--package",
-        BENCH_PACKAGE,
-        "--example",
-        "gpu_bench",
-    ])?;
-    let bench = bench
-        .iter()
-        .find(|artifact| artifact.name == "gpu_bench")
-        .context("cargo built no gpu_bench executable")?;
-    copy_executable(&bench.path, &out.join("gpu_bench"))?;
-    let reference = out.join("torch_gpu_reference.py");
-    std::fs::copy(root.join(TORCH_REFERENCE), &reference)
-        .with_context(|| format!("copying {TORCH_REFERENCE}"))?;
-    let nccl_bench = cargo_executables(&[
-        "build",
-        "--release",
-        "--package",
-        NCCL_BENCH_PACKAGE,
-        "--example",
-        "nccl_bench",
-    ])?;
-    let nccl_bench = nccl_bench
-        .iter()
-        .find(|artifact| artifact.name == "nccl_bench")
-        .context("cargo built no nccl_bench executable")?;
-    copy_executable(&nccl_bench.path, &out.join("nccl_bench"))?;
-    std::fs::copy(
-        root.join(TORCH_NCCL_REFERENCE),
-        out.join("torch_nccl_reference.py"),
-    )
-    .with_context(|| format!("copying {TORCH_NCCL_REFERENCE}"))?;
+    for (package, example) in BENCHES {
+        build_example(package, example, &out)?;
+    }
+    for reference in [TORCH_REFERENCE, TORCH_NCCL_REFERENCE] {
+        let name = Path::new(reference)
+            .file_name()
+            .context("a reference script's path has a file name")?;
+        std::fs::copy(root.join(reference), out.join(name))
+            .with_context(|| format!("copying {reference}"))?;
+    }
     let runner = out.join("run.sh");
     std::fs::write(&runner, RUNNER).with_context(|| format!("writing {}", runner.display()))?;
     make_executable(&runner)?;
     println!(
-        "wrote {} ({} test executables, gpu_bench, nccl_bench, {} MiB); on the GPU machine run {}/run.sh [LOG_DIR]",
+        "wrote {} ({} test executables, gpu_bench, nccl_bench, gpu_fit_bench, {} MiB); on the GPU machine run {}/run.sh [LOG_DIR]",
         out.display(),
         GPU_TESTS.len(),
         folder_size(&out)? >> 20,
         args.out.display()
     );
     Ok(())
+}
+
+/// Builds `example` of `package` in release and copies it, stripped, into `out`.
+fn build_example(package: &str, example: &str, out: &Path) -> anyhow::Result<()> {
+    let built = cargo_executables(&[
+        "build",
+        "--release",
+        "--package",
+        package,
+        "--example",
+        example,
+    ])?;
+    let artifact = built
+        .iter()
+        .find(|artifact| artifact.name == example)
+        .with_context(|| format!("cargo built no {example} executable"))?;
+    copy_executable(&artifact.path, &out.join(example))
 }
 
 impl GpuTests {

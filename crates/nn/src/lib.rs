@@ -55,6 +55,7 @@
 //! errors; `tracing` for the one error that cannot be returned (a session dropped unfinished
 //! whose values cannot be copied back).
 
+mod device_state;
 mod error;
 pub mod functional;
 mod initializers;
@@ -68,6 +69,7 @@ mod optimizers;
 mod params;
 mod session;
 
+pub use device_state::DeviceState;
 pub use error::NnError;
 pub use functional::{Input, LayerCall, ModelConfig, SymbolicTensor};
 pub use initializers::Initializer;

@@ -128,8 +128,69 @@ where
             callbacks,
             verbose,
         } = self;
-        let mut callbacks = CallbackList::new(callbacks);
         let compiled = model.compiled.clone().ok_or_else(not_compiled)?;
+        // The host's values are the model's until the first step puts a GPU replica's on its
+        // device; from then until `fit` returns, the device's are newer between syncs.
+        model.leave_devices()?;
+        let setup = Setup {
+            data,
+            validation,
+            epochs,
+            initial_epoch,
+            steps_per_epoch,
+            verbose,
+        };
+        let trained = train(model, setup, CallbackList::new(callbacks), &compiled);
+        if let Err(e) = model.sync_host() {
+            tracing::error!(error = %e, "the weights trained on a GPU could not be copied back");
+            trained?;
+            return Err(e);
+        }
+        trained
+    }
+}
+
+/// What `fit` was set up with, besides the model and the callbacks.
+struct Setup<'m, D, V> {
+    data: &'m D,
+    validation: Option<&'m V>,
+    epochs: u64,
+    initial_epoch: u64,
+    steps_per_epoch: Option<u64>,
+    verbose: bool,
+}
+
+// By hand: a derive would ask `D` and `V` to be `Copy`, where only references to them are held.
+impl<D, V> Clone for Setup<'_, D, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<D, V> Copy for Setup<'_, D, V> {}
+
+/// The training loop of [`Fit::run`].
+fn train<D, V, B, VB>(
+    model: &mut Model,
+    setup: Setup<'_, D, V>,
+    mut callbacks: CallbackList<'_>,
+    compiled: &crate::model::Compiled,
+) -> Result<History, TrainError>
+where
+    D: Dataset<Item = Vec<B>>,
+    B: LabeledBatch,
+    V: Dataset<Item = Vec<VB>>,
+    VB: LabeledBatch,
+{
+    let Setup {
+        data,
+        validation,
+        epochs,
+        initial_epoch,
+        steps_per_epoch,
+        verbose,
+    } = setup;
+    {
         let kill_switch = KillSwitch::from_env()?;
         let mut ctx = starting_context(model, initial_epoch);
         callbacks.each(&mut ctx, |c, ctx| c.on_train_begin(ctx))?;
@@ -192,6 +253,8 @@ where
                     break;
                 }
             }
+            // Validation and the epoch's callbacks see the weights of this epoch's last step.
+            ctx.model.sync_host()?;
             crate::stragglers::report(ctx.model, epoch)?;
             let mut logs = Logs::from_totals(&ctx.position.totals(), &compiled.metrics, "");
             if let Some(validation) = validation {
@@ -248,16 +311,42 @@ fn input_ran_out(epoch: u64, steps: u64) {
 
 #[cfg(test)]
 mod tests {
+    use lockstep_collective::CommunicationOptions;
     use lockstep_data::{Dataset, from_vec};
     use lockstep_nn::{Adam, SparseCategoricalCrossentropy, models};
+    use lockstep_tensor::{Device, Tensor};
     use ndarray::Array1;
 
     use crate::{MirroredStrategy, Model};
 
     #[test]
     fn every_replica_ends_with_bit_identical_weights_and_optimizer_state() {
-        let mut model =
-            Model::new(MirroredStrategy::new(3).unwrap(), || models::mnist_mlp(1)).unwrap();
+        every_replica_ends_bit_identical(MirroredStrategy::new(3).unwrap());
+    }
+
+    #[test]
+    fn a_replica_on_a_gpu_and_one_on_the_cpu_end_with_bit_identical_weights() {
+        let gpu = Device::Cuda(0);
+        if let Err(e) = Tensor::scalar(0.0).to_device(gpu) {
+            assert!(
+                std::env::var_os("LOCKSTEP_REQUIRE_GPU").is_none_or(|v| v != "1"),
+                "LOCKSTEP_REQUIRE_GPU=1 but no GPU: {e}"
+            );
+            eprintln!("skipped: no GPU: {e}");
+            return;
+        }
+        let strategy =
+            MirroredStrategy::with_devices(&[gpu, Device::Cpu], CommunicationOptions::default())
+                .unwrap();
+        let model = every_replica_ends_bit_identical(strategy);
+        assert_eq!(model.replicas[0].net.device(), gpu);
+        assert_eq!(model.replicas[1].net.device(), Device::Cpu);
+    }
+
+    /// Trains the MLP two epochs of two steps under `strategy` and checks every replica's
+    /// variables and optimizer state against the first's.
+    fn every_replica_ends_bit_identical(strategy: MirroredStrategy) -> Model {
+        let mut model = Model::new(strategy, || models::mnist_mlp(1)).unwrap();
         let loss = SparseCategoricalCrossentropy {
             from_logits: true,
             ..Default::default()
@@ -279,5 +368,6 @@ mod tests {
             assert_eq!(a.slots(), b.slots());
             assert_eq!(a.iterations(), 4);
         }
+        model
     }
 }

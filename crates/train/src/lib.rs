@@ -27,7 +27,7 @@
 //! invariants.
 //!
 //! Dependencies: the Lockstep crates below it (cluster, collective, data, nn, tensor,
-//! checkpoint); `ndarray` for the batches the data pipeline yields; `indicatif` for the
+//! checkpoint, and cuda to count the GPUs a strategy places replicas on); `ndarray` for the batches the data pipeline yields; `indicatif` for the
 //! progress bar; `nix` to raise SIGKILL for the `LOCKSTEP_KILL_AT_STEP` fault injection; `serde`/`serde_json` for
 //! the trainer state in checkpoints; `prost` and `crc32c` for `TensorBoard`'s event files (no
 //! maintained crate writes them); `rayon` to run a process's single replica on a kernel pool of
@@ -77,5 +77,6 @@ pub use sidecar_evaluator::{Evaluation, SidecarEvaluator};
 pub use step_clock::StepClock;
 pub use strategy::{
     MirroredStrategy, MultiWorkerMirroredStrategy, OneDeviceStrategy, ReplicaLink, Strategy,
+    visible_devices,
 };
 pub use tensorboard::TensorBoard;

@@ -151,11 +151,19 @@ impl Model {
                 "the build function made different architectures for two replicas",
             ));
         }
+        // Each replica's network on its device: the passes run there, the variables and the
+        // optimizer's state stay in host memory between steps.
         let replicas = links
             .into_iter()
             .zip(nets)
-            .map(|(link, net)| Replica::new(link, net))
-            .collect();
+            .map(|(link, net)| {
+                let net = match link.device() {
+                    lockstep_tensor::Device::Cpu => net,
+                    device => net.to_device(device).map_err(|(_, e)| e)?,
+                };
+                Ok(Replica::new(link, net))
+            })
+            .collect::<Result<Vec<_>, TrainError>>()?;
         let mut model = Self {
             replicas,
             compiled: None,
@@ -239,6 +247,7 @@ impl Model {
         metrics: &[&str],
     ) -> Result<(), TrainError> {
         let metrics = metrics_named(metrics)?;
+        self.leave_devices()?;
         for (replica, optimizer) in self.replicas.iter_mut().zip(optimizers) {
             replica.optimizer = Some(optimizer);
         }
@@ -347,6 +356,18 @@ impl Model {
         Ok(model)
     }
 
+    /// Copies the newer values of replicas training on a GPU (their device state's) into
+    /// their host networks and optimizers: what anything reading the model in the middle of
+    /// `fit` needs first (`fit` does it at each epoch's end and when it returns).
+    pub(crate) fn sync_host(&mut self) -> Result<(), TrainError> {
+        self.replicas.iter_mut().try_for_each(Replica::sync_host)
+    }
+
+    /// [`Model::sync_host`], then makes the host values the only ones: before they change.
+    pub(crate) fn leave_devices(&mut self) -> Result<(), TrainError> {
+        self.replicas.iter_mut().try_for_each(Replica::leave_device)
+    }
+
     /// Replicas across all processes.
     pub fn num_replicas_in_sync(&self) -> usize {
         self.context.num_replicas_in_sync
@@ -445,6 +466,7 @@ impl Model {
         B: LabeledBatch,
     {
         let compiled = self.compiled.clone().ok_or_else(not_compiled)?;
+        self.sync_host()?;
         let mut totals = StepTotals::default();
         let mut batches = data.iter_epoch(0)?;
         let objective = compiled.objective();
@@ -509,6 +531,7 @@ impl Model {
 
     /// Sets every replica's variables of this process to `tensors` (named by variable).
     pub(crate) fn set_weights(&mut self, tensors: Vec<NamedTensor>) -> Result<(), TrainError> {
+        self.leave_devices()?;
         let specs = self.network().parameters().specs().to_vec();
         let mut checkpoint = lockstep_checkpoint::Checkpoint::new(Progress::default());
         checkpoint.files.insert("weights".into(), tensors);
@@ -528,13 +551,15 @@ impl Model {
     }
 
     /// Outputs for a batch of inputs, from this process's first replica (inference needs no
-    /// other replica).
+    /// other replica), in host memory.
     ///
     /// # Errors
     ///
     /// When `x` is not a batch of the model's input shape.
     pub fn predict(&self, x: &Tensor) -> Result<Tensor, TrainError> {
-        Ok(self.network().predict(x)?)
+        // On a GPU replica the outputs come back to host memory, as Keras returns arrays.
+        let output = self.network().predict(x)?;
+        Ok(output.to_device(lockstep_tensor::Device::Cpu)?)
     }
 }
 

@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use lockstep_collective::ReduceOp;
-use lockstep_nn::{ForwardContext, Loss, Network, Optimizer, PredictionMetric};
-use lockstep_tensor::Tensor;
+use lockstep_nn::{
+    DeviceState, ForwardContext, Loss, Network, NnError, Optimizer, PredictionMetric,
+};
 use lockstep_tensor::ops::AllReduceSum;
+use lockstep_tensor::{Device, Tensor};
 
 use crate::batch::LabeledParts;
 use crate::error::TrainError;
@@ -108,6 +110,16 @@ pub(crate) struct Replica {
     packs: Option<(Packs, Wire)>,
     /// The steps' time and the part blocked in their collectives, since the last report.
     pub(crate) waits: Waits,
+    /// A GPU replica's parameters, gradients and optimizer state on its device between the
+    /// steps of `fit` (made at the first step): `None` on the CPU, before the first step, or
+    /// for a model and optimizer the device state cannot hold (those steps upload the
+    /// variables and read the gradients back each time).
+    resident: Option<DeviceState>,
+    /// Whether `resident` holds newer values than `net` and `optimizer` (steps since the last
+    /// [`Replica::sync_host`]).
+    host_stale: bool,
+    /// Whether the device state was tried and refused for this model (said once in the log).
+    resident_refused: bool,
 }
 
 impl Replica {
@@ -121,6 +133,64 @@ impl Replica {
             kernels: None,
             packs: None,
             waits: Waits::default(),
+            resident: None,
+            host_stale: false,
+            resident_refused: false,
+        }
+    }
+
+    /// Copies a GPU replica's newer values (its device state's) into `net` and `optimizer`.
+    pub(crate) fn sync_host(&mut self) -> Result<(), TrainError> {
+        if self.host_stale
+            && let (Some(state), Some(optimizer)) = (&self.resident, &mut self.optimizer)
+        {
+            state.write_back(&mut self.net, &mut **optimizer)?;
+        }
+        self.host_stale = false;
+        Ok(())
+    }
+
+    /// [`Replica::sync_host`], then forgets the device state: `net` and `optimizer` are the
+    /// values from here on (the next step uploads them again).
+    pub(crate) fn leave_device(&mut self) -> Result<(), TrainError> {
+        self.sync_host()?;
+        self.resident = None;
+        self.resident_refused = false;
+        Ok(())
+    }
+
+    /// Whether this step runs on the device state: a GPU replica whose model and optimizer it
+    /// can hold, made here at the first step.
+    fn on_device_state(&mut self, packs: usize) -> bool {
+        if self.resident.is_some() {
+            return true;
+        }
+        if self.net.device() == Device::Cpu || self.resident_refused {
+            return false;
+        }
+        let Some(optimizer) = self.optimizer.as_deref() else {
+            return false;
+        };
+        let made = if packs > 1 || self.net.synchronizes_replicas() {
+            Err(NnError::InvalidConfig {
+                layer: "device state".into(),
+                why: "its gradients travel in several packs, or its layers reduce across \
+                      replicas inside the pass"
+                    .into(),
+            })
+        } else {
+            DeviceState::new(&self.net, optimizer)
+        };
+        match made {
+            Ok(state) => {
+                self.resident = Some(state);
+                true
+            }
+            Err(e) => {
+                tracing::info!(device = %self.net.device(), reason = %e, "this replica's steps upload its variables and read its gradients back each step");
+                self.resident_refused = true;
+                false
+            }
         }
     }
 
@@ -160,8 +230,6 @@ impl Replica {
         let n = self.net.parameters().len();
         self.buffer.clear();
         self.buffer.resize(n + objective.totals_len(), 0.0);
-        let ctx =
-            ForwardContext::training(step, self.link.replica_id()).with_replicas(&self.across);
         let (packs, wire) = self.packs.get_or_insert_with(|| {
             let options = self.link.options();
             let packs = Packs::new(self.net.parameters().specs(), options.bytes_per_pack);
@@ -171,7 +239,13 @@ impl Replica {
             };
             (packs, wire)
         });
-        let (packs, wire) = (&*packs, *wire);
+        let (packs, wire) = (packs.clone(), *wire);
+        let packs = &packs;
+        if self.on_device_state(packs.len()) {
+            return self.train_step_on_device(batch, objective, step, (packs, wire), started);
+        }
+        let ctx =
+            ForwardContext::training(step, self.link.replica_id()).with_replicas(&self.across);
         match batch.filter(|parts| !parts.targets.is_empty()) {
             // Several packs, and no collective inside the pass to keep in order with them: each
             // pack is reduced while the backward pass goes on.
@@ -218,6 +292,75 @@ impl Replica {
         packs::reduce_after(&mut self.link, &mut self.buffer, n, (packs, wire))?;
         let blocked = reducing.elapsed();
         let totals = self.update(n)?;
+        self.waits.add_step(started.elapsed(), blocked);
+        Ok(totals)
+    }
+
+    /// [`Replica::train_step`] on the device state: the passes and the update on the GPU with
+    /// the variables and the optimizer's state already there; the gradients summed by NCCL on
+    /// the device when the strategy gave this replica a communicator (the totals then over the
+    /// CPU link), else read back and summed with the totals over the CPU link as on the CPU.
+    fn train_step_on_device(
+        &mut self,
+        batch: ReplicaBatch,
+        objective: Objective<'_>,
+        step: u64,
+        (packs, wire): (&Packs, Wire),
+        started: Instant,
+    ) -> Result<StepTotals, TrainError> {
+        let n = self.net.parameters().len();
+        let ctx =
+            ForwardContext::training(step, self.link.replica_id()).with_replicas(&self.across);
+        let state = self.resident.as_mut().ok_or_else(not_compiled)?;
+        let mut totals = vec![0.0_f64; objective.totals_len()];
+        match batch.filter(|parts| !parts.targets.is_empty()) {
+            Some(parts) => {
+                let mut measured = None;
+                let inputs = std::slice::from_ref(&parts.inputs);
+                let passes = state.gradients(&self.net, inputs, ctx, |output| {
+                    let result = objective.measure(output, &parts);
+                    let summed = result.as_ref().map(|(summed, _)| summed.clone());
+                    let summed = summed.map_err(|e| NnError::InvalidConfig {
+                        layer: "loss".into(),
+                        why: e.to_string(),
+                    });
+                    measured = Some(result);
+                    summed
+                });
+                match (passes, measured) {
+                    (_, Some(Err(e))) => return Err(e),
+                    (Err(e), _) => return Err(e.into()),
+                    (Ok(_), Some(Ok((_, values)))) => totals = values,
+                    (Ok(_), None) => {}
+                }
+            }
+            None => state.zero_gradients()?,
+        }
+        let reducing = Instant::now();
+        let reduced: Vec<f32> = if let Some(comm) = self.link.nccl_mut() {
+            state.all_reduce_gradients(comm)?;
+            let mut values: Vec<f32> = totals.iter().map(|&v| v as f32).collect();
+            self.link.all_reduce(&mut values, ReduceOp::Sum)?;
+            values
+        } else {
+            self.buffer.clear();
+            self.buffer.resize(n + totals.len(), 0.0);
+            state.download_gradients(&mut self.buffer[..n])?;
+            for (slot, total) in self.buffer[n..].iter_mut().zip(&totals) {
+                *slot = *total as f32;
+            }
+            packs::reduce_after(&mut self.link, &mut self.buffer, n, (packs, wire))?;
+            state.upload_gradients(&self.buffer[..n])?;
+            self.buffer[n..].to_vec()
+        };
+        let blocked = reducing.elapsed();
+        let totals = StepTotals::from_values(reduced.iter().map(|&v| f64::from(v)));
+        if totals.examples > 0.0 {
+            let optimizer = self.optimizer.as_ref().ok_or_else(not_compiled)?;
+            state.scale_gradients((1.0 / totals.examples) as f32)?;
+            state.update(optimizer.learning_rate())?;
+            self.host_stale = true;
+        }
         self.waits.add_step(started.elapsed(), blocked);
         Ok(totals)
     }

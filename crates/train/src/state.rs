@@ -207,6 +207,7 @@ pub(crate) fn restore_into(
     model: &mut Model,
     checkpoint: &Checkpoint,
 ) -> Result<Position, TrainError> {
+    model.leave_devices()?;
     let specs = model.network().parameters().specs().to_vec();
     let weights = checked_weights(model, checkpoint)?;
     let meta = meta_of(checkpoint)?;
@@ -285,9 +286,22 @@ impl TrainingContext<'_> {
         self.model.task()
     }
 
-    /// The model.
+    /// The model. Replicas training on a GPU keep their newest values on it: in the middle of
+    /// an epoch the model's weights and optimizer state are those of the last sync (the last
+    /// epoch's end, or the last [`chief_writes`](Self::chief_writes)) until
+    /// [`sync_model`](Self::sync_model) copies them; on the CPU they are always current.
     pub fn model(&self) -> &Model {
         self.model
+    }
+
+    /// Copies the newest weights and optimizer state of replicas training on a GPU into the
+    /// model that [`model`](Self::model) shows (nothing to do on the CPU).
+    ///
+    /// # Errors
+    ///
+    /// When the copy from the GPU fails.
+    pub fn sync_model(&mut self) -> Result<(), TrainError> {
+        self.model.sync_host()
     }
 
     /// Optimizer steps taken so far.
@@ -374,7 +388,11 @@ impl TrainingContext<'_> {
         what: &str,
         write: impl FnOnce(&Self) -> Result<(), TrainError>,
     ) -> Result<(), TrainError> {
-        let written = if self.is_chief() { write(self) } else { Ok(()) };
+        // Replicas on a GPU hold newer values than the host's between syncs.
+        let written = self
+            .model
+            .sync_host()
+            .and_then(|()| if self.is_chief() { write(self) } else { Ok(()) });
         if let Err(e) = &written {
             tracing::error!("{callback}: writing {what}: {e}");
         }
@@ -392,6 +410,7 @@ impl TrainingContext<'_> {
     /// optimizer state, position and callback states (a backup restored on the chief reaches
     /// all).
     pub(crate) fn sync_from_chief(&mut self) -> Result<(), TrainError> {
+        self.model.leave_devices()?;
         let n = self.model.network().parameters().len();
         let (iterations, slot_names, slots_ready, learning_rate) = {
             let optimizer = self.model.optimizer().ok_or_else(not_compiled)?;

@@ -13,7 +13,9 @@ use lockstep_collective::{
     CollectiveError, CommunicationOptions, Communicator, Element, HierarchicalCommunicator,
     Implementation, LocalTransport, ReduceOp, TcpOptions, TcpTransport,
 };
+use lockstep_cuda::nccl::{self, NcclComm};
 use lockstep_data::InputContext;
+use lockstep_tensor::Device;
 use lockstep_tensor::ops::AllReduceSum;
 
 use crate::error::TrainError;
@@ -64,10 +66,13 @@ impl<S: Strategy + ?Sized> Strategy for Box<S> {
     }
 }
 
-/// One replica's handle on all replicas of all processes.
+/// One replica's handle on all replicas of all processes, and the device it runs on.
 pub struct ReplicaLink {
     link: Arc<Mutex<Link>>,
     rank: usize,
+    device: Device,
+    /// This replica's NCCL communicator, when its gradients are summed on the GPUs.
+    nccl: Option<NcclComm>,
 }
 
 enum Link {
@@ -111,7 +116,24 @@ impl ReplicaLink {
         Self {
             link: Arc::new(Mutex::new(link)),
             rank,
+            device: Device::Cpu,
+            nccl: None,
         }
+    }
+
+    /// The NCCL communicator that sums this replica's gradients on its GPU, if any.
+    pub(crate) fn nccl_mut(&mut self) -> Option<&mut NcclComm> {
+        self.nccl.as_mut()
+    }
+
+    /// Whether this replica's gradients are summed by NCCL.
+    pub fn uses_nccl(&self) -> bool {
+        self.nccl.is_some()
+    }
+
+    /// The device this replica's model runs on.
+    pub fn device(&self) -> Device {
+        self.device
     }
 
     fn lock(&self) -> MutexGuard<'_, Link> {
@@ -204,12 +226,163 @@ fn taken() -> TrainError {
 
 /// `k` replicas in this process, one thread each, whose gradients are all-reduced in place
 /// in shared memory, as `tf.distribute.MirroredStrategy` over `k` devices.
+///
+/// [`MirroredStrategy::new`] places `k` replicas on the CPU; [`MirroredStrategy::all_devices`]
+/// one on each GPU this process sees (the CPU when it sees none), as TensorFlow's
+/// `MirroredStrategy()`; [`MirroredStrategy::with_devices`] on the devices named.
 pub struct MirroredStrategy {
     count: usize,
     replicas: Option<Vec<ReplicaLink>>,
 }
 
+/// Every GPU this process sees (`CUDA_VISIBLE_DEVICES` limits them, as the driver applies
+/// it), or the CPU alone when it sees none; says which in the log, as TensorFlow does.
+pub fn visible_devices() -> Vec<Device> {
+    match lockstep_cuda::device_count() {
+        Ok(count) if count > 0 => {
+            let devices: Vec<Device> = (0..count).map(Device::Cuda).collect();
+            let names: Vec<String> = devices.iter().map(ToString::to_string).collect();
+            tracing::info!(devices = %names.join(", "), "replicas on every visible GPU");
+            devices
+        }
+        Ok(_) => {
+            tracing::info!("no GPU visible: one replica on the CPU");
+            vec![Device::Cpu]
+        }
+        Err(e) => {
+            tracing::info!(reason = %e, "no GPU usable: one replica on the CPU");
+            vec![Device::Cpu]
+        }
+    }
+}
+
+/// Checks that every device in `devices` can be used and none is named twice.
+fn check_devices(strategy: &'static str, devices: &[Device]) -> Result<(), TrainError> {
+    if devices.is_empty() {
+        return Err(TrainError::invalid(strategy, "needs at least one device"));
+    }
+    for (i, device) in devices.iter().enumerate() {
+        if *device != Device::Cpu && devices[..i].contains(device) {
+            return Err(TrainError::invalid(
+                strategy,
+                format!("{device} is named twice: one replica per GPU"),
+            ));
+        }
+        if let Err(e) = lockstep_tensor::Tensor::scalar(0.0).to_device(*device) {
+            return Err(TrainError::invalid(
+                strategy,
+                format!("{device} cannot be used: {e}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Puts replica `i` of `links` on `devices[i]`.
+fn place(mut links: Vec<ReplicaLink>, devices: &[Device]) -> Vec<ReplicaLink> {
+    for (link, device) in links.iter_mut().zip(devices) {
+        link.device = *device;
+    }
+    links
+}
+
+/// The options of the host's collectives (the step's totals, the chief's broadcast), which run
+/// on the CPU's transports whatever sums the gradients: `options` with NCCL's place taken by
+/// `Auto`.
+fn host_options(options: CommunicationOptions) -> CommunicationOptions {
+    CommunicationOptions {
+        implementation: match options.implementation {
+            Implementation::Nccl => Implementation::Auto,
+            other => other,
+        },
+        ..options
+    }
+}
+
+/// Gives each replica of `links` (on `devices`) an NCCL communicator where `options` ask for
+/// NCCL, or leave the choice to Lockstep (`Auto`) and every replica is on a GPU and NCCL can be
+/// loaded, as TensorFlow's `MirroredStrategy` picks `NcclAllReduce` on GPUs.
+fn with_nccl(
+    mut links: Vec<ReplicaLink>,
+    devices: &[Device],
+    options: CommunicationOptions,
+) -> Result<Vec<ReplicaLink>, TrainError> {
+    let ordinals: Option<Vec<usize>> = devices
+        .iter()
+        .map(|d| {
+            if let Device::Cuda(ordinal) = d {
+                Some(*ordinal)
+            } else {
+                None
+            }
+        })
+        .collect();
+    let wanted = match options.implementation {
+        Implementation::Nccl => true,
+        Implementation::Auto => ordinals.is_some() && nccl::available(),
+        Implementation::Ring | Implementation::Tree => false,
+    };
+    if !wanted {
+        return Ok(links);
+    }
+    let Some(ordinals) = ordinals else {
+        return Err(TrainError::invalid(
+            "MirroredStrategy",
+            "NCCL sums buffers on GPUs: every replica must be on a GPU",
+        ));
+    };
+    let gpus = ordinals
+        .iter()
+        .map(|&o| lockstep_cuda::CudaDevice::open(o))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TrainError::invalid("MirroredStrategy", e.to_string()))?;
+    let comms = NcclComm::local_group(&gpus, options.timeout)
+        .map_err(|e| TrainError::invalid("MirroredStrategy", format!("NCCL: {e}")))?;
+    tracing::info!(
+        replicas = comms.len(),
+        "gradients summed on the GPUs by NCCL"
+    );
+    for (link, comm) in links.iter_mut().zip(comms) {
+        link.nccl = Some(comm);
+    }
+    Ok(links)
+}
+
 impl MirroredStrategy {
+    /// One replica on each GPU this process sees, or one on the CPU when it sees none (the log
+    /// says which), as TensorFlow's `MirroredStrategy()` with no devices named; the GPUs'
+    /// gradients are summed by NCCL where it can be loaded, else over the CPU.
+    ///
+    /// # Errors
+    ///
+    /// When NCCL is there but its group cannot be made.
+    pub fn all_devices() -> Result<Self, TrainError> {
+        Self::with_devices(&visible_devices(), CommunicationOptions::default())
+    }
+
+    /// One replica on each of `devices` (`Device::Cpu` may be named several times: several
+    /// replicas on the CPU), whose collectives run with `options`: with
+    /// `Implementation::Nccl`, or `Auto` when every replica is on a GPU and NCCL can be loaded,
+    /// the gradients are summed on the GPUs by NCCL (the loss and metric totals over the CPU);
+    /// else over the CPU's transports.
+    ///
+    /// # Errors
+    ///
+    /// When `devices` is empty, names a GPU twice, or names one this process cannot use (the
+    /// error says why); NCCL asked for with a replica on the CPU, or NCCL that cannot be loaded
+    /// or cannot make its group.
+    pub fn with_devices(
+        devices: &[Device],
+        options: CommunicationOptions,
+    ) -> Result<Self, TrainError> {
+        check_devices("MirroredStrategy", devices)?;
+        let links = place(in_process(devices.len(), host_options(options)), devices);
+        Ok(Self {
+            count: devices.len(),
+            replicas: Some(with_nccl(links, devices, options)?),
+        })
+    }
+
     /// `replicas` replicas on this process's CPU.
     ///
     /// # Errors
@@ -272,12 +445,28 @@ impl Strategy for MirroredStrategy {
 pub struct OneDeviceStrategy(MirroredStrategy);
 
 impl OneDeviceStrategy {
-    /// The strategy.
+    /// The strategy, on the CPU.
     pub fn new() -> Self {
         Self(MirroredStrategy {
             count: 1,
             replicas: Some(in_process(1, CommunicationOptions::default())),
         })
+    }
+
+    /// The strategy on `device`, as `tf.distribute.OneDeviceStrategy("/gpu:0")`.
+    ///
+    /// # Errors
+    ///
+    /// When this process cannot use `device` (the error says why).
+    pub fn on(device: Device) -> Result<Self, TrainError> {
+        check_devices("OneDeviceStrategy", &[device])?;
+        Ok(Self(MirroredStrategy {
+            count: 1,
+            replicas: Some(place(
+                in_process(1, CommunicationOptions::default()),
+                &[device],
+            )),
+        }))
     }
 }
 
@@ -322,7 +511,7 @@ impl MultiWorkerMirroredStrategy {
     /// # Errors
     ///
     /// When this task is not in the collective group (a `ps` or `evaluator` task trains
-    /// nothing), NCCL is asked for (it needs the GPU backend, which is not built yet),
+    /// nothing), NCCL is asked for (the strategies reduce over the CPU ring),
     /// `local_replicas` is 0, or the peers cannot be reached.
     pub fn new(
         cluster: &Cluster,
@@ -396,6 +585,32 @@ impl MultiWorkerMirroredStrategy {
     }
 }
 
+impl MultiWorkerMirroredStrategy {
+    /// Places this worker's replicas on `devices`, one each (as many as `local_replicas`):
+    /// every worker places its own, as each TensorFlow worker uses its own GPUs.
+    ///
+    /// # Errors
+    ///
+    /// When `devices` does not name one device per local replica, names a GPU twice, or names
+    /// one this process cannot use.
+    pub fn on_devices(mut self, devices: &[Device]) -> Result<Self, TrainError> {
+        let links = self.replicas.take().ok_or_else(taken)?;
+        if devices.len() != links.len() {
+            return Err(TrainError::invalid(
+                "MultiWorkerMirroredStrategy",
+                format!(
+                    "{} devices for {} replicas on this worker",
+                    devices.len(),
+                    links.len()
+                ),
+            ));
+        }
+        check_devices("MultiWorkerMirroredStrategy", devices)?;
+        self.replicas = Some(place(links, devices));
+        Ok(self)
+    }
+}
+
 /// What every way of joining a cluster checks first; returns this task's rank.
 fn check(
     cluster: &Cluster,
@@ -443,6 +658,62 @@ impl Strategy for MultiWorkerMirroredStrategy {
 fn nccl_refused() -> TrainError {
     TrainError::invalid(
         "CommunicationOptions",
-        "NCCL all-reduces GPU buffers, and Lockstep has no GPU backend yet; use Ring or Auto",
+        "NCCL sums the gradients of one process's GPUs (MirroredStrategy::with_devices); \
+         between workers the strategies reduce over the CPU's transports: use Ring or Auto",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hosts_collectives_never_ask_for_nccl() {
+        for implementation in [
+            Implementation::Auto,
+            Implementation::Ring,
+            Implementation::Tree,
+            Implementation::Nccl,
+        ] {
+            let options = CommunicationOptions {
+                implementation,
+                timeout: Duration::from_secs(7),
+                ..CommunicationOptions::default()
+            };
+            let host = host_options(options);
+            assert_ne!(host.implementation, Implementation::Nccl);
+            assert_eq!(host.timeout, options.timeout);
+            if implementation != Implementation::Nccl {
+                assert_eq!(host.implementation, implementation);
+            }
+        }
+    }
+
+    #[test]
+    fn nccl_for_a_replica_on_the_cpu_is_refused() {
+        let options = CommunicationOptions {
+            implementation: Implementation::Nccl,
+            ..CommunicationOptions::default()
+        };
+        let err = MirroredStrategy::with_devices(&[Device::Cpu], options)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("every replica must be on a GPU"), "{err}");
+        // Auto on the CPU picks the CPU's transports.
+        let auto = MirroredStrategy::with_devices(
+            &[Device::Cpu, Device::Cpu],
+            CommunicationOptions::default(),
+        );
+        let links = auto
+            .ok()
+            .and_then(|mut s| s.take_replicas().ok())
+            .unwrap_or_default();
+        assert_eq!(links.len(), 2);
+        assert!(
+            links
+                .iter()
+                .all(|l| !l.uses_nccl() && l.device() == Device::Cpu)
+        );
+    }
 }

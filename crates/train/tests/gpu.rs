@@ -1,0 +1,193 @@
+//! Replicas on a GPU under the strategies: `fit`, a backup's resume and `Model::load` there.
+//!
+//! Each test skips with a printed reason on a machine without a GPU (`LOCKSTEP_REQUIRE_GPU=1`
+//! makes that a failure); `cargo xtask gpu-check` runs them where there is one.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::panic,
+    reason = "a test helper that meets an error must fail the test loudly"
+)]
+
+mod common;
+
+use common::{CrashAt, digits, loss, mlp};
+use lockstep_collective::{CommunicationOptions, Implementation};
+use lockstep_nn::Adam;
+use lockstep_tensor::{Device, Tensor};
+use lockstep_train::{
+    BackupAndRestore, Callback, History, MirroredStrategy, Model, OneDeviceStrategy, SaveFreq,
+    Strategy, TrainError,
+};
+
+/// GPU 0, or none (printing why).
+fn gpu() -> Option<Device> {
+    match Tensor::scalar(0.0).to_device(Device::Cuda(0)) {
+        Ok(_) => Some(Device::Cuda(0)),
+        Err(e) if std::env::var_os("LOCKSTEP_REQUIRE_GPU").is_some_and(|v| v == "1") => {
+            panic!("LOCKSTEP_REQUIRE_GPU=1 but no GPU: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: no GPU: {e}");
+            None
+        }
+    }
+}
+
+/// Trains the guide's MLP under `strategy`; its weights and history.
+fn train(
+    strategy: impl Strategy,
+    epochs: u64,
+    callbacks: Vec<Box<dyn Callback>>,
+) -> Result<(Vec<f32>, History), TrainError> {
+    let mut model = Model::new(strategy, mlp)?;
+    model.compile(Adam::default(), loss(), &["accuracy"])?;
+    let data = model.distribute_dataset(digits(), 64)?;
+    let mut fit = model.fit(&data).epochs(epochs).verbose(false);
+    for callback in callbacks {
+        fit = fit.callback(callback);
+    }
+    let history = fit.run()?;
+    Ok((model.network().parameters().values().to_vec(), history))
+}
+
+/// Weights trained with Adam on a GPU and on the CPU: their sums round differently, and Adam
+/// moves each value by about its learning rate whatever its gradient's size, so a gradient near
+/// zero can part the two by twice that a step. Every value lies within that bound over the
+/// `steps`, and all but 1% within 1e-4.
+fn assert_adam_close(gpu: &[f32], cpu: &[f32], steps: u64) {
+    assert_eq!(gpu.len(), cpu.len());
+    let bound = 2.0 * 1e-3 * steps as f32;
+    let differences: Vec<f32> = gpu.iter().zip(cpu).map(|(a, b)| (a - b).abs()).collect();
+    let largest = differences.iter().copied().fold(0.0, f32::max);
+    assert!(
+        largest <= bound,
+        "largest difference {largest} above {bound}"
+    );
+    let apart = differences.iter().filter(|&&d| d > 1e-4).count();
+    assert!(
+        apart * 100 <= gpu.len(),
+        "{apart} of {} values differ by more than 1e-4",
+        gpu.len()
+    );
+}
+
+/// Steps in [`train`]'s epochs: 640 examples in batches of 64.
+const STEPS_PER_EPOCH: u64 = 10;
+
+#[test]
+fn mirrored_strategy_on_one_gpu_trains_as_one_device_strategy_on_that_gpu() {
+    let Some(gpu) = gpu() else { return };
+    let mirrored = MirroredStrategy::with_devices(&[gpu], CommunicationOptions::default()).unwrap();
+    let (a, a_history) = train(mirrored, 2, Vec::new()).unwrap();
+    let (b, b_history) = train(OneDeviceStrategy::on(gpu).unwrap(), 2, Vec::new()).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(a_history.history, b_history.history);
+    // The same run on the CPU, within the GPU's rounding.
+    let (cpu, _) = train(OneDeviceStrategy::new(), 2, Vec::new()).unwrap();
+    assert_adam_close(&a, &cpu, 2 * STEPS_PER_EPOCH);
+}
+
+#[test]
+fn gradients_summed_by_nccl_train_as_those_summed_over_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let with = |implementation| {
+        let options = CommunicationOptions {
+            implementation,
+            ..CommunicationOptions::default()
+        };
+        let strategy = MirroredStrategy::with_devices(&[gpu], options).unwrap();
+        train(strategy, 2, Vec::new()).unwrap()
+    };
+    let (nccl, nccl_history) = with(Implementation::Nccl);
+    let (ring, ring_history) = with(Implementation::Ring);
+    // One GPU: NCCL's sum of one rank is the rank's own gradients, as the ring's is.
+    assert_eq!(nccl, ring);
+    assert_eq!(nccl_history.history, ring_history.history);
+    // NCCL is refused for a replica on the CPU.
+    let options = CommunicationOptions {
+        implementation: Implementation::Nccl,
+        ..CommunicationOptions::default()
+    };
+    let mixed = MirroredStrategy::with_devices(&[gpu, Device::Cpu], options);
+    assert!(
+        mixed
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("every replica must be on a GPU")
+    );
+}
+
+#[test]
+fn a_replica_on_a_gpu_beside_one_on_the_cpu_trains_as_two_on_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mixed =
+        MirroredStrategy::with_devices(&[gpu, Device::Cpu], CommunicationOptions::default())
+            .unwrap();
+    let (mixed, _) = train(mixed, 2, Vec::new()).unwrap();
+    let (cpu, _) = train(MirroredStrategy::new(2).unwrap(), 2, Vec::new()).unwrap();
+    assert_adam_close(&mixed, &cpu, 2 * STEPS_PER_EPOCH);
+}
+
+#[test]
+fn a_gpu_run_resumed_from_its_backup_ends_bit_identical_to_an_uninterrupted_one() {
+    let Some(gpu) = gpu() else { return };
+    let strategy = || OneDeviceStrategy::on(gpu).unwrap();
+    let (uninterrupted, history) = train(strategy(), 3, Vec::new()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let backup = || BackupAndRestore::new(dir.path().join("backup")).save_freq(SaveFreq::Steps(4));
+    // Step 17: mid-epoch (10 steps per epoch), after the backup of step 16.
+    let err = train(
+        strategy(),
+        3,
+        vec![Box::new(backup()), Box::new(CrashAt(17))],
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("crashed on purpose"), "{err}");
+    let (resumed, resumed_history) = train(strategy(), 3, vec![Box::new(backup())]).unwrap();
+    assert_eq!(resumed, uninterrupted);
+    let last = |h: &History| h.get("loss").unwrap().last().copied();
+    assert_eq!(last(&resumed_history), last(&history));
+}
+
+#[test]
+fn a_model_saved_on_a_gpu_loads_onto_a_gpu_and_predicts_the_same() {
+    let Some(gpu) = gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut model = Model::new(OneDeviceStrategy::on(gpu).unwrap(), mlp).unwrap();
+    model
+        .compile(Adam::default(), loss(), &["accuracy"])
+        .unwrap();
+    let data = model.distribute_dataset(digits(), 64).unwrap();
+    model.fit(&data).verbose(false).run().unwrap();
+    model.save(dir.path()).unwrap();
+    let loaded = Model::load(OneDeviceStrategy::on(gpu).unwrap(), dir.path()).unwrap();
+    assert_eq!(loaded.network().device(), gpu);
+    assert_eq!(loaded.network().parameters(), model.network().parameters());
+    let x = Tensor::full(&[4, 784], 0.5).unwrap();
+    let (a, b) = (model.predict(&x).unwrap(), loaded.predict(&x).unwrap());
+    assert_eq!(a.device(), Device::Cpu, "predict hands back host values");
+    assert_eq!(a.to_vec().unwrap(), b.to_vec().unwrap());
+}
+
+#[test]
+fn a_gpu_this_process_cannot_use_is_refused_naming_it() {
+    let missing = Device::Cuda(64);
+    let err = MirroredStrategy::with_devices(&[missing], CommunicationOptions::default())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("cuda:64"), "{err}");
+    assert!(OneDeviceStrategy::on(missing).is_err());
+    if let Some(gpu) = gpu() {
+        let twice = MirroredStrategy::with_devices(&[gpu, gpu], CommunicationOptions::default());
+        assert!(twice.err().unwrap().to_string().contains("named twice"));
+    }
+    // With no devices named: every visible GPU, or the CPU.
+    let all = MirroredStrategy::all_devices().unwrap();
+    let visible = lockstep_train::visible_devices();
+    assert_eq!(
+        lockstep_train::Strategy::num_replicas_in_sync(&all),
+        visible.len()
+    );
+}
