@@ -331,7 +331,9 @@ impl Replica {
                     (_, Some(Err(e))) => return Err(e),
                     (Err(e), _) => return Err(e.into()),
                     (Ok(_), Some(Ok((_, values)))) => totals = values,
-                    (Ok(_), None) => {}
+                    (Ok(_), None) => {
+                        return Err(TrainError::invalid("loss", "the step never computed it"));
+                    }
                 }
             }
             None => state.zero_gradients()?,
