@@ -172,6 +172,66 @@ fn a_model_saved_on_a_gpu_loads_onto_a_gpu_and_predicts_the_same() {
 }
 
 #[test]
+fn replicas_on_two_gpus_summed_by_nccl_train_as_two_on_the_cpu() {
+    let Some(_) = gpu() else { return };
+    let count = lockstep_cuda::device_count().unwrap_or(0);
+    if count < 2 {
+        eprintln!("skipped: needs 2 GPUs, this machine has {count}");
+        return;
+    }
+    let devices = [Device::Cuda(0), Device::Cuda(1)];
+    let options = CommunicationOptions {
+        implementation: Implementation::Nccl,
+        ..CommunicationOptions::default()
+    };
+    let (gpus, gpu_history) = train(
+        MirroredStrategy::with_devices(&devices, options).unwrap(),
+        2,
+        Vec::new(),
+    )
+    .unwrap();
+    let (cpus, cpu_history) = train(MirroredStrategy::new(2).unwrap(), 2, Vec::new()).unwrap();
+    assert_adam_close(&gpus, &cpus, 2 * STEPS_PER_EPOCH);
+    let last = |h: &History| h.get("loss").unwrap().last().copied().unwrap();
+    assert!((last(&gpu_history) - last(&cpu_history)).abs() < 1e-3);
+}
+
+#[test]
+fn evaluate_on_a_gpu_gives_the_figures_of_the_weights_it_trained() {
+    let Some(gpu) = gpu() else { return };
+    let mut model = Model::new(OneDeviceStrategy::on(gpu).unwrap(), mlp).unwrap();
+    model
+        .compile(Adam::default(), loss(), &["accuracy"])
+        .unwrap();
+    let data = model.distribute_dataset(digits(), 64).unwrap();
+    let history = model
+        .fit(&data)
+        .validation_data(&data)
+        .verbose(false)
+        .run()
+        .unwrap();
+    // Validation at the epoch's end saw the epoch's last weights, as `evaluate` after `fit` does.
+    let validated = history.get("val_loss").unwrap()[0];
+    let evaluated = model.evaluate(&data).unwrap();
+    assert_eq!(evaluated.get("loss"), Some(validated));
+    // The same weights on the CPU give the same figures, within the GPU's rounding.
+    let mut on_cpu = Model::new(OneDeviceStrategy::new(), mlp).unwrap();
+    on_cpu
+        .compile(Adam::default(), loss(), &["accuracy"])
+        .unwrap();
+    let path = tempfile::tempdir().unwrap();
+    model
+        .save_weights(path.path().join("w.safetensors"))
+        .unwrap();
+    on_cpu
+        .load_weights(path.path().join("w.safetensors"))
+        .unwrap();
+    let cpu = on_cpu.evaluate(&data).unwrap();
+    let (a, b) = (evaluated.get("loss").unwrap(), cpu.get("loss").unwrap());
+    assert!((a - b).abs() <= 1e-5 * b.abs(), "{a} vs {b}");
+}
+
+#[test]
 fn a_gpu_this_process_cannot_use_is_refused_naming_it() {
     let missing = Device::Cuda(64);
     let err = MirroredStrategy::with_devices(&[missing], CommunicationOptions::default())
