@@ -13,7 +13,7 @@ use lockstep_collective::{
     CollectiveError, CommunicationOptions, Communicator, Element, HierarchicalCommunicator,
     Implementation, LocalTransport, ReduceOp, TcpOptions, TcpTransport,
 };
-use lockstep_cuda::nccl::{self, NcclComm};
+use lockstep_cuda::nccl::{self, NcclComm, UniqueId};
 use lockstep_data::InputContext;
 use lockstep_tensor::Device;
 use lockstep_tensor::ops::AllReduceSum;
@@ -502,6 +502,9 @@ pub struct MultiWorkerMirroredStrategy {
     chief: bool,
     context: InputContext,
     replicas: Option<Vec<ReplicaLink>>,
+    /// The options the strategy was made with (NCCL's choice is made when the replicas are
+    /// placed: [`MultiWorkerMirroredStrategy::on_devices`]).
+    options: CommunicationOptions,
 }
 
 impl MultiWorkerMirroredStrategy {
@@ -511,8 +514,10 @@ impl MultiWorkerMirroredStrategy {
     /// # Errors
     ///
     /// When this task is not in the collective group (a `ps` or `evaluator` task trains
-    /// nothing), NCCL is asked for (the strategies reduce over the CPU ring),
-    /// `local_replicas` is 0, or the peers cannot be reached.
+    /// nothing), `local_replicas` is 0, or the peers cannot be reached. NCCL
+    /// (`Implementation::Nccl`, or `Auto` where every worker's replicas are on GPUs and NCCL
+    /// loads) is set up when the replicas are placed ([`MultiWorkerMirroredStrategy::on_devices`]);
+    /// a model built with NCCL asked for and the replicas left on the CPU is refused.
     pub fn new(
         cluster: &Cluster,
         options: CommunicationOptions,
@@ -539,9 +544,9 @@ impl MultiWorkerMirroredStrategy {
         local_replicas: usize,
         transport: &TcpOptions,
     ) -> Result<Self, TrainError> {
-        check(cluster, options, local_replicas)?;
+        check(cluster, local_replicas)?;
         let comm: Communicator<TcpTransport> =
-            Communicator::from_cluster_with(cluster, options, transport)?;
+            Communicator::from_cluster_with(cluster, host_options(options), transport)?;
         Self::from_transport(cluster, comm.into_transport(), options, local_replicas)
     }
 
@@ -559,7 +564,7 @@ impl MultiWorkerMirroredStrategy {
         local_replicas: usize,
     ) -> Result<Self, TrainError> {
         use lockstep_collective::Transport as _;
-        let rank = check(cluster, options, local_replicas)?;
+        let rank = check(cluster, local_replicas)?;
         let workers = cluster.world_size().max(1);
         if (transport.rank(), transport.world_size()) != (rank, workers) {
             return Err(TrainError::invalid(
@@ -572,27 +577,34 @@ impl MultiWorkerMirroredStrategy {
                 ),
             ));
         }
-        let links = HierarchicalCommunicator::group(local_replicas, transport, options)
-            .into_iter()
-            .map(|c| ReplicaLink::new(Link::Cluster(c)))
-            .collect();
+        let links =
+            HierarchicalCommunicator::group(local_replicas, transport, host_options(options))
+                .into_iter()
+                .map(|c| ReplicaLink::new(Link::Cluster(c)))
+                .collect();
         Ok(Self {
             task: cluster.task().to_string(),
             chief: cluster.is_chief(),
             context: InputContext::new(workers, rank, workers * local_replicas)?,
             replicas: Some(links),
+            options,
         })
     }
 }
 
 impl MultiWorkerMirroredStrategy {
     /// Places this worker's replicas on `devices`, one each (as many as `local_replicas`):
-    /// every worker places its own, as each TensorFlow worker uses its own GPUs.
+    /// every worker places its own, as each TensorFlow worker uses its own GPUs. Every worker
+    /// calls it at the same point: with `Implementation::Nccl`, or `Auto` when every replica of
+    /// every worker is on a GPU and NCCL loads everywhere (all are asked, in one collective),
+    /// the replicas of all workers join one NCCL group, whose unique id the chief's first
+    /// replica makes and sends over the cluster's connections, and NCCL sums the gradients.
     ///
     /// # Errors
     ///
     /// When `devices` does not name one device per local replica, names a GPU twice, or names
-    /// one this process cannot use.
+    /// one this process cannot use; NCCL asked for and a replica of some worker on the CPU or
+    /// without NCCL; a peer gone, or the group not formed within the collective timeout.
     pub fn on_devices(mut self, devices: &[Device]) -> Result<Self, TrainError> {
         let links = self.replicas.take().ok_or_else(taken)?;
         if devices.len() != links.len() {
@@ -606,20 +618,137 @@ impl MultiWorkerMirroredStrategy {
             ));
         }
         check_devices("MultiWorkerMirroredStrategy", devices)?;
-        self.replicas = Some(place(links, devices));
+        let mut links = place(links, devices);
+        join_nccl_across_workers(&mut links, devices, self.options)?;
+        self.replicas = Some(links);
         Ok(self)
     }
 }
 
-/// What every way of joining a cluster checks first; returns this task's rank.
-fn check(
-    cluster: &Cluster,
+/// Whether NCCL sums the gradients of every replica of every worker, asked of all of them at
+/// once (a worker without NCCL, or with a replica on the CPU, says no for all); if so, one NCCL
+/// group of all replicas: the chief's first replica makes its unique id, which reaches the
+/// others over the cluster's own connections (authenticated where the cluster has a secret),
+/// and every replica joins as its rank among all replicas.
+fn join_nccl_across_workers(
+    links: &mut [ReplicaLink],
+    devices: &[Device],
     options: CommunicationOptions,
-    local_replicas: usize,
-) -> Result<usize, TrainError> {
-    if options.implementation == Implementation::Nccl {
-        return Err(nccl_refused());
+) -> Result<(), TrainError> {
+    const STRATEGY: &str = "MultiWorkerMirroredStrategy";
+    let ordinals: Option<Vec<usize>> = devices
+        .iter()
+        .map(|d| {
+            if let Device::Cuda(o) = d {
+                Some(*o)
+            } else {
+                None
+            }
+        })
+        .collect();
+    let asked = options.implementation == Implementation::Nccl;
+    if !asked && options.implementation != Implementation::Auto {
+        return Ok(());
     }
+    if asked && ordinals.is_none() {
+        return Err(TrainError::invalid(
+            STRATEGY,
+            "NCCL sums buffers on GPUs: every replica must be on a GPU",
+        ));
+    }
+    let able = ordinals.is_some() && nccl::available();
+    let joined: Vec<Result<Option<NcclComm>, TrainError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = links
+            .iter_mut()
+            .zip(devices)
+            .map(|(link, device)| {
+                let device = *device;
+                scope.spawn(move || join_nccl(link, device, able, options.timeout))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(TrainError::invalid(
+                        STRATEGY,
+                        "a replica's thread panicked joining NCCL",
+                    ))
+                })
+            })
+            .collect()
+    });
+    let comms = joined.into_iter().collect::<Result<Vec<_>, _>>()?;
+    match comms.iter().all(Option::is_some) {
+        true if !comms.is_empty() => {
+            tracing::info!(
+                replicas = comms.len(),
+                "gradients summed by NCCL across the workers"
+            );
+            for (link, comm) in links.iter_mut().zip(comms) {
+                link.nccl = comm;
+            }
+            Ok(())
+        }
+        _ if asked => Err(TrainError::invalid(
+            STRATEGY,
+            "NCCL was asked for, but some worker has a replica on the CPU or cannot load NCCL",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// One replica's part of [`join_nccl_across_workers`]: the vote, the unique id, the join.
+fn join_nccl(
+    link: &mut ReplicaLink,
+    device: Device,
+    able: bool,
+    timeout: Duration,
+) -> Result<Option<NcclComm>, TrainError> {
+    const STRATEGY: &str = "MultiWorkerMirroredStrategy";
+    let mut vote = [if able { 1.0_f32 } else { 0.0 }];
+    link.all_reduce(&mut vote, ReduceOp::Min)?;
+    let Device::Cuda(ordinal) = device else {
+        return Ok(None);
+    };
+    if vote[0] != 1.0 {
+        return Ok(None);
+    }
+    // The first value says whether the chief could make the id; the others are its bytes.
+    let mut message = [0.0_f32; 129];
+    if link.replica_id() == 0 {
+        match UniqueId::new() {
+            Ok(id) => {
+                message[0] = 1.0;
+                for (value, byte) in message[1..].iter_mut().zip(id.to_bytes()) {
+                    *value = f32::from(byte);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "NCCL could not make a unique id"),
+        }
+    }
+    link.broadcast(&mut message)?;
+    if message[0] != 1.0 {
+        return Err(TrainError::invalid(
+            STRATEGY,
+            "the chief could not make NCCL's unique id (its log says why)",
+        ));
+    }
+    let mut bytes = [0_u8; 128];
+    for (byte, value) in bytes.iter_mut().zip(&message[1..]) {
+        // Bytes travel exactly as f32 values 0..=255.
+        *byte = u8::try_from(*value as u32).unwrap_or(0);
+    }
+    let gpu = lockstep_cuda::CudaDevice::open(ordinal)
+        .map_err(|e| TrainError::invalid(STRATEGY, e.to_string()))?;
+    let rank = (link.replica_id(), link.world_size());
+    NcclComm::join(&gpu, UniqueId::from_bytes(bytes), rank, timeout)
+        .map(Some)
+        .map_err(|e| TrainError::invalid(STRATEGY, format!("joining NCCL: {e}")))
+}
+
+/// What every way of joining a cluster checks first; returns this task's rank.
+fn check(cluster: &Cluster, local_replicas: usize) -> Result<usize, TrainError> {
     if local_replicas == 0 {
         return Err(TrainError::invalid(
             "MultiWorkerMirroredStrategy",
@@ -651,15 +780,24 @@ impl Strategy for MultiWorkerMirroredStrategy {
         self.task.clone()
     }
     fn take_replicas(&mut self) -> Result<Vec<ReplicaLink>, TrainError> {
-        self.replicas.take().ok_or_else(taken)
+        let links = self.replicas.take().ok_or_else(taken)?;
+        if self.options.implementation == Implementation::Nccl
+            && !links.iter().all(ReplicaLink::uses_nccl)
+        {
+            return Err(TrainError::invalid(
+                "MultiWorkerMirroredStrategy",
+                "NCCL was asked for, but the replicas are on the CPU: place them on GPUs with on_devices",
+            ));
+        }
+        Ok(links)
     }
 }
 
 fn nccl_refused() -> TrainError {
     TrainError::invalid(
         "CommunicationOptions",
-        "NCCL sums the gradients of one process's GPUs (MirroredStrategy::with_devices); \
-         between workers the strategies reduce over the CPU's transports: use Ring or Auto",
+        "NCCL sums gradients on GPUs, and these replicas are on the CPU: place them with \
+         MirroredStrategy::with_devices or all_devices, or use Ring or Auto",
     )
 }
 

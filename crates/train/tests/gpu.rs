@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{CrashAt, digits, loss, mlp};
+use common::{CrashAt, digits, loss, mlp, workers_with};
 use lockstep_collective::{CommunicationOptions, Implementation};
 use lockstep_nn::Adam;
 use lockstep_tensor::{Device, Tensor};
@@ -194,6 +194,33 @@ fn replicas_on_two_gpus_summed_by_nccl_train_as_two_on_the_cpu() {
     assert_adam_close(&gpus, &cpus, 2 * STEPS_PER_EPOCH);
     let last = |h: &History| h.get("loss").unwrap().last().copied().unwrap();
     assert!((last(&gpu_history) - last(&cpu_history)).abs() < 1e-3);
+}
+
+#[test]
+fn two_workers_on_a_gpu_each_summed_by_one_nccl_group_train_as_two_cpu_replicas() {
+    let Some(_) = gpu() else { return };
+    let count = lockstep_cuda::device_count().unwrap_or(0);
+    if count < 2 {
+        eprintln!("skipped: needs 2 GPUs, this machine has {count}");
+        return;
+    }
+    let options = CommunicationOptions {
+        implementation: Implementation::Nccl,
+        ..CommunicationOptions::default()
+    };
+    let results = workers_with(2, 1, options, |strategy| {
+        // worker:0 on GPU 0, worker:1 on GPU 1; the NCCL group's id travels over TCP.
+        let index: usize = strategy
+            .task()
+            .trim_start_matches("worker:")
+            .parse()
+            .unwrap();
+        let strategy = strategy.on_devices(&[Device::Cuda(index)]).unwrap();
+        train(strategy, 2, Vec::new()).unwrap().0
+    });
+    assert_eq!(results[0], results[1], "the workers' weights differ");
+    let (cpus, _) = train(MirroredStrategy::new(2).unwrap(), 2, Vec::new()).unwrap();
+    assert_adam_close(&results[0], &cpus, 2 * STEPS_PER_EPOCH);
 }
 
 #[test]
