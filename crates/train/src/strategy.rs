@@ -299,15 +299,9 @@ fn host_options(options: CommunicationOptions) -> CommunicationOptions {
     }
 }
 
-/// Gives each replica of `links` (on `devices`) an NCCL communicator where `options` ask for
-/// NCCL, or leave the choice to Lockstep (`Auto`) and every replica is on a GPU and NCCL can be
-/// loaded, as TensorFlow's `MirroredStrategy` picks `NcclAllReduce` on GPUs.
-fn with_nccl(
-    mut links: Vec<ReplicaLink>,
-    devices: &[Device],
-    options: CommunicationOptions,
-) -> Result<Vec<ReplicaLink>, TrainError> {
-    let ordinals: Option<Vec<usize>> = devices
+/// The CUDA ordinal of each of `devices`, or `None` when one is not a GPU.
+fn gpu_ordinals(devices: &[Device]) -> Option<Vec<usize>> {
+    devices
         .iter()
         .map(|d| {
             if let Device::Cuda(ordinal) = d {
@@ -316,7 +310,18 @@ fn with_nccl(
                 None
             }
         })
-        .collect();
+        .collect()
+}
+
+/// Gives each replica of `links` (on `devices`) an NCCL communicator where `options` ask for
+/// NCCL, or leave the choice to Lockstep (`Auto`) and every replica is on a GPU and NCCL can be
+/// loaded, as TensorFlow's `MirroredStrategy` picks `NcclAllReduce` on GPUs.
+fn with_nccl(
+    mut links: Vec<ReplicaLink>,
+    devices: &[Device],
+    options: CommunicationOptions,
+) -> Result<Vec<ReplicaLink>, TrainError> {
+    let ordinals = gpu_ordinals(devices);
     let wanted = match options.implementation {
         Implementation::Nccl => true,
         Implementation::Auto => ordinals.is_some() && nccl::available(),
@@ -636,16 +641,7 @@ fn join_nccl_across_workers(
     options: CommunicationOptions,
 ) -> Result<(), TrainError> {
     const STRATEGY: &str = "MultiWorkerMirroredStrategy";
-    let ordinals: Option<Vec<usize>> = devices
-        .iter()
-        .map(|d| {
-            if let Device::Cuda(o) = d {
-                Some(*o)
-            } else {
-                None
-            }
-        })
-        .collect();
+    let ordinals = gpu_ordinals(devices);
     let asked = options.implementation == Implementation::Nccl;
     if !asked && options.implementation != Implementation::Auto {
         return Ok(());

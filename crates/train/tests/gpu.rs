@@ -34,6 +34,18 @@ fn gpu() -> Option<Device> {
     }
 }
 
+/// Whether this machine has two GPUs (printing why not).
+fn two_gpus() -> bool {
+    if gpu().is_none() {
+        return false;
+    }
+    let count = lockstep_cuda::device_count().unwrap_or(0);
+    if count < 2 {
+        eprintln!("skipped: needs 2 GPUs, this machine has {count}");
+    }
+    count >= 2
+}
+
 /// Trains the guide's MLP under `strategy`; its weights and history.
 fn train(
     strategy: impl Strategy,
@@ -173,10 +185,7 @@ fn a_model_saved_on_a_gpu_loads_onto_a_gpu_and_predicts_the_same() {
 
 #[test]
 fn replicas_on_two_gpus_summed_by_nccl_train_as_two_on_the_cpu() {
-    let Some(_) = gpu() else { return };
-    let count = lockstep_cuda::device_count().unwrap_or(0);
-    if count < 2 {
-        eprintln!("skipped: needs 2 GPUs, this machine has {count}");
+    if !two_gpus() {
         return;
     }
     let devices = [Device::Cuda(0), Device::Cuda(1)];
@@ -198,10 +207,7 @@ fn replicas_on_two_gpus_summed_by_nccl_train_as_two_on_the_cpu() {
 
 #[test]
 fn two_workers_on_a_gpu_each_summed_by_one_nccl_group_train_as_two_cpu_replicas() {
-    let Some(_) = gpu() else { return };
-    let count = lockstep_cuda::device_count().unwrap_or(0);
-    if count < 2 {
-        eprintln!("skipped: needs 2 GPUs, this machine has {count}");
+    if !two_gpus() {
         return;
     }
     let options = CommunicationOptions {
