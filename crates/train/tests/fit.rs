@@ -291,10 +291,14 @@ fn bad_settings_are_clear_errors() {
         TfConfig::parse(&json.replace("evaluator\", \"index", "worker\", \"index")).unwrap(),
     )
     .unwrap();
-    let err = MultiWorkerMirroredStrategy::new(&worker, nccl, 1, Duration::from_secs(1))
-        .err()
-        .unwrap();
-    assert!(err.to_string().contains("NCCL"), "{err}");
+    // NCCL is for replicas placed on GPUs: left on the CPU, the model is refused.
+    let strategy =
+        MultiWorkerMirroredStrategy::new(&worker, nccl, 1, Duration::from_secs(1)).unwrap();
+    let err = Model::new(strategy, mlp).err().unwrap();
+    assert!(
+        err.to_string().contains("NCCL") && err.to_string().contains("on_devices"),
+        "{err}"
+    );
 }
 
 #[test]
