@@ -436,11 +436,7 @@ impl NcclComm {
                 stream.cu_stream(),
             )
         };
-        if result != SUCCESS && result != IN_PROGRESS {
-            return Err(self.fail(failure(nccl, "all_reduce", result, self.comm)));
-        }
-        self.settle("all_reduce", started)?;
-        self.finish("all_reduce", started)
+        self.complete("all_reduce", result, started)
     }
 
     /// Copies `root`'s `buffer` into every other rank's, and waits until it is there.
@@ -477,11 +473,23 @@ impl NcclComm {
                 stream.cu_stream(),
             )
         };
+        self.complete("broadcast", result, started)
+    }
+
+    /// Waits for the collective `op` just queued (NCCL answered `result`) until it has
+    /// finished on the device, or fails it.
+    fn complete(
+        &mut self,
+        op: &'static str,
+        result: c_int,
+        started: Instant,
+    ) -> Result<(), CudaError> {
         if result != SUCCESS && result != IN_PROGRESS {
-            return Err(self.fail(failure(nccl, "broadcast", result, self.comm)));
+            let nccl = functions()?;
+            return Err(self.fail(failure(nccl, op, result, self.comm)));
         }
-        self.settle("broadcast", started)?;
-        self.finish("broadcast", started)
+        self.settle(op, started)?;
+        self.finish(op, started)
     }
 
     /// Refuses a call on an aborted communicator, a buffer of another device, a bad range.

@@ -117,80 +117,30 @@ where
     ///
     /// When the model is not compiled, the input fails, a collective fails (a peer died or
     /// timed out), or a callback fails; training stops at once on every worker.
-    pub fn run(self) -> Result<History, TrainError> {
-        let Fit {
-            model,
-            data,
-            validation,
-            epochs,
-            initial_epoch,
-            steps_per_epoch,
-            callbacks,
-            verbose,
-        } = self;
-        let compiled = model.compiled.clone().ok_or_else(not_compiled)?;
+    pub fn run(mut self) -> Result<History, TrainError> {
+        let compiled = self.model.compiled.clone().ok_or_else(not_compiled)?;
         // The host's values are the model's until the first step puts a GPU replica's on its
         // device; from then until `fit` returns, the device's are newer between syncs.
-        model.leave_devices()?;
-        let setup = Setup {
-            data,
-            validation,
-            epochs,
-            initial_epoch,
-            steps_per_epoch,
-            verbose,
-        };
-        let trained = train(model, setup, CallbackList::new(callbacks), &compiled);
-        if let Err(e) = model.sync_host() {
+        self.model.leave_devices()?;
+        let callbacks = CallbackList::new(std::mem::take(&mut self.callbacks));
+        let trained = self.train(callbacks, &compiled);
+        if let Err(e) = self.model.sync_host() {
             tracing::error!(error = %e, "the weights trained on a GPU could not be copied back");
             trained?;
             return Err(e);
         }
         trained
     }
-}
 
-/// What `fit` was set up with, besides the model and the callbacks.
-struct Setup<'m, D, V> {
-    data: &'m D,
-    validation: Option<&'m V>,
-    epochs: u64,
-    initial_epoch: u64,
-    steps_per_epoch: Option<u64>,
-    verbose: bool,
-}
-
-// By hand: a derive would ask `D` and `V` to be `Copy`, where only references to them are held.
-impl<D, V> Clone for Setup<'_, D, V> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<D, V> Copy for Setup<'_, D, V> {}
-
-/// The training loop of [`Fit::run`].
-fn train<D, V, B, VB>(
-    model: &mut Model,
-    setup: Setup<'_, D, V>,
-    mut callbacks: CallbackList<'_>,
-    compiled: &crate::model::Compiled,
-) -> Result<History, TrainError>
-where
-    D: Dataset<Item = Vec<B>>,
-    B: LabeledBatch,
-    V: Dataset<Item = Vec<VB>>,
-    VB: LabeledBatch,
-{
-    let Setup {
-        data,
-        validation,
-        epochs,
-        initial_epoch,
-        steps_per_epoch,
-        verbose,
-    } = setup;
-    {
+    /// The training loop of [`Fit::run`].
+    fn train(
+        &mut self,
+        mut callbacks: CallbackList<'m>,
+        compiled: &crate::model::Compiled,
+    ) -> Result<History, TrainError> {
+        let (data, validation, epochs) = (self.data, self.validation, self.epochs);
+        let (initial_epoch, steps_per_epoch) = (self.initial_epoch, self.steps_per_epoch);
+        let (verbose, model) = (self.verbose, &mut *self.model);
         let kill_switch = KillSwitch::from_env()?;
         let mut ctx = starting_context(model, initial_epoch);
         callbacks.each(&mut ctx, |c, ctx| c.on_train_begin(ctx))?;
