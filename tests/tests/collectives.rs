@@ -9,7 +9,11 @@
 use lockstep_e2e::{field, task_lines, xtask};
 
 fn run(workers: &str, misbehave: &str) -> (std::process::Output, Vec<String>) {
-    let out = xtask(&[
+    run_with(workers, misbehave, &[])
+}
+
+fn run_with(workers: &str, misbehave: &str, extra: &[&str]) -> (std::process::Output, Vec<String>) {
+    let mut args = vec![
         "run-cluster",
         "--example",
         "collective_check",
@@ -26,8 +30,9 @@ fn run(workers: &str, misbehave: &str) -> (std::process::Output, Vec<String>) {
         "1",
         "--timeout-secs",
         "3",
-    ])
-    .expect("cargo xtask starts");
+    ];
+    args.extend_from_slice(extra);
+    let out = xtask(&args).expect("cargo xtask starts");
     let n: usize = workers.parse().unwrap();
     let results = (0..n)
         .map(|rank| {
@@ -58,6 +63,25 @@ fn a_rank_that_crashes_mid_all_reduce_makes_every_other_rank_report_it() {
             line.contains("rank 1"),
             "worker:{rank} should name rank 1: {line}"
         );
+    }
+}
+
+#[test]
+fn a_rank_that_crashes_while_the_others_wait_outside_the_collectives_is_seen_within_moments() {
+    // The others wait as a GPU's NCCL call does, watching only their connections.
+    let (out, results) = run_with("3", "crash", &["--watch"]);
+    for rank in [0, 2] {
+        let line = &results[rank];
+        assert_eq!(
+            field(line, "kind"),
+            Some("PeerLost"),
+            "worker:{rank}: {line:?}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(line.contains("rank 1"), "worker:{rank}: {line}");
+        let seen: u64 = field(line, "seen_ms").unwrap().parse().unwrap();
+        // The collective timeout is 3 s and the watch would give up after 12: seconds at most.
+        assert!(seen < 2_000, "worker:{rank} saw it after {seen} ms");
     }
 }
 

@@ -62,6 +62,11 @@ const GPU_TESTS: &[GpuTests] = &[
         target: LIB,
         filters: &["a_replica_on_a_gpu"],
     },
+    GpuTests {
+        package: "lockstep-train",
+        target: "estimator",
+        filters: &["gpu"],
+    },
 ];
 
 /// The `target` of a package's unit tests (its library's test executable).

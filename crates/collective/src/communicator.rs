@@ -133,6 +133,17 @@ impl<T: Transport> Communicator<T> {
         self.transport.set_spinning(spinning);
     }
 
+    /// Looks, without waiting, for a peer whose connection has ended
+    /// ([`Transport::check_peers`]): a wait outside this communicator (NCCL's, on a GPU) asks
+    /// it to learn of a dead peer process in moments rather than at its timeout.
+    ///
+    /// # Errors
+    ///
+    /// [`CollectiveError::PeerLost`] naming the first peer found gone.
+    pub fn check_peers(&mut self) -> Result<(), CollectiveError> {
+        self.transport.check_peers()
+    }
+
     /// Changes the options of later collectives. Every rank must make the same change at the
     /// same point, as with any collective setting.
     pub fn set_options(&mut self, options: CommunicationOptions) {

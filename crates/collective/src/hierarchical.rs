@@ -78,6 +78,12 @@ impl<X: Transport> HierarchicalCommunicator<X> {
         self.local.options()
     }
 
+    /// Whether this replica is its process's first, the one that talks to other processes
+    /// ([`HierarchicalCommunicator::all_reduce_processes`]).
+    pub fn talks_to_processes(&self) -> bool {
+        self.cross.is_some()
+    }
+
     /// This process's index among the processes.
     pub fn process(&self) -> usize {
         self.process
@@ -86,6 +92,19 @@ impl<X: Transport> HierarchicalCommunicator<X> {
     /// The number of processes.
     pub fn processes(&self) -> usize {
         self.processes
+    }
+
+    /// Looks, without waiting, for another process whose connection has ended
+    /// ([`Communicator::check_peers`]); only a process's first replica talks to other
+    /// processes, so the others have nothing to look at and find nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`CollectiveError::PeerLost`] naming the process found gone (its rank among processes).
+    pub fn check_peers(&mut self) -> Result<(), CollectiveError> {
+        self.cross
+            .as_mut()
+            .map_or(Ok(()), Communicator::check_peers)
     }
 
     /// Gives every replica of every process replica 0's `data` (process 0's first replica):

@@ -122,6 +122,53 @@ fn a_rank_that_disappears_is_reported_as_lost() {
 }
 
 #[test]
+fn a_peer_process_that_dies_is_seen_by_check_peers_within_moments_without_a_collective() {
+    for wire in [Wire::Tcp, Wire::TcpUnix, Wire::TcpLoopback] {
+        let results = run(wire, 3, quick(Implementation::Ring), |comm| {
+            comm.all_reduce(&mut [1.0_f32; 8], ReduceOp::Sum).unwrap();
+            // Every peer is alive: nothing to report, and nothing read is lost.
+            let quiet = comm.check_peers();
+            comm.all_reduce(&mut [1.0_f32; 8], ReduceOp::Sum).unwrap();
+            if comm.rank() == 1 {
+                return None; // the thread ends: its transport is dropped, its sockets close
+            }
+            let started = Instant::now();
+            let found = loop {
+                match comm.check_peers() {
+                    Err(e) => break Some(e),
+                    Ok(()) if started.elapsed() > Duration::from_secs(10) => break None,
+                    Ok(()) => thread::sleep(Duration::from_millis(5)),
+                }
+            };
+            Some((quiet, found, started.elapsed()))
+        });
+        for (quiet, found, waited) in results.into_iter().flatten() {
+            assert!(quiet.is_ok(), "{wire:?}: {quiet:?}");
+            let found = found.unwrap_or_else(|| panic!("{wire:?}: no peer reported gone in 10 s"));
+            assert!(
+                matches!(found, CollectiveError::PeerLost { rank: 1, .. }),
+                "{wire:?}: {found}"
+            );
+            assert!(waited < Duration::from_secs(2), "{wire:?}: took {waited:?}");
+            eprintln!("{wire:?}: the dead peer seen after {waited:?}");
+        }
+    }
+}
+
+#[test]
+fn transports_whose_peers_are_threads_of_this_process_have_no_peer_to_lose() {
+    for wire in [Wire::Local, Wire::Shared] {
+        let results = run(wire, 2, quick(Implementation::Ring), |comm| {
+            comm.all_reduce(&mut [1.0_f32; 8], ReduceOp::Sum).unwrap();
+            comm.check_peers()
+        });
+        for result in results {
+            assert!(result.is_ok(), "{wire:?}: {result:?}");
+        }
+    }
+}
+
+#[test]
 fn a_connection_from_outside_the_cluster_is_refused_and_the_group_still_forms() {
     let (mut listeners, addresses) = listeners(2);
     let options = TcpOptions {

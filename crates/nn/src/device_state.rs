@@ -195,6 +195,18 @@ impl DeviceState {
             .map_err(on_gpu(self.device, "all-reduce of the gradients"))
     }
 
+    /// Gives every rank of `comm` the gradient buffer of rank `root`, on the device: after
+    /// `root` alone brought in the sums from beyond the group (the other workers' over the
+    /// network).
+    ///
+    /// # Errors
+    ///
+    /// NCCL's error, a timeout or a lost peer among them.
+    pub fn broadcast_gradients(&mut self, comm: &mut NcclComm, root: usize) -> Result<(), NnError> {
+        comm.broadcast(&mut self.grads, root)
+            .map_err(on_gpu(self.device, "broadcast of the gradients"))
+    }
+
     /// Multiplies every gradient by `factor`.
     ///
     /// # Errors

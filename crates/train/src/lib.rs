@@ -49,6 +49,7 @@ mod history;
 mod kill_switch;
 mod model;
 mod packs;
+mod peer_watch;
 mod progress;
 mod replica;
 mod sidecar_evaluator;

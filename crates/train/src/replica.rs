@@ -339,10 +339,32 @@ impl Replica {
             None => state.zero_gradients()?,
         }
         let reducing = Instant::now();
-        let reduced: Vec<f32> = if let Some(comm) = self.link.nccl_mut() {
-            state.all_reduce_gradients(comm)?;
+        let reduced: Vec<f32> = if self.link.uses_nccl() {
+            // The totals first: a worker found gone here fails every replica of this process
+            // together (the CPU's collectives tell each other), before any waits in NCCL.
             let mut values: Vec<f32> = totals.iter().map(|&v| v as f32).collect();
             self.link.all_reduce(&mut values, ReduceOp::Sum)?;
+            let comm = self.link.nccl_mut().ok_or_else(not_compiled)?;
+            state.all_reduce_gradients(comm)?;
+            if self.link.nccl_within_process() {
+                // NCCL summed this worker's GPUs; the first carries the sum to the other
+                // workers over the ring and NCCL hands the total to the rest.
+                if self.link.is_process_first() {
+                    self.buffer.clear();
+                    self.buffer.resize(n, 0.0);
+                    state.download_gradients(&mut self.buffer)?;
+                    let across = self
+                        .link
+                        .all_reduce_processes(&mut self.buffer, ReduceOp::Sum);
+                    if let Err(e) = across {
+                        self.link.report_lost(&e);
+                        return Err(e.into());
+                    }
+                    state.upload_gradients(&self.buffer)?;
+                }
+                let comm = self.link.nccl_mut().ok_or_else(not_compiled)?;
+                state.broadcast_gradients(comm, 0)?;
+            }
             values
         } else {
             self.buffer.clear();

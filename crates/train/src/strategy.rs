@@ -19,6 +19,7 @@ use lockstep_tensor::Device;
 use lockstep_tensor::ops::AllReduceSum;
 
 use crate::error::TrainError;
+use crate::peer_watch::PeerWatch;
 
 /// What a strategy hands a model: one [`ReplicaLink`] per replica on this process, and where
 /// this process stands in the cluster.
@@ -73,6 +74,11 @@ pub struct ReplicaLink {
     device: Device,
     /// This replica's NCCL communicator, when its gradients are summed on the GPUs.
     nccl: Option<NcclComm>,
+    /// Whether that communicator reaches only this process's replicas while other processes
+    /// train too: their sums then come over the link, from the process's first replica.
+    nccl_within_process: bool,
+    /// What this process's replicas know of the others, where NCCL waits on them.
+    watch: Option<Arc<PeerWatch>>,
 }
 
 enum Link {
@@ -90,6 +96,28 @@ impl Link {
             Link::InProcess(c) => c.all_reduce(data, op),
             Link::Cluster(c) => c.all_reduce(data, op),
         }
+    }
+}
+
+/// A look at one replica's connections to the other processes, from a thread that is not the
+/// replica's own: what a wait outside the link (NCCL's) asks to learn that a worker died.
+pub(crate) struct LinkProbe(Arc<Mutex<Link>>);
+
+impl LinkProbe {
+    /// The other process found gone, if any: its rank among processes and the error that
+    /// names it. Reads what has arrived without waiting; while the replica's own thread is in a
+    /// collective on the link (it holds the lock) there is nothing to look at, and `None`.
+    pub(crate) fn lost_process(&self) -> Option<CollectiveError> {
+        let mut link = match self.0.try_lock() {
+            Ok(link) => link,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        let checked = match &mut *link {
+            Link::InProcess(c) => c.check_peers(),
+            Link::Cluster(c) => c.check_peers(),
+        };
+        checked.err()
     }
 }
 
@@ -118,6 +146,8 @@ impl ReplicaLink {
             rank,
             device: Device::Cpu,
             nccl: None,
+            nccl_within_process: false,
+            watch: None,
         }
     }
 
@@ -129,6 +159,28 @@ impl ReplicaLink {
     /// Whether this replica's gradients are summed by NCCL.
     pub fn uses_nccl(&self) -> bool {
         self.nccl.is_some()
+    }
+
+    /// Whether NCCL sums only this process's replicas, and other processes' sums come over the
+    /// cluster's connections (NCCL within each worker, the TCP ring between workers).
+    pub fn nccl_within_process(&self) -> bool {
+        self.nccl_within_process
+    }
+
+    /// Tells the process's other replicas, waiting in NCCL, that `error` lost a peer process
+    /// (the error of this replica's collective over the cluster's connections).
+    pub(crate) fn report_lost(&self, error: &CollectiveError) {
+        if let Some(watch) = &self.watch {
+            watch.report(error);
+        }
+    }
+
+    /// Whether this replica is its process's first, the one that talks to other processes.
+    pub(crate) fn is_process_first(&self) -> bool {
+        match &*self.lock() {
+            Link::InProcess(c) => c.talks_to_processes(),
+            Link::Cluster(c) => c.talks_to_processes(),
+        }
     }
 
     /// The device this replica's model runs on.
@@ -159,6 +211,12 @@ impl ReplicaLink {
         op: ReduceOp,
     ) -> Result<(), CollectiveError> {
         self.lock().all_reduce(data, op)
+    }
+
+    /// A handle that looks at this replica's connections to other processes from any thread
+    /// ([`LinkProbe::lost_process`]).
+    pub(crate) fn probe(&self) -> LinkProbe {
+        LinkProbe(Arc::clone(&self.link))
     }
 
     /// The options this replica's collectives run with.
@@ -510,6 +568,9 @@ pub struct MultiWorkerMirroredStrategy {
     /// The options the strategy was made with (NCCL's choice is made when the replicas are
     /// placed: [`MultiWorkerMirroredStrategy::on_devices`]).
     options: CommunicationOptions,
+    /// Whether an NCCL group spans only one worker's replicas
+    /// ([`MultiWorkerMirroredStrategy::nccl_within_workers`]).
+    nccl_within_workers: bool,
 }
 
 impl MultiWorkerMirroredStrategy {
@@ -593,11 +654,24 @@ impl MultiWorkerMirroredStrategy {
             context: InputContext::new(workers, rank, workers * local_replicas)?,
             replicas: Some(links),
             options,
+            nccl_within_workers: false,
         })
     }
 }
 
 impl MultiWorkerMirroredStrategy {
+    /// Where NCCL sums the gradients, it sums each worker's replicas only, and the workers' sums
+    /// meet over the cluster's TCP ring: the hierarchical all-reduce, for GPUs that NCCL cannot
+    /// reach across hosts (no network transport NCCL can use between them, ports closed to it).
+    /// Each step, NCCL sums a worker's GPUs, its first replica carries that sum over the ring
+    /// and NCCL hands the total to the others. Every worker must say the same before
+    /// [`MultiWorkerMirroredStrategy::on_devices`], as with any collective setting.
+    #[must_use]
+    pub fn nccl_within_workers(mut self) -> Self {
+        self.nccl_within_workers = true;
+        self
+    }
+
     /// Places this worker's replicas on `devices`, one each (as many as `local_replicas`):
     /// every worker places its own, as each TensorFlow worker uses its own GPUs. Every worker
     /// calls it at the same point: with `Implementation::Nccl`, or `Auto` when every replica of
@@ -624,21 +698,37 @@ impl MultiWorkerMirroredStrategy {
         }
         check_devices("MultiWorkerMirroredStrategy", devices)?;
         let mut links = place(links, devices);
-        join_nccl_across_workers(&mut links, devices, self.options)?;
+        let scope = if self.nccl_within_workers {
+            NcclScope::EachWorker
+        } else {
+            NcclScope::AllWorkers
+        };
+        join_nccl_across_workers(&mut links, devices, self.options, scope)?;
         self.replicas = Some(links);
         Ok(self)
     }
+}
+
+/// Which replicas one NCCL group spans under [`MultiWorkerMirroredStrategy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NcclScope {
+    /// Every replica of every worker.
+    AllWorkers,
+    /// Each worker's own; the workers' sums meet over the TCP ring.
+    EachWorker,
 }
 
 /// Whether NCCL sums the gradients of every replica of every worker, asked of all of them at
 /// once (a worker without NCCL, or with a replica on the CPU, says no for all); if so, one NCCL
 /// group of all replicas: the chief's first replica makes its unique id, which reaches the
 /// others over the cluster's own connections (authenticated where the cluster has a secret),
-/// and every replica joins as its rank among all replicas.
+/// and every replica joins as its rank among all replicas. With [`NcclScope::EachWorker`],
+/// a group of each worker's replicas instead.
 fn join_nccl_across_workers(
     links: &mut [ReplicaLink],
     devices: &[Device],
     options: CommunicationOptions,
+    scope: NcclScope,
 ) -> Result<(), TrainError> {
     const STRATEGY: &str = "MultiWorkerMirroredStrategy";
     let ordinals = gpu_ordinals(devices);
@@ -653,13 +743,24 @@ fn join_nccl_across_workers(
         ));
     }
     let able = ordinals.is_some() && nccl::available();
-    let joined: Vec<Result<Option<NcclComm>, TrainError>> = std::thread::scope(|scope| {
+    let watch = PeerWatch::of(links);
+    let checks: Vec<_> = links
+        .iter()
+        .map(|_| watch.as_ref().map(PeerWatch::check))
+        .collect();
+    let joined: Vec<Result<Joined, TrainError>> = std::thread::scope(|threads| {
         let handles: Vec<_> = links
             .iter_mut()
             .zip(devices)
-            .map(|(link, device)| {
+            .zip(checks)
+            .map(|((link, device), check)| {
                 let device = *device;
-                scope.spawn(move || join_nccl(link, device, able, options.timeout))
+                let join = Join {
+                    able,
+                    timeout: options.timeout,
+                    scope,
+                };
+                threads.spawn(move || join_nccl(link, device, join, check))
             })
             .collect();
         handles
@@ -674,41 +775,94 @@ fn join_nccl_across_workers(
             })
             .collect()
     });
-    let comms = joined.into_iter().collect::<Result<Vec<_>, _>>()?;
-    match comms.iter().all(Option::is_some) {
-        true if !comms.is_empty() => {
-            tracing::info!(
-                replicas = comms.len(),
-                "gradients summed by NCCL across the workers"
-            );
-            for (link, comm) in links.iter_mut().zip(comms) {
-                link.nccl = comm;
-            }
-            Ok(())
-        }
-        _ if asked => Err(TrainError::invalid(
+    let joined = joined.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let refused = || {
+        Err(TrainError::invalid(
             STRATEGY,
             "NCCL was asked for, but some worker has a replica on the CPU or cannot load NCCL",
-        )),
-        _ => Ok(()),
+        ))
+    };
+    if joined.is_empty() || joined.iter().any(|j| matches!(j, Joined::Without)) {
+        return if asked { refused() } else { Ok(()) };
     }
+    if joined.iter().all(|j| matches!(j, Joined::Group(_))) {
+        tracing::info!(
+            replicas = joined.len(),
+            "gradients summed by NCCL across the workers"
+        );
+        for (link, joined) in links.iter_mut().zip(joined) {
+            if let Joined::Group(comm) = joined {
+                link.nccl = Some(comm);
+                link.watch.clone_from(&watch);
+            }
+        }
+        return Ok(());
+    }
+    // Every replica voted for NCCL within its worker: one group of this worker's GPUs.
+    let Some(ordinals) = ordinals else {
+        return refused();
+    };
+    let gpus = ordinals
+        .iter()
+        .map(|&o| lockstep_cuda::CudaDevice::open(o))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TrainError::invalid(STRATEGY, e.to_string()))?;
+    let comms = NcclComm::local_group(&gpus, options.timeout)
+        .map_err(|e| TrainError::invalid(STRATEGY, format!("NCCL: {e}")))?;
+    let others = links.first().is_some_and(|l| l.world_size() > links.len());
+    tracing::info!(
+        replicas = comms.len(),
+        "gradients summed by NCCL within this worker, and over the TCP ring between workers"
+    );
+    for (link, mut comm) in links.iter_mut().zip(comms) {
+        if let Some(watch) = &watch {
+            comm.set_peer_check(watch.check());
+        }
+        link.nccl = Some(comm);
+        link.nccl_within_process = others;
+        link.watch.clone_from(&watch);
+    }
+    Ok(())
 }
 
-/// One replica's part of [`join_nccl_across_workers`]: the vote, the unique id, the join.
+/// What one replica knows when it joins NCCL under [`MultiWorkerMirroredStrategy`].
+#[derive(Clone, Copy)]
+struct Join {
+    /// Whether this worker can: its replicas all on GPUs, NCCL loaded.
+    able: bool,
+    timeout: Duration,
+    scope: NcclScope,
+}
+
+/// How one replica came out of [`join_nccl`].
+enum Joined {
+    /// Some worker cannot use NCCL (or this replica is on the CPU): the CPU's transports.
+    Without,
+    /// A member of the group of every replica of every worker.
+    Group(NcclComm),
+    /// Every worker can, and each makes a group of its own replicas.
+    WithinWorker,
+}
+
+/// One replica's part of [`join_nccl_across_workers`]: the vote, the unique id, the join,
+/// watched (and every later collective) by `peers`, the cluster's connections.
 fn join_nccl(
     link: &mut ReplicaLink,
     device: Device,
-    able: bool,
-    timeout: Duration,
-) -> Result<Option<NcclComm>, TrainError> {
+    join: Join,
+    peers: Option<nccl::PeerCheck>,
+) -> Result<Joined, TrainError> {
     const STRATEGY: &str = "MultiWorkerMirroredStrategy";
-    let mut vote = [if able { 1.0_f32 } else { 0.0 }];
+    let mut vote = [if join.able { 1.0_f32 } else { 0.0 }];
     link.all_reduce(&mut vote, ReduceOp::Min)?;
     let Device::Cuda(ordinal) = device else {
-        return Ok(None);
+        return Ok(Joined::Without);
     };
     if vote[0] != 1.0 {
-        return Ok(None);
+        return Ok(Joined::Without);
+    }
+    if join.scope == NcclScope::EachWorker {
+        return Ok(Joined::WithinWorker);
     }
     // The first value says whether the chief could make the id; the others are its bytes.
     let mut message = [0.0_f32; 129];
@@ -738,8 +892,8 @@ fn join_nccl(
     let gpu = lockstep_cuda::CudaDevice::open(ordinal)
         .map_err(|e| TrainError::invalid(STRATEGY, e.to_string()))?;
     let rank = (link.replica_id(), link.world_size());
-    NcclComm::join(&gpu, UniqueId::from_bytes(bytes), rank, timeout)
-        .map(Some)
+    NcclComm::join_watched(&gpu, UniqueId::from_bytes(bytes), rank, join.timeout, peers)
+        .map(Joined::Group)
         .map_err(|e| TrainError::invalid(STRATEGY, format!("joining NCCL: {e}")))
 }
 

@@ -10,9 +10,10 @@ mod common;
 
 use std::path::Path;
 
-use common::{EXAMPLES, digits, event_steps, mlp};
+use common::{EXAMPLES, digits, event_steps, gpu, mlp};
 use lockstep_checkpoint::CheckpointManager;
 use lockstep_cluster::{Cluster, TfConfig};
+use lockstep_collective::CommunicationOptions;
 use lockstep_data::{Dataset, InputContext};
 use lockstep_nn::{Reduction, Sgd, SparseCategoricalAccuracy, SparseCategoricalCrossentropy};
 use lockstep_tensor::Tensor;
@@ -111,6 +112,43 @@ fn train_counts_a_global_step_that_a_new_estimator_resumes_from() {
             .unwrap(),
         [10, 20, 25]
     );
+}
+
+#[test]
+fn an_estimator_whose_replica_is_on_a_gpu_trains_and_evaluates_as_on_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let run = |strategy: MirroredStrategy| {
+        let dir = tempfile::tempdir().unwrap();
+        let config = RunConfig::new(dir.path()).train_distribute(strategy);
+        let mut estimator = Estimator::new(model_fn, config);
+        estimator.train(input_fn, Some(20), None).unwrap();
+        let logs = estimator.evaluate(input_fn, None).unwrap();
+        let predictions = estimator.predict(input_fn).unwrap();
+        let first = predictions[0].host_data().unwrap().to_vec();
+        (weights(&mut estimator), logs, first)
+    };
+    let on_gpu = MirroredStrategy::with_devices(&[gpu], CommunicationOptions::default()).unwrap();
+    let (gpu_weights, gpu_logs, gpu_predictions) = run(on_gpu);
+    let (cpu_weights, cpu_logs, cpu_predictions) = run(MirroredStrategy::new(1).unwrap());
+    // Plain SGD for 20 steps: the two part by no more than their rounding.
+    let largest = gpu_weights
+        .iter()
+        .zip(&cpu_weights)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0_f32, f32::max);
+    assert!(largest < 1e-4, "weights differ by up to {largest}");
+    let (a, b) = (gpu_logs.get("loss").unwrap(), cpu_logs.get("loss").unwrap());
+    assert!(
+        (a - b).abs() <= 1e-4 * b.abs(),
+        "loss {a} on the GPU, {b} on the CPU"
+    );
+    assert_eq!(gpu_logs.get("global_step"), Some(20.0));
+    for (a, b) in gpu_predictions.iter().zip(&cpu_predictions) {
+        assert!(
+            (a - b).abs() <= 1e-3 * b.abs().max(1.0),
+            "prediction {a} vs {b}"
+        );
+    }
 }
 
 #[test]

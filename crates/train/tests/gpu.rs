@@ -5,46 +5,19 @@
 
 #![allow(
     clippy::unwrap_used,
-    clippy::panic,
     reason = "a test helper that meets an error must fail the test loudly"
 )]
 
 mod common;
 
-use common::{CrashAt, digits, loss, mlp, workers_with};
+use common::{CrashAt, digits, gpu, loss, mlp, two_gpus, workers_with};
 use lockstep_collective::{CommunicationOptions, Implementation};
 use lockstep_nn::Adam;
 use lockstep_tensor::{Device, Tensor};
 use lockstep_train::{
-    BackupAndRestore, Callback, History, MirroredStrategy, Model, OneDeviceStrategy, SaveFreq,
-    Strategy, TrainError,
+    BackupAndRestore, Callback, History, MirroredStrategy, Model, MultiWorkerMirroredStrategy,
+    OneDeviceStrategy, SaveFreq, Strategy, TrainError,
 };
-
-/// GPU 0, or none (printing why).
-fn gpu() -> Option<Device> {
-    match Tensor::scalar(0.0).to_device(Device::Cuda(0)) {
-        Ok(_) => Some(Device::Cuda(0)),
-        Err(e) if std::env::var_os("LOCKSTEP_REQUIRE_GPU").is_some_and(|v| v == "1") => {
-            panic!("LOCKSTEP_REQUIRE_GPU=1 but no GPU: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipped: no GPU: {e}");
-            None
-        }
-    }
-}
-
-/// Whether this machine has two GPUs (printing why not).
-fn two_gpus() -> bool {
-    if gpu().is_none() {
-        return false;
-    }
-    let count = lockstep_cuda::device_count().unwrap_or(0);
-    if count < 2 {
-        eprintln!("skipped: needs 2 GPUs, this machine has {count}");
-    }
-    count >= 2
-}
 
 /// Trains the guide's MLP under `strategy`; its weights and history.
 fn train(
@@ -227,6 +200,38 @@ fn two_workers_on_a_gpu_each_summed_by_one_nccl_group_train_as_two_cpu_replicas(
     assert_eq!(results[0], results[1], "the workers' weights differ");
     let (cpus, _) = train(MirroredStrategy::new(2).unwrap(), 2, Vec::new()).unwrap();
     assert_adam_close(&results[0], &cpus, 2 * STEPS_PER_EPOCH);
+}
+
+#[test]
+fn workers_each_summing_its_gpus_with_nccl_and_meeting_over_tcp_train_as_over_the_ring() {
+    // Both workers on GPU 0 (threads of this process): each has an NCCL group of its own, so
+    // one GPU is enough; the workers' sums meet over TCP.
+    fn within(strategy: MultiWorkerMirroredStrategy) -> (Vec<f32>, History) {
+        let strategy = strategy
+            .nccl_within_workers()
+            .on_devices(&[Device::Cuda(0)])
+            .unwrap();
+        train(strategy, 2, Vec::new()).unwrap()
+    }
+    fn ring(strategy: MultiWorkerMirroredStrategy) -> (Vec<f32>, History) {
+        let strategy = strategy.on_devices(&[Device::Cuda(0)]).unwrap();
+        train(strategy, 2, Vec::new()).unwrap()
+    }
+    let Some(_) = gpu() else { return };
+    let nccl = CommunicationOptions {
+        implementation: Implementation::Nccl,
+        ..CommunicationOptions::default()
+    };
+    let ring_options = CommunicationOptions {
+        implementation: Implementation::Ring,
+        ..CommunicationOptions::default()
+    };
+    let hierarchical = workers_with(2, 1, nccl, within);
+    let over_the_ring = workers_with(2, 1, ring_options, ring);
+    assert_eq!(hierarchical[0].0, hierarchical[1].0, "the workers differ");
+    // Two workers: every sum is a + b whichever way it travels.
+    assert_eq!(hierarchical[0].0, over_the_ring[0].0);
+    assert_eq!(hierarchical[0].1.history, over_the_ring[0].1.history);
 }
 
 #[test]

@@ -70,6 +70,33 @@ fn auto_with_replicas_on_the_cpu_agrees_on_the_cpus_transports_and_trains() {
 }
 
 #[test]
+fn nccl_within_workers_needs_every_replica_on_a_gpu_and_leaves_auto_on_the_cpu_alone() {
+    let errors = workers_with(2, 1, options(Implementation::Nccl), |strategy| {
+        strategy
+            .nccl_within_workers()
+            .on_devices(&[Device::Cpu])
+            .err()
+            .map(|e| e.to_string())
+    });
+    for error in errors {
+        let error = error.unwrap_or_default();
+        assert!(error.contains("every replica must be on a GPU"), "{error}");
+    }
+    let weights = workers_with(2, 1, options(Implementation::Auto), |strategy| {
+        let strategy = strategy
+            .nccl_within_workers()
+            .on_devices(&[Device::Cpu])
+            .unwrap();
+        let mut model = Model::new(strategy, mlp).unwrap();
+        model.compile(Adam::default(), loss(), &[]).unwrap();
+        let data = model.distribute_dataset(digits(), 64).unwrap();
+        model.fit(&data).verbose(false).run().unwrap();
+        model.network().parameters().values().to_vec()
+    });
+    assert_eq!(weights[0], weights[1]);
+}
+
+#[test]
 fn devices_for_another_number_of_replicas_are_refused() {
     let errors = workers_with(1, 2, CommunicationOptions::default(), |strategy| {
         strategy

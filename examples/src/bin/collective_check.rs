@@ -6,6 +6,14 @@
 //! [worker:0] result=error kind=PeerLost detail=rank 1 (127.0.0.1:40125) was lost: the connection closed
 //! [worker:2] result=error kind=Aborted detail=…
 //! ```
+//!
+//! With `--watch`, the others wait outside the collectives at the middle one, as a GPU's NCCL
+//! call does, and see the crash through their connections alone:
+//!
+//! ```text
+//! $ cargo xtask run-cluster --example collective_check --workers 3 --keep-going -- --misbehave crash --rank 1 --watch
+//! [worker:0] result=error kind=PeerLost seen_ms=… detail=rank 1 (127.0.0.1:40125) was lost: the connection closed
+//! ```
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -53,6 +61,30 @@ struct Args {
     /// Seconds a collective may wait for its peers.
     #[arg(long, default_value_t = 5)]
     timeout_secs: u64,
+    /// At the middle all-reduce, the other ranks wait outside the collectives instead (as a
+    /// GPU's NCCL call does), watching their connections (`check_peers`) every 20 ms for up
+    /// to `timeout_secs` × 4, and report the peer they see gone and after how long.
+    #[arg(long)]
+    watch: bool,
+}
+
+/// The `--watch` wait: `result=error kind=PeerLost … seen_ms=…` once a peer is seen gone, or
+/// `result=unseen` when none is within `limit`.
+fn watch(comm: &mut Communicator<TcpTransport>, limit: Duration) -> ExitCode {
+    let started = std::time::Instant::now();
+    while started.elapsed() < limit {
+        if let Err(error) = comm.check_peers() {
+            println!(
+                "result=error kind={} seen_ms={} detail={error}",
+                kind(&error),
+                started.elapsed().as_millis()
+            );
+            return ExitCode::SUCCESS;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("result=unseen");
+    ExitCode::from(3)
 }
 
 fn kind(error: &CollectiveError) -> &'static str {
@@ -96,6 +128,9 @@ fn main() -> anyhow::Result<ExitCode> {
                 }
                 _ => {}
             }
+        }
+        if !chosen && iteration == middle && args.watch {
+            return Ok(watch(&mut comm, Duration::from_secs(args.timeout_secs * 4)));
         }
         let wrong = chosen && iteration == middle && args.misbehave == Misbehaviour::WrongSize;
         let mut data = vec![

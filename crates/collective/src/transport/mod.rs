@@ -54,6 +54,19 @@ pub trait Transport: Send {
         let _ = spinning;
     }
 
+    /// Looks, without waiting, for a peer whose connection has ended, reading and keeping
+    /// whatever has arrived meanwhile: the side channel by which a wait elsewhere (an NCCL
+    /// collective on a GPU) learns within moments that a peer process died, where it would
+    /// otherwise wait for its timeout. Transports whose peers cannot end apart from this rank
+    /// (threads of one process) have nothing to report.
+    ///
+    /// # Errors
+    ///
+    /// [`CollectiveError::PeerLost`] naming the first peer found gone.
+    fn check_peers(&mut self) -> Result<(), CollectiveError> {
+        Ok(())
+    }
+
     /// Sends a message to `peer`: `Ok(true)` once the transport has taken it, `Ok(false)` when
     /// `deadline` passed first (a transport with bounded buffers waits for a slow reader).
     ///
@@ -304,6 +317,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn shared_memory(&self) -> Option<&SharedMemoryTransport> {
         (**self).shared_memory()
+    }
+    fn check_peers(&mut self) -> Result<(), CollectiveError> {
+        (**self).check_peers()
     }
     fn set_spinning(&mut self, spinning: bool) {
         (**self).set_spinning(spinning);

@@ -2,6 +2,7 @@
 
 #![allow(
     clippy::unwrap_used,
+    clippy::panic,
     reason = "a test helper that meets an error must fail the test loudly"
 )]
 #![allow(
@@ -173,4 +174,32 @@ impl Callback for CrashAt {
         }
         Ok(())
     }
+}
+
+/// GPU 0, or none (printing why): GPU tests skip without one, unless `LOCKSTEP_REQUIRE_GPU=1`
+/// makes that a failure.
+pub(crate) fn gpu() -> Option<lockstep_tensor::Device> {
+    use lockstep_tensor::{Device, Tensor};
+    match Tensor::scalar(0.0).to_device(Device::Cuda(0)) {
+        Ok(_) => Some(Device::Cuda(0)),
+        Err(e) if std::env::var_os("LOCKSTEP_REQUIRE_GPU").is_some_and(|v| v == "1") => {
+            panic!("LOCKSTEP_REQUIRE_GPU=1 but no GPU: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: no GPU: {e}");
+            None
+        }
+    }
+}
+
+/// Whether this machine has two GPUs (printing why not).
+pub(crate) fn two_gpus() -> bool {
+    if gpu().is_none() {
+        return false;
+    }
+    let count = lockstep_cuda::device_count().unwrap_or(0);
+    if count < 2 {
+        eprintln!("skipped: needs 2 GPUs, this machine has {count}");
+    }
+    count >= 2
 }

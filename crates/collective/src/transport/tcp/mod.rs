@@ -585,6 +585,49 @@ impl Transport for TcpTransport {
         self.cluster
     }
 
+    fn check_peers(&mut self) -> Result<(), CollectiveError> {
+        // Which connections have bytes or their end to read, asked of `poll` without sleeping:
+        // a ring's socket tells its end to `poll` alone.
+        let mut watched = Vec::with_capacity(self.links.len());
+        let mut fds = Vec::with_capacity(self.links.len());
+        for (peer, link) in self.links.iter().enumerate() {
+            let Some(link) = link.as_ref().filter(|l| l.closed.is_none()) else {
+                continue;
+            };
+            let events = link.stream().poll_events(true, false);
+            if !events.is_empty() {
+                fds.push(PollFd::new(link.stream().as_fd(), events));
+                watched.push(peer);
+            }
+        }
+        // A failed poll finds nothing this time; the caller asks again.
+        let _ = poll(&mut fds, PollTimeout::ZERO);
+        let stirred = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
+        let revents: Vec<bool> = fds
+            .iter()
+            .map(|fd| fd.revents().is_some_and(|e| e.intersects(stirred)))
+            .collect();
+        drop(fds);
+        for (peer, readable) in watched.into_iter().zip(revents) {
+            let Some(Some(link)) = self.links.get_mut(peer) else {
+                continue;
+            };
+            // A frame part-way into a transfer's buffer belongs to that transfer alone.
+            if readable && !link.is_placing() {
+                link.stream().disarm(true, false);
+                link.pump(None);
+            }
+        }
+        for peer in 0..self.links.len() {
+            if let Some(Some(link)) = self.links.get(peer)
+                && let Some(reason) = link.closed.clone()
+            {
+                return Err(self.lost(peer, reason));
+            }
+        }
+        Ok(())
+    }
+
     fn send(
         &mut self,
         peer: usize,
