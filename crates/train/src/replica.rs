@@ -106,8 +106,9 @@ pub(crate) struct Replica {
     /// The kernel threads a process's single replica runs its steps on (made at its first
     /// step; see [`on_replicas`]).
     kernels: Option<Arc<rayon::ThreadPool>>,
-    /// The gradient buffer's packs and how they travel (made at the first step).
-    packs: Option<(Packs, Wire)>,
+    /// The gradient buffer's packs and how they travel (made at the first step; shared, so a
+    /// step holds them while it borrows the replica).
+    packs: Option<(Arc<Packs>, Wire)>,
     /// The steps' time and the part blocked in their collectives, since the last report.
     pub(crate) waits: Waits,
     /// A GPU replica's parameters, gradients and optimizer state on its device between the
@@ -237,9 +238,9 @@ impl Replica {
                 compression: options.compression,
                 replicas: self.link.world_size(),
             };
-            (packs, wire)
+            (Arc::new(packs), wire)
         });
-        let (packs, wire) = (packs.clone(), *wire);
+        let (packs, wire) = (Arc::clone(packs), *wire);
         let packs = &packs;
         if self.on_device_state(packs.len()) {
             return self.train_step_on_device(batch, objective, step, (packs, wire), started);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{CrashAt, EXAMPLES, digits, loss, mlp, workers, workers_with};
+use common::{CrashAt, EXAMPLES, digits, loss, mlp, train, workers, workers_with};
 use lockstep_cluster::{Cluster, TfConfig};
 use lockstep_collective::{CommunicationOptions, Compression, Implementation};
 use lockstep_data::{AutoShardPolicy, Dataset, DatasetOptions};
@@ -20,24 +20,6 @@ use lockstep_train::{
     OneDeviceStrategy, SaveFreq, Strategy, TrainError,
 };
 use ndarray::{Array1, Array2};
-
-/// Trains the MLP under `strategy` for `epochs` with `global_batch`, with the callbacks.
-fn train(
-    strategy: impl Strategy,
-    global_batch: usize,
-    epochs: u64,
-    callbacks: Vec<Box<dyn Callback>>,
-) -> Result<(Vec<f32>, History), TrainError> {
-    let mut model = Model::new(strategy, mlp)?;
-    model.compile(Adam::default(), loss(), &["accuracy"])?;
-    let data = model.distribute_dataset(digits(), global_batch)?;
-    let mut fit = model.fit(&data).epochs(epochs).verbose(false);
-    for callback in callbacks {
-        fit = fit.callback(callback);
-    }
-    let history = fit.run()?;
-    Ok((model.network().parameters().values().to_vec(), history))
-}
 
 fn max_difference(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());

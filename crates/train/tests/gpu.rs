@@ -10,31 +10,14 @@
 
 mod common;
 
-use common::{CrashAt, digits, gpu, loss, mlp, two_gpus, workers_with};
+use common::{CrashAt, digits, gpu, loss, mlp, train, two_gpus, workers_with};
 use lockstep_collective::{CommunicationOptions, Implementation};
 use lockstep_nn::Adam;
 use lockstep_tensor::{Device, Tensor};
 use lockstep_train::{
-    BackupAndRestore, Callback, History, MirroredStrategy, Model, MultiWorkerMirroredStrategy,
-    OneDeviceStrategy, SaveFreq, Strategy, TrainError,
+    BackupAndRestore, History, MirroredStrategy, Model, MultiWorkerMirroredStrategy,
+    OneDeviceStrategy, SaveFreq, Strategy,
 };
-
-/// Trains the guide's MLP under `strategy`; its weights and history.
-fn train(
-    strategy: impl Strategy,
-    epochs: u64,
-    callbacks: Vec<Box<dyn Callback>>,
-) -> Result<(Vec<f32>, History), TrainError> {
-    let mut model = Model::new(strategy, mlp)?;
-    model.compile(Adam::default(), loss(), &["accuracy"])?;
-    let data = model.distribute_dataset(digits(), 64)?;
-    let mut fit = model.fit(&data).epochs(epochs).verbose(false);
-    for callback in callbacks {
-        fit = fit.callback(callback);
-    }
-    let history = fit.run()?;
-    Ok((model.network().parameters().values().to_vec(), history))
-}
 
 /// Weights trained with Adam on a GPU and on the CPU: their sums round differently, and Adam
 /// moves each value by about its learning rate whatever its gradient's size, so a gradient near
@@ -64,12 +47,12 @@ const STEPS_PER_EPOCH: u64 = 10;
 fn mirrored_strategy_on_one_gpu_trains_as_one_device_strategy_on_that_gpu() {
     let Some(gpu) = gpu() else { return };
     let mirrored = MirroredStrategy::with_devices(&[gpu], CommunicationOptions::default()).unwrap();
-    let (a, a_history) = train(mirrored, 2, Vec::new()).unwrap();
-    let (b, b_history) = train(OneDeviceStrategy::on(gpu).unwrap(), 2, Vec::new()).unwrap();
+    let (a, a_history) = train(mirrored, 64, 2, Vec::new()).unwrap();
+    let (b, b_history) = train(OneDeviceStrategy::on(gpu).unwrap(), 64, 2, Vec::new()).unwrap();
     assert_eq!(a, b);
     assert_eq!(a_history.history, b_history.history);
     // The same run on the CPU, within the GPU's rounding.
-    let (cpu, _) = train(OneDeviceStrategy::new(), 2, Vec::new()).unwrap();
+    let (cpu, _) = train(OneDeviceStrategy::new(), 64, 2, Vec::new()).unwrap();
     assert_adam_close(&a, &cpu, 2 * STEPS_PER_EPOCH);
 }
 
@@ -82,7 +65,7 @@ fn gradients_summed_by_nccl_train_as_those_summed_over_the_cpu() {
             ..CommunicationOptions::default()
         };
         let strategy = MirroredStrategy::with_devices(&[gpu], options).unwrap();
-        train(strategy, 2, Vec::new()).unwrap()
+        train(strategy, 64, 2, Vec::new()).unwrap()
     };
     let (nccl, nccl_history) = with(Implementation::Nccl);
     let (ring, ring_history) = with(Implementation::Ring);
@@ -110,8 +93,8 @@ fn a_replica_on_a_gpu_beside_one_on_the_cpu_trains_as_two_on_the_cpu() {
     let mixed =
         MirroredStrategy::with_devices(&[gpu, Device::Cpu], CommunicationOptions::default())
             .unwrap();
-    let (mixed, _) = train(mixed, 2, Vec::new()).unwrap();
-    let (cpu, _) = train(MirroredStrategy::new(2).unwrap(), 2, Vec::new()).unwrap();
+    let (mixed, _) = train(mixed, 64, 2, Vec::new()).unwrap();
+    let (cpu, _) = train(MirroredStrategy::new(2).unwrap(), 64, 2, Vec::new()).unwrap();
     assert_adam_close(&mixed, &cpu, 2 * STEPS_PER_EPOCH);
 }
 
@@ -119,18 +102,19 @@ fn a_replica_on_a_gpu_beside_one_on_the_cpu_trains_as_two_on_the_cpu() {
 fn a_gpu_run_resumed_from_its_backup_ends_bit_identical_to_an_uninterrupted_one() {
     let Some(gpu) = gpu() else { return };
     let strategy = || OneDeviceStrategy::on(gpu).unwrap();
-    let (uninterrupted, history) = train(strategy(), 3, Vec::new()).unwrap();
+    let (uninterrupted, history) = train(strategy(), 64, 3, Vec::new()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let backup = || BackupAndRestore::new(dir.path().join("backup")).save_freq(SaveFreq::Steps(4));
     // Step 17: mid-epoch (10 steps per epoch), after the backup of step 16.
     let err = train(
         strategy(),
+        64,
         3,
         vec![Box::new(backup()), Box::new(CrashAt(17))],
     )
     .unwrap_err();
     assert!(err.to_string().contains("crashed on purpose"), "{err}");
-    let (resumed, resumed_history) = train(strategy(), 3, vec![Box::new(backup())]).unwrap();
+    let (resumed, resumed_history) = train(strategy(), 64, 3, vec![Box::new(backup())]).unwrap();
     assert_eq!(resumed, uninterrupted);
     let last = |h: &History| h.get("loss").unwrap().last().copied();
     assert_eq!(last(&resumed_history), last(&history));
@@ -168,11 +152,12 @@ fn replicas_on_two_gpus_summed_by_nccl_train_as_two_on_the_cpu() {
     };
     let (gpus, gpu_history) = train(
         MirroredStrategy::with_devices(&devices, options).unwrap(),
+        64,
         2,
         Vec::new(),
     )
     .unwrap();
-    let (cpus, cpu_history) = train(MirroredStrategy::new(2).unwrap(), 2, Vec::new()).unwrap();
+    let (cpus, cpu_history) = train(MirroredStrategy::new(2).unwrap(), 64, 2, Vec::new()).unwrap();
     assert_adam_close(&gpus, &cpus, 2 * STEPS_PER_EPOCH);
     let last = |h: &History| h.get("loss").unwrap().last().copied().unwrap();
     assert!((last(&gpu_history) - last(&cpu_history)).abs() < 1e-3);
@@ -195,10 +180,10 @@ fn two_workers_on_a_gpu_each_summed_by_one_nccl_group_train_as_two_cpu_replicas(
             .parse()
             .unwrap();
         let strategy = strategy.on_devices(&[Device::Cuda(index)]).unwrap();
-        train(strategy, 2, Vec::new()).unwrap().0
+        train(strategy, 64, 2, Vec::new()).unwrap().0
     });
     assert_eq!(results[0], results[1], "the workers' weights differ");
-    let (cpus, _) = train(MirroredStrategy::new(2).unwrap(), 2, Vec::new()).unwrap();
+    let (cpus, _) = train(MirroredStrategy::new(2).unwrap(), 64, 2, Vec::new()).unwrap();
     assert_adam_close(&results[0], &cpus, 2 * STEPS_PER_EPOCH);
 }
 
@@ -211,11 +196,11 @@ fn workers_each_summing_its_gpus_with_nccl_and_meeting_over_tcp_train_as_over_th
             .nccl_within_workers()
             .on_devices(&[Device::Cuda(0)])
             .unwrap();
-        train(strategy, 2, Vec::new()).unwrap()
+        train(strategy, 64, 2, Vec::new()).unwrap()
     }
     fn ring(strategy: MultiWorkerMirroredStrategy) -> (Vec<f32>, History) {
         let strategy = strategy.on_devices(&[Device::Cuda(0)]).unwrap();
-        train(strategy, 2, Vec::new()).unwrap()
+        train(strategy, 64, 2, Vec::new()).unwrap()
     }
     let Some(_) = gpu() else { return };
     let nccl = CommunicationOptions {

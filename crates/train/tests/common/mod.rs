@@ -22,7 +22,8 @@ use lockstep_data::mnist::{Mnist, scale};
 use lockstep_data::{Dataset, from_vec};
 use lockstep_nn::{Adam, Sequential, SparseCategoricalCrossentropy, models};
 use lockstep_train::{
-    Callback, MirroredStrategy, Model, MultiWorkerMirroredStrategy, TrainError, TrainingContext,
+    Callback, History, MirroredStrategy, Model, MultiWorkerMirroredStrategy, Strategy, TrainError,
+    TrainingContext,
 };
 use ndarray::Array1;
 
@@ -202,4 +203,22 @@ pub(crate) fn two_gpus() -> bool {
         eprintln!("skipped: needs 2 GPUs, this machine has {count}");
     }
     count >= 2
+}
+
+/// Trains the MLP under `strategy` for `epochs` with `global_batch`, with the callbacks.
+pub(crate) fn train(
+    strategy: impl Strategy,
+    global_batch: usize,
+    epochs: u64,
+    callbacks: Vec<Box<dyn Callback>>,
+) -> Result<(Vec<f32>, History), TrainError> {
+    let mut model = Model::new(strategy, mlp)?;
+    model.compile(Adam::default(), loss(), &["accuracy"])?;
+    let data = model.distribute_dataset(digits(), global_batch)?;
+    let mut fit = model.fit(&data).epochs(epochs).verbose(false);
+    for callback in callbacks {
+        fit = fit.callback(callback);
+    }
+    let history = fit.run()?;
+    Ok((model.network().parameters().values().to_vec(), history))
 }
