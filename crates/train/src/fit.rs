@@ -205,7 +205,7 @@ where
             }
             // Validation and the epoch's callbacks see the weights of this epoch's last step.
             ctx.model.sync_host()?;
-            crate::stragglers::report(ctx.model, epoch)?;
+            ctx.straggler = crate::stragglers::report(ctx.model, epoch)?;
             let mut logs = Logs::from_totals(&ctx.position.totals(), &compiled.metrics, "");
             if let Some(validation) = validation {
                 logs.extend_prefixed(ctx.model.evaluate(validation)?, "val_");
@@ -236,6 +236,7 @@ fn starting_context(model: &mut Model, initial_epoch: u64) -> TrainingContext<'_
         stop: false,
         workers,
         callbacks: Vec::new(),
+        straggler: None,
     }
 }
 

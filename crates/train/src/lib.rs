@@ -76,6 +76,7 @@ pub use kill_switch::{KILL_AT_STEP, KILL_IN_SAVE, SLOW_STEP_MS};
 pub use model::Model;
 pub use sidecar_evaluator::{Evaluation, SidecarEvaluator};
 pub use step_clock::StepClock;
+pub use stragglers::Straggler;
 pub use strategy::{
     MirroredStrategy, MultiWorkerMirroredStrategy, OneDeviceStrategy, ReplicaLink, Strategy,
     visible_devices,

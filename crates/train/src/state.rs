@@ -10,6 +10,7 @@ use crate::callbacks::CallbackState;
 use crate::error::TrainError;
 use crate::model::Model;
 use crate::replica::{StepTotals, not_compiled, on_replicas};
+use crate::stragglers::Straggler;
 
 /// The position of training: what a resumed run needs besides weights and optimizer state.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -273,6 +274,8 @@ pub struct TrainingContext<'m> {
     /// The stateful callbacks' states: as `fit` last gathered them before a callback that
     /// saves the training state ran, or as a restored backup held them.
     pub(crate) callbacks: Vec<CallbackState>,
+    /// The chief's straggler report of the epoch that ended last.
+    pub(crate) straggler: Option<Straggler>,
 }
 
 impl TrainingContext<'_> {
@@ -284,6 +287,13 @@ impl TrainingContext<'_> {
     /// This process's task, as `worker:1`.
     pub fn task(&self) -> &str {
         self.model.task()
+    }
+
+    /// On the chief, from the end of an epoch of `fit` on: whom the replicas waited for in that
+    /// epoch's collectives, and how long (the straggler report `fit` logs). `None` on the other
+    /// tasks, with one replica in sync, and before the first epoch's end.
+    pub fn straggler(&self) -> Option<&Straggler> {
+        self.straggler.as_ref()
     }
 
     /// The model. Replicas training on a GPU keep their newest values on it: in the middle of

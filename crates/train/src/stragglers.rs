@@ -34,20 +34,25 @@ impl Waits {
 /// time and the time blocked in them (seconds).
 const FIELDS: usize = 5;
 
-/// Whom the others waited for in one epoch.
+/// Whom the others waited for in one epoch's collectives: the replica blocked least per step
+/// (the one that arrived last), as the chief's straggler report names it
+/// ([`TrainingContext::straggler`](crate::TrainingContext::straggler)).
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Straggler {
-    /// The task (and replica, when a task has several) the others waited for.
-    pub(crate) label: String,
+pub struct Straggler {
+    /// The task (and replica, when a task has several) the others waited for: `worker:2`.
+    pub label: String,
+    /// That replica's index among all replicas in sync.
+    pub replica: usize,
     /// How long the others were blocked per step beyond it, on average.
-    pub(crate) wait_per_step: Duration,
+    pub wait_per_step: Duration,
     /// That wait's share of the others' step time.
-    pub(crate) share: f64,
+    pub share: f64,
 }
 
 /// Gathers every replica's [`Waits`] since the last report (every replica of every process
-/// must call it at the same point) and, on the chief, logs whom the others waited for.
-pub(crate) fn report(model: &mut Model, epoch: u64) -> Result<(), TrainError> {
+/// must call it at the same point) and, on the chief, logs whom the others waited for and
+/// returns it (`None` elsewhere, with one replica, or without steps).
+pub(crate) fn report(model: &mut Model, epoch: u64) -> Result<Option<Straggler>, TrainError> {
     let world = model.num_replicas_in_sync();
     let (kind, index) = task_code(model.task());
     let local = model.replicas.len();
@@ -67,9 +72,10 @@ pub(crate) fn report(model: &mut Model, epoch: u64) -> Result<(), TrainError> {
         Ok(values)
     })?;
     if !model.is_chief() {
-        return Ok(());
+        return Ok(None);
     }
-    if let Some(s) = gathered.first().and_then(|values| straggler(values, local)) {
+    let found = gathered.first().and_then(|values| straggler(values, local));
+    if let Some(s) = &found {
         tracing::info!(
             epoch = epoch + 1,
             waited_for = %s.label,
@@ -78,7 +84,7 @@ pub(crate) fn report(model: &mut Model, epoch: u64) -> Result<(), TrainError> {
             "straggler report: the replica the others waited for in this epoch's collectives"
         );
     }
-    Ok(())
+    Ok(found)
 }
 
 /// Whom the others waited for, from every replica's gathered values (`local` replicas per
@@ -110,6 +116,7 @@ pub(crate) fn straggler(values: &[f64], local: usize) -> Option<Straggler> {
     }
     Some(Straggler {
         label,
+        replica: slowest,
         wait_per_step: Duration::from_secs_f64(wait.max(0.0)),
         share: if step > 0.0 { wait / step } else { 0.0 },
     })
@@ -151,6 +158,7 @@ mod tests {
         ];
         let s = straggler(&values, 1).unwrap();
         assert_eq!(s.label, "worker:2");
+        assert_eq!(s.replica, 2);
         assert!((s.wait_per_step.as_secs_f64() - 0.035).abs() < 1e-9);
         assert!((s.share - 0.35).abs() < 1e-9);
         assert_eq!(straggler(&values[..FIELDS], 1), None, "one replica");

@@ -7,10 +7,13 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
+
 use common::{compiled, digits, mlp};
 use lockstep_train::{
-    CsvLogger, EarlyStopping, LearningRateScheduler, MirroredStrategy, Mode, Model,
-    ModelCheckpoint, OneDeviceStrategy, SaveFreq, TensorBoard, TrainError,
+    Callback, CsvLogger, EarlyStopping, LearningRateScheduler, Logs, MirroredStrategy, Mode, Model,
+    ModelCheckpoint, OneDeviceStrategy, SaveFreq, Straggler, TensorBoard, TrainError,
+    TrainingContext,
 };
 
 #[test]
@@ -190,6 +193,64 @@ fn tensorboard_writes_an_event_file_for_training_and_one_for_validation() {
         .run()
         .unwrap_err();
     assert!(err.to_string().contains("update_freq"), "{err}");
+}
+
+#[test]
+fn tensorboard_writes_each_epochs_straggler_report_beside_its_scalars() {
+    /// What the chief's context says after each epoch.
+    struct Reports(Arc<Mutex<Vec<Option<Straggler>>>>);
+    impl Callback for Reports {
+        fn on_epoch_end(
+            &mut self,
+            _epoch: u64,
+            _logs: &Logs,
+            ctx: &mut TrainingContext<'_>,
+        ) -> Result<(), TrainError> {
+            self.0.lock().unwrap().push(ctx.straggler().cloned());
+            Ok(())
+        }
+    }
+    let tags = |model: &mut Model, dir: &std::path::Path| {
+        let data = model.distribute_dataset(digits(), 64).unwrap();
+        let reports = Arc::new(Mutex::new(Vec::new()));
+        model
+            .fit(&data)
+            .epochs(2)
+            .verbose(false)
+            .callback(Reports(Arc::clone(&reports)))
+            .callback(TensorBoard::new(dir))
+            .run()
+            .unwrap();
+        let file = std::fs::read_dir(dir.join("train"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let bytes = String::from_utf8_lossy(&std::fs::read(file).unwrap()).into_owned();
+        let reports = reports.lock().unwrap().clone();
+        (bytes, reports)
+    };
+    let two = tempfile::tempdir().unwrap();
+    let (events, reports) = tags(&mut compiled(2), two.path());
+    for tag in [
+        "straggler/replica",
+        "straggler/wait_ms_per_step",
+        "straggler/share_of_step",
+    ] {
+        assert_eq!(events.matches(tag).count(), 2, "{tag}: one per epoch");
+    }
+    assert_eq!(reports.len(), 2);
+    for report in reports {
+        let report = report.expect("two replicas: a report each epoch");
+        assert!(report.replica < 2, "{report:?}");
+        assert!((0.0..=1.0).contains(&report.share), "{report:?}");
+    }
+    // One replica waits for nobody: no report, no scalars.
+    let one = tempfile::tempdir().unwrap();
+    let (events, reports) = tags(&mut compiled(1), one.path());
+    assert!(!events.contains("straggler/"));
+    assert_eq!(reports, [None, None]);
 }
 
 #[test]

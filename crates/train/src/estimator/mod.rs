@@ -533,6 +533,7 @@ impl Estimator {
             stop: false,
             workers,
             callbacks: Vec::new(),
+            straggler: None,
         };
         context.sync_from_chief()?;
         self.global_step = context.position.step;
@@ -571,6 +572,7 @@ impl Estimator {
             stop: false,
             workers,
             callbacks: Vec::new(),
+            straggler: None,
         };
         context.chief_writes("Estimator", "a checkpoint", |context| {
             let manager = CheckpointManager::new(&dir, (keep > 0).then_some(keep))?;

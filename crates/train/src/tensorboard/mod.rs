@@ -13,7 +13,10 @@ pub(crate) use events::EventWriter;
 /// `log_dir/train` and `log_dir/validation`, scalars `epoch_<name>` at each epoch's end (step =
 /// the epoch, from 0; validation values without their `val_` prefix), and with
 /// [`TensorBoard::update_freq`] `batch_<name>` every N steps (step = the optimizer step). Only
-/// the chief writes.
+/// the chief writes. With several replicas in sync, each epoch's straggler report goes beside
+/// the training scalars: `straggler/replica` (the index of the replica the others waited for),
+/// `straggler/wait_ms_per_step` and `straggler/share_of_step`
+/// ([`TrainingContext::straggler`]).
 #[derive(Default)]
 pub struct TensorBoard {
     log_dir: PathBuf,
@@ -84,7 +87,7 @@ impl Callback for TensorBoard {
         &mut self,
         epoch: u64,
         logs: &Logs,
-        _ctx: &mut TrainingContext<'_>,
+        ctx: &mut TrainingContext<'_>,
     ) -> Result<(), TrainError> {
         let Some(train) = &mut self.train else {
             return Ok(());
@@ -93,10 +96,20 @@ impl Callback for TensorBoard {
             .0
             .iter()
             .partition(|(name, _)| name.starts_with("val_"));
-        let training: Vec<(String, f64)> = training
+        let mut training: Vec<(String, f64)> = training
             .into_iter()
             .map(|(name, value)| (format!("epoch_{name}"), *value))
             .collect();
+        if let Some(s) = ctx.straggler() {
+            training.extend([
+                ("straggler/replica".to_owned(), s.replica as f64),
+                (
+                    "straggler/wait_ms_per_step".to_owned(),
+                    s.wait_per_step.as_secs_f64() * 1e3,
+                ),
+                ("straggler/share_of_step".to_owned(), s.share),
+            ]);
+        }
         train.scalars(epoch, &training)?;
         train.flush()?;
         if !validation.is_empty() {
