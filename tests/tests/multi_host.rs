@@ -1,5 +1,6 @@
 //! Several hosts on one machine: each worker in its own network namespace with its own IP
-//! address, joined by a veth pair, running the same binary a real multi-host run uses. Needs
+//! address, two joined by a veth pair, more through a bridge, running the same binary a real
+//! multi-host run uses. Needs
 //! root (or `CAP_NET_ADMIN`) and `ip` from iproute2; without them each test prints why it is
 //! skipped and passes.
 
@@ -15,11 +16,14 @@ use std::time::{Duration, Instant};
 
 use lockstep_e2e::{example_binary, field, task_lines, xtask};
 
-/// Two network namespaces joined by a veth pair, `10.77.<subnet>.1` and `.2`; removed (with
+/// Network namespaces, one per host, `10.77.<subnet>.1`, `.2`, …: two joined by a veth pair,
+/// more by a veth pair each to a bridge in a namespace of its own (a switch); removed (with
 /// their interfaces) on drop.
-struct TwoHosts {
-    namespaces: [String; 2],
-    addresses: [String; 2],
+struct Hosts {
+    namespaces: Vec<String>,
+    addresses: Vec<String>,
+    /// The switch's namespace, with more than two hosts.
+    switch: Option<String>,
 }
 
 /// Runs `ip` with `args`; the error is its stderr.
@@ -40,44 +44,66 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
-impl TwoHosts {
-    /// Creates the namespaces; with `impaired`, both ends of the link delay and drop
+impl Hosts {
+    /// Creates `n` hosts; with `impaired`, every host's end of its link delays and drops
     /// packets. `Err` says why this machine cannot (no permission, no `ip`, no way to impair).
-    fn new(impaired: bool) -> Result<Self, String> {
+    fn new(n: usize, impaired: bool) -> Result<Self, String> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let tag = format!("ls{}x{n}", std::process::id());
-        let namespaces = [format!("{tag}a"), format!("{tag}b")];
-        let veths = [format!("{tag}a"), format!("{tag}b")];
-        ip(&["netns", "add", &namespaces[0]])?;
-        let hosts = Self {
-            addresses: [format!("10.77.{n}.1"), format!("10.77.{n}.2")],
-            namespaces: namespaces.clone(),
+        let subnet = NEXT.fetch_add(1, Ordering::Relaxed);
+        let tag = format!("ls{}x{subnet}", std::process::id());
+        let mut hosts = Self {
+            namespaces: Vec::new(),
+            addresses: (1..=n).map(|i| format!("10.77.{subnet}.{i}")).collect(),
+            switch: None,
         };
-        ip(&["netns", "add", &namespaces[1]])?;
-        ip(&[
-            "link",
-            "add",
-            &veths[0],
-            "netns",
-            &namespaces[0],
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &veths[1],
-            "netns",
-            &namespaces[1],
-        ])?;
-        for side in 0..2 {
-            let ns = &namespaces[side];
-            let cidr = format!("{}/24", hosts.addresses[side]);
-            ip(&["-n", ns, "addr", "add", &cidr, "dev", &veths[side]])?;
+        // Each namespace joins `hosts` as soon as it exists, so a failure part-way removes it.
+        for i in 0..n {
+            let ns = format!("{tag}h{i}");
+            ip(&["netns", "add", &ns])?;
+            hosts.namespaces.push(ns);
+        }
+        let veths: Vec<String> = (0..n).map(|i| format!("{tag}v{i}")).collect();
+        if n == 2 {
+            let ns = &hosts.namespaces;
+            ip(&[
+                "link", "add", &veths[0], "netns", &ns[0], "type", "veth", "peer", "name",
+                &veths[1], "netns", &ns[1],
+            ])?;
+        } else {
+            let switch = format!("{tag}sw");
+            ip(&["netns", "add", &switch])?;
+            hosts.switch = Some(switch.clone());
+            ip(&["-n", &switch, "link", "add", "br0", "type", "bridge"])?;
+            ip(&["-n", &switch, "link", "set", "br0", "up"])?;
+            for (i, veth) in veths.iter().enumerate() {
+                let port = format!("{tag}p{i}");
+                ip(&[
+                    "link",
+                    "add",
+                    veth,
+                    "netns",
+                    &hosts.namespaces[i],
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    &port,
+                    "netns",
+                    &switch,
+                ])?;
+                ip(&["-n", &switch, "link", "set", &port, "master", "br0"])?;
+                ip(&["-n", &switch, "link", "set", &port, "up"])?;
+            }
+        }
+        for (i, veth) in veths.iter().enumerate() {
+            let ns = &hosts.namespaces[i];
+            let cidr = format!("{}/24", hosts.addresses[i]);
+            ip(&["-n", ns, "addr", "add", &cidr, "dev", veth])?;
             ip(&["-n", ns, "link", "set", "lo", "up"])?;
-            ip(&["-n", ns, "link", "set", &veths[side], "up"])?;
+            ip(&["-n", ns, "link", "set", veth, "up"])?;
             if impaired {
-                let how = impair(ns, &veths[side])?;
-                println!("{ns}/{}: {how}", veths[side]);
+                let how = impair(ns, veth)?;
+                println!("{ns}/{veth}: {how}");
             }
         }
         Ok(hosts)
@@ -85,19 +111,31 @@ impl TwoHosts {
 
     /// The `TF_CONFIG` of worker `index`, every worker listening on `port` of its own host.
     fn tf_config(&self, index: usize, port: u16) -> String {
+        let workers: Vec<String> = self
+            .addresses
+            .iter()
+            .map(|a| format!("\"{a}:{port}\""))
+            .collect();
         format!(
-            r#"{{"cluster": {{"worker": ["{}:{port}", "{}:{port}"]}}, "task": {{"type": "worker", "index": {index}}}}}"#,
-            self.addresses[0], self.addresses[1]
+            r#"{{"cluster": {{"worker": [{}]}}, "task": {{"type": "worker", "index": {index}}}}}"#,
+            workers.join(", ")
         )
     }
 
-    /// Starts `binary args` as worker `index` inside its namespace.
-    fn spawn(&self, index: usize, binary: &std::path::Path, args: &[&str]) -> Child {
+    /// Starts `binary args` as worker `index` inside its namespace, with `env` set.
+    fn spawn(
+        &self,
+        index: usize,
+        binary: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Child {
         Command::new("ip")
             .args(["netns", "exec", &self.namespaces[index]])
             .arg(binary)
             .args(args)
             .env("TF_CONFIG", self.tf_config(index, 23_456))
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -106,10 +144,10 @@ impl TwoHosts {
     }
 }
 
-impl Drop for TwoHosts {
+impl Drop for Hosts {
     fn drop(&mut self) {
-        for ns in &self.namespaces {
-            // Deleting a namespace deletes its end of the veth pair, and so the pair.
+        // Deleting a namespace deletes its ends of the veth pairs, and so the pairs.
+        for ns in self.namespaces.iter().chain(&self.switch) {
             let _ = ip(&["netns", "del", ns]);
         }
     }
@@ -165,20 +203,32 @@ const KERAS_EPOCH: [&str; 7] = [
     "60",
 ];
 
-/// Trains `mnist_keras` for one epoch on the two hosts: each worker's final line.
-fn train_on(hosts: &TwoHosts) -> Vec<String> {
+/// Trains `mnist_keras` for one epoch, a worker on each host (`slowed` sleeping 40 ms after
+/// each step): each worker's final line, and worker 0's log.
+fn train_on(hosts: &Hosts, slowed: Option<usize>) -> (Vec<String>, String) {
     let binary = example_binary("mnist_keras").unwrap();
-    let children: Vec<Child> = (0..2)
-        .map(|i| hosts.spawn(i, &binary, &KERAS_EPOCH))
+    let children: Vec<Child> = (0..hosts.namespaces.len())
+        .map(|i| {
+            let env: &[(&str, &str)] = if slowed == Some(i) {
+                &[("LOCKSTEP_SLOW_STEP_MS", "40")]
+            } else {
+                &[]
+            };
+            hosts.spawn(i, &binary, &KERAS_EPOCH, env)
+        })
         .collect();
     let deadline = Instant::now() + Duration::from_mins(8);
-    children
+    let mut chief_log = String::new();
+    let lines = children
         .into_iter()
         .enumerate()
         .map(|(i, child)| {
             let out = wait_until(child, deadline);
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(out.status.success(), "worker {i}: {}\n{stderr}", out.status);
+            if i == 0 {
+                chief_log = stderr.clone().into_owned();
+            }
             String::from_utf8(out.stdout)
                 .unwrap()
                 .lines()
@@ -186,12 +236,13 @@ fn train_on(hosts: &TwoHosts) -> Vec<String> {
                 .unwrap_or_else(|| panic!("worker {i} printed no result\n{stderr}"))
                 .to_owned()
         })
-        .collect()
+        .collect();
+    (lines, chief_log)
 }
 
-/// The namespaces, or `None` after printing why this machine cannot make them.
-fn two_hosts(impaired: bool) -> Option<TwoHosts> {
-    match TwoHosts::new(impaired) {
+/// `n` hosts, or `None` after printing why this machine cannot make them.
+fn hosts(n: usize, impaired: bool) -> Option<Hosts> {
+    match Hosts::new(n, impaired) {
         Ok(hosts) => Some(hosts),
         Err(why) => {
             println!("skipped: cannot create network namespaces here ({why})");
@@ -202,10 +253,10 @@ fn two_hosts(impaired: bool) -> Option<TwoHosts> {
 
 #[test]
 fn two_workers_on_two_hosts_train_to_the_weights_of_a_one_host_run() {
-    let Some(hosts) = two_hosts(false) else {
+    let Some(hosts) = hosts(2, false) else {
         return;
     };
-    let lines = train_on(&hosts);
+    let (lines, _) = train_on(&hosts, None);
     let checksums: Vec<&str> = lines
         .iter()
         .map(|l| field(l, "weights_checksum").unwrap())
@@ -236,10 +287,10 @@ fn two_workers_on_two_hosts_train_to_the_weights_of_a_one_host_run() {
 
 #[test]
 fn two_hosts_joined_by_a_slow_lossy_link_still_train_to_completion() {
-    let Some(hosts) = two_hosts(true) else {
+    let Some(hosts) = hosts(2, true) else {
         return;
     };
-    let lines = train_on(&hosts);
+    let (lines, _) = train_on(&hosts, None);
     assert_eq!(
         field(&lines[0], "weights_checksum"),
         field(&lines[1], "weights_checksum"),
@@ -247,4 +298,39 @@ fn two_hosts_joined_by_a_slow_lossy_link_still_train_to_completion() {
     );
     let accuracy: f64 = field(&lines[0], "test_accuracy").unwrap().parse().unwrap();
     assert!(accuracy > 0.8, "{lines:?}");
+}
+
+#[test]
+fn four_and_eight_hosts_behind_a_switch_train_to_one_set_of_weights_and_name_the_slowed_one() {
+    // One kernel thread per worker: on a machine with fewer cores than workers they share the
+    // cores (each worker thinks it has a host to itself), which changes their speed, never
+    // their weights.
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    for n in [4, 8] {
+        let Some(hosts) = hosts(n, false) else {
+            return;
+        };
+        if n > cores {
+            println!("{n} workers share {cores} cores: oversubscribed");
+        }
+        let (lines, chief_log) = train_on(&hosts, Some(n - 1));
+        let checksums: Vec<&str> = lines
+            .iter()
+            .map(|l| field(l, "weights_checksum").unwrap())
+            .collect();
+        assert!(
+            checksums.iter().all(|c| *c == checksums[0]),
+            "{n} hosts: {lines:?}"
+        );
+        let report = chief_log
+            .lines()
+            .find(|line| line.contains("straggler report"))
+            .unwrap_or_else(|| panic!("{n} hosts: no straggler report in {chief_log}"));
+        let slowed = format!("worker:{}", n - 1);
+        assert_eq!(
+            field(report, "waited_for"),
+            Some(slowed.as_str()),
+            "{n} hosts: {report}"
+        );
+    }
 }

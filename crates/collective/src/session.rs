@@ -114,18 +114,19 @@ impl<T: Transport> Session<'_, T> {
         if !matches!(error, CollectiveError::PeerLost { .. }) {
             return error;
         }
-        let grace = Instant::now() + Duration::from_millis(100);
         let rank = self.rank();
-        for peer in (0..self.world_size()).filter(|&p| p != rank) {
-            // Messages ahead of an abort are data this failed collective no longer needs.
-            while let Ok(Some(message)) = self.transport.recv(peer, grace) {
-                if message.header.kind == Kind::Abort {
-                    return CollectiveError::Aborted {
-                        op: message.header.op,
-                        seq: message.header.seq,
-                        origin: message.header.source as usize,
-                        reason: String::from_utf8_lossy(&message.payload).into_owned(),
-                    };
+        // First what has arrived from every peer, without waiting; then, briefly, what may
+        // still be on its way. A peer with nothing to say must not hold up the look at the
+        // others: with many ranks an abort often sits behind a quiet one.
+        let now = Instant::now();
+        let grace = now + Duration::from_millis(100);
+        for deadline in [now, grace] {
+            for peer in (0..self.world_size()).filter(|&p| p != rank) {
+                // Messages ahead of an abort are data this failed collective no longer needs.
+                while let Ok(Some(message)) = self.transport.recv(peer, deadline) {
+                    if let Some(aborted) = abort_in(&message) {
+                        return aborted;
+                    }
                 }
             }
         }
@@ -227,6 +228,18 @@ pub(crate) fn check_size(
     })
 }
 
+/// The error an abort message carries (the rank that failed, and why); `None` for any other
+/// message.
+pub(crate) fn abort_in(message: &Message) -> Option<CollectiveError> {
+    let h = message.header;
+    (h.kind == Kind::Abort).then(|| CollectiveError::Aborted {
+        op: h.op,
+        seq: h.seq,
+        origin: h.source as usize,
+        reason: String::from_utf8_lossy(&message.payload).into_owned(),
+    })
+}
+
 /// Whether `h` is a data message of the collective `t` describes (what [`check`] accepts).
 pub(crate) fn belongs(t: &Header, h: &Header) -> bool {
     h.kind == Kind::Data
@@ -238,13 +251,8 @@ pub(crate) fn belongs(t: &Header, h: &Header) -> bool {
 /// an abort names the rank that failed; anything else is a mismatch.
 pub(crate) fn check(t: &Header, peer: usize, message: &Message) -> Result<(), CollectiveError> {
     let h = message.header;
-    if h.kind == Kind::Abort {
-        return Err(CollectiveError::Aborted {
-            op: h.op,
-            seq: h.seq,
-            origin: h.source as usize,
-            reason: String::from_utf8_lossy(&message.payload).into_owned(),
-        });
+    if let Some(aborted) = abort_in(message) {
+        return Err(aborted);
     }
     let mismatch = |what, expected: String, got: String| {
         Err(CollectiveError::Mismatch {

@@ -156,6 +156,45 @@ fn a_peer_process_that_dies_is_seen_by_check_peers_within_moments_without_a_coll
 }
 
 #[test]
+fn with_many_ranks_every_rank_hears_of_a_lost_one_at_once_not_hop_by_hop_round_the_ring() {
+    const RANKS: usize = 12;
+    let results = run(
+        Wire::TcpLoopback,
+        RANKS,
+        quick(Implementation::Ring),
+        |comm| {
+            let mut data = vec![1.0_f32; 1 << 18];
+            comm.all_reduce(&mut data, ReduceOp::Sum).unwrap();
+            if comm.rank() == 5 {
+                return None; // the thread ends: its transport is dropped, its sockets close
+            }
+            let result = comm.all_reduce(&mut data, ReduceOp::Sum);
+            Some((Instant::now(), result))
+        },
+    );
+    let ended: Vec<_> = results.into_iter().flatten().collect();
+    assert_eq!(ended.len(), RANKS - 1);
+    for (_, result) in &ended {
+        let err = result.as_ref().unwrap_err();
+        let names_rank_5 = match err {
+            CollectiveError::PeerLost { rank, .. } => *rank == 5,
+            CollectiveError::Aborted { reason, .. } => reason.contains("rank 5"),
+            _ => false,
+        };
+        assert!(names_rank_5, "{err}");
+    }
+    // The first rank to see it tells every other; none learns it from its ring neighbour's
+    // exit after a wait of its own (about 100 ms a hop, over a second round 11 ranks).
+    let first = ended.iter().map(|(at, _)| *at).min().unwrap();
+    let last = ended.iter().map(|(at, _)| *at).max().unwrap();
+    assert!(
+        last - first < Duration::from_millis(600),
+        "the last rank heard {:?} after the first",
+        last - first
+    );
+}
+
+#[test]
 fn transports_whose_peers_are_threads_of_this_process_have_no_peer_to_lose() {
     for wire in [Wire::Local, Wire::Shared] {
         let results = run(wire, 2, quick(Implementation::Ring), |comm| {

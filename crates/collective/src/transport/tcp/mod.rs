@@ -26,7 +26,7 @@ pub use self::stream::SameHost;
 use self::stream::{Listeners, Stream};
 use super::{Arrival, Completion, Flow, Transport};
 use crate::error::CollectiveError;
-use crate::header::{HEADER_LEN, Header, Message};
+use crate::header::{HEADER_LEN, Header, Kind, Message};
 use crate::secret::ClusterSecret;
 
 /// How long a wait checks its connections in a loop before sleeping in `poll`: a wake-up from
@@ -365,6 +365,25 @@ fn oversubscribed(addresses: &[String], rank: usize) -> bool {
 }
 
 impl TcpTransport {
+    /// The abort of a peer other than `from` (whose messages the running flow reads itself),
+    /// taken out of what has arrived from it, if any.
+    fn abort_from_others(&mut self, from: usize) -> Option<CollectiveError> {
+        self.links
+            .iter_mut()
+            .enumerate()
+            .filter(|&(peer, _)| peer != from)
+            .find_map(|(_, link)| {
+                let ready = &mut link.as_mut()?.ready;
+                let at = ready.iter().position(|arrived| {
+                    matches!(arrived, Arrived::Message(m) if m.header.kind == Kind::Abort)
+                })?;
+                match ready.remove(at)? {
+                    Arrived::Message(message) => crate::session::abort_in(&message),
+                    Arrived::Placed(_) => None,
+                }
+            })
+    }
+
     fn lost(&self, peer: usize, reason: String) -> CollectiveError {
         CollectiveError::PeerLost {
             rank: peer,
@@ -750,6 +769,13 @@ impl Transport for TcpTransport {
             } else {
                 self.idle(&mut idle_since, writer, reader, deadline)
             };
+            // Waiting let every other connection's bytes in: a peer that failed has told
+            // every rank, and waiting on for `from` would only hear of it once the failure
+            // had travelled the ring.
+            if let Some(aborted) = self.abort_from_others(from) {
+                self.give_up(to, from, sending.as_ref());
+                return Err(aborted);
+            }
             if let Some(writable) = waited {
                 can_write = writable;
             } else {
