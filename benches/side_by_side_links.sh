@@ -3,7 +3,8 @@
 # of its own, joined by a veth pair whose both ends a `tbf` qdisc limits to RATE: Lockstep's
 # `mnist_keras` (one pack of gradients after the backward pass, the default for this model's
 # 0.9 MB; packs of 256 KiB reduced during the pass; bf16 on the wire; both) beside PyTorch DDP over
-# gloo (../shared/anchors/training/torch_train.py), interleaved, every run's figure printed.
+# gloo (../shared/anchors/training/torch_train.py; and again with DDP's own `fp16_compress_hook`,
+# benches/torch_train_fp16_hook.py), interleaved, every run's figure printed.
 # Global batch 128, SGD lr 1e-3, the anchors' MNIST data, EPOCHS epochs.
 #
 # Usage: sudo benches/side_by_side_links.sh   (from the repository root; needs root for the
@@ -63,13 +64,16 @@ lockstep() { # tag seed flags...
   wait
 }
 
-torch() { # tag seed
+torch() { # tag seed [fp16_hook]
   local tag=$1 seed=$2 port=$((29500 + RANDOM % 500)) launched
+  local script=("$ANCHORS/torch_train.py")
+  # DDP's own compression: the anchors' script run with `fp16_compress_hook` registered.
+  if [ "${3:-}" = fp16_hook ]; then script=(benches/torch_train_fp16_hook.py "$ANCHORS/torch_train.py"); fi
   launched=$(date +%s.%N)
   for i in 1 0; do
     ip netns exec "${NS[$i]}" env MASTER_ADDR="${ADDR[0]}" MASTER_PORT="$port" RANK="$i" \
       WORLD_SIZE=2 GLOO_SOCKET_IFNAME="${DEV[$i]}" LAUNCH_T="$launched" \
-      RESULT_JSON="/tmp/lockstep-links-torch.w$i.json" timeout 900 "$PY" "$ANCHORS/torch_train.py" \
+      RESULT_JSON="/tmp/lockstep-links-torch.w$i.json" timeout 900 "$PY" "${script[@]}" \
       --data "$DATA" --model cnn --batch 64 --epochs "$EPOCHS" --lr 0.001 --threads 1 \
       --interop 1 --seed "$seed" >"/tmp/lockstep-links-torch.w$i.out" 2>&1 &
   done
@@ -92,6 +96,7 @@ for rate in $RATES; do
   esac
   for rep in $(seq 0 $((REPS - 1))); do
     torch "torch_ddp.$rate.r$rep" "$rep"
+    torch "torch_ddp_fp16_hook.$rate.r$rep" "$rep" fp16_hook
     lockstep "lockstep.$rate.r$rep" "$rep"
     lockstep "lockstep_packs_256k.$rate.r$rep" "$rep" --bytes-per-pack 262144
     lockstep "lockstep_bf16.$rate.r$rep" "$rep" --compression bf16
