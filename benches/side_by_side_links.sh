@@ -5,7 +5,7 @@
 # 0.9 MB; packs of 256 KiB reduced during the pass; bf16 on the wire; both) beside PyTorch DDP over
 # gloo (../shared/anchors/training/torch_train.py; and again with DDP's own `fp16_compress_hook`,
 # benches/torch_train_fp16_hook.py), interleaved, every run's figure printed.
-# Global batch 128, SGD lr 1e-3, the anchors' MNIST data, EPOCHS epochs.
+# Global batch 128, SGD lr 1e-3, the anchors' MNIST data, EPOCHS epochs; MODEL picks the model.
 #
 # Usage: sudo benches/side_by_side_links.sh   (from the repository root; needs root for the
 # namespaces, `ip` and `tc`)
@@ -23,6 +23,14 @@ PY="${PY:-python3}"
 RATES="${RATES:-unlimited 1gbit 100mbit}"
 REPS="${REPS:-2}"
 EPOCHS="${EPOCHS:-3}"
+# MODEL=cnn (the multi-worker tutorial's two-convolution CNN, 225,034 parameters) or
+# MODEL=tutorial-literal (the one-convolution model of its mnist_setup.py, 2,770,634).
+MODEL="${MODEL:-cnn}"
+case $MODEL in
+  cnn) TORCH_MODEL=cnn PARAMS=225034 ;;
+  tutorial-literal) TORCH_MODEL=tutorial_cnn PARAMS=2770634 ;;
+  *) echo "MODEL is cnn or tutorial-literal" >&2; exit 2 ;;
+esac
 NS=(lockstep-link0 lockstep-link1)
 DEV=(lsl-veth0 lsl-veth1)
 ADDR=(10.231.7.1 10.231.7.2)
@@ -56,10 +64,10 @@ lockstep() { # tag seed flags...
   local cluster="{\"cluster\":{\"worker\":[\"${ADDR[0]}:$port\",\"${ADDR[1]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":IDX}}"
   ip netns exec "${NS[1]}" env TF_CONFIG="${cluster/IDX/1}" timeout 900 target/release/mnist_keras \
     --threads 1 --optimizer sgd --learning-rate 0.001 --no-backup --epochs "$EPOCHS" \
-    --seed "$seed" "$@" >/dev/null 2>&1 &
+    --model "$MODEL" --seed "$seed" "$@" >/dev/null 2>&1 &
   ip netns exec "${NS[0]}" env TF_CONFIG="${cluster/IDX/0}" timeout 900 target/release/mnist_keras \
     --threads 1 --optimizer sgd --learning-rate 0.001 --no-backup --epochs "$EPOCHS" \
-    --seed "$seed" "$@" 2>/dev/null |
+    --model "$MODEL" --seed "$seed" "$@" 2>/dev/null |
     sed -n 's/^test_accuracy=\([0-9.]*\) .*examples_per_s=\([0-9]*\) .*$/'"$tag"',examples_per_s=\2,test_acc=\1/p'
   wait
 }
@@ -74,7 +82,7 @@ torch() { # tag seed [fp16_hook]
     ip netns exec "${NS[$i]}" env MASTER_ADDR="${ADDR[0]}" MASTER_PORT="$port" RANK="$i" \
       WORLD_SIZE=2 GLOO_SOCKET_IFNAME="${DEV[$i]}" LAUNCH_T="$launched" \
       RESULT_JSON="/tmp/lockstep-links-torch.w$i.json" timeout 900 "$PY" "${script[@]}" \
-      --data "$DATA" --model cnn --batch 64 --epochs "$EPOCHS" --lr 0.001 --threads 1 \
+      --data "$DATA" --model "$TORCH_MODEL" --batch 64 --epochs "$EPOCHS" --lr 0.001 --threads 1 \
       --interop 1 --seed "$seed" >"/tmp/lockstep-links-torch.w$i.out" 2>&1 &
   done
   wait
@@ -91,8 +99,8 @@ for rate in $RATES; do
   case $rate in
     unlimited) echo "# link $rate" ;;
     *) bits=$(numfmt --from=si "$(echo "${rate%bit}" | tr a-z A-Z)")
-       # 225,034 parameters of 4 bytes, sent and received once a step by each of 2 workers.
-       echo "# link $rate: limit $((bits / 8 * 128 / (225034 * 4))) examples/s" ;;
+       # PARAMS parameters of 4 bytes, sent and received once a step by each of 2 workers.
+       echo "# link $rate: limit $((bits / 8 * 128 / (PARAMS * 4))) examples/s" ;;
   esac
   for rep in $(seq 0 $((REPS - 1))); do
     torch "torch_ddp.$rate.r$rep" "$rep"

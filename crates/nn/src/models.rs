@@ -45,6 +45,30 @@ pub fn mnist_cnn_with_dense_units(seed: u64, units: usize) -> Result<Sequential,
     Sequential::new(&[28, 28, 1], layers, seed)
 }
 
+/// The literal model of TensorFlow's *Multi-worker training with Keras* tutorial
+/// (`mnist_setup.py`), on 28×28 grey images: Conv2D(32, 3×3, relu) → Flatten → Dense(128,
+/// relu) → Dense(10) (logits). Without pooling its dense layer sees 26×26×32 values: 12× the
+/// parameters of [`mnist_cnn`], nearly all in that layer, and so 12× the gradient bytes a step.
+///
+/// ```
+/// let model = lockstep_nn::models::mnist_tutorial_literal(0)?;
+/// assert_eq!(model.parameters().len(), 2_770_634);
+/// # Ok::<(), lockstep_nn::NnError>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`mnist_cnn`].
+pub fn mnist_tutorial_literal(seed: u64) -> Result<Sequential, NnError> {
+    let layers: Vec<Box<dyn Layer>> = vec![
+        Box::new(Conv2D::new(32, (3, 3)).activation(Activation::Relu)),
+        Box::new(Flatten),
+        Box::new(Dense::new(128).activation(Activation::Relu)),
+        Box::new(Dense::new(10)),
+    ];
+    Sequential::new(&[28, 28, 1], layers, seed)
+}
+
 /// The Keras distributed-training guide's MLP, on flattened 784-pixel images: Dense(256,
 /// relu) → Dense(256, relu) → Dense(10) (logits).
 ///

@@ -93,6 +93,11 @@ struct Args {
     /// same: workers that build different models stop with an error saying so.
     #[arg(long, default_value_t = 128)]
     dense_units: usize,
+    /// The model: `cnn`, the two-convolution CNN of Keras' multi-worker tutorial (225,034
+    /// parameters), or `tutorial-literal`, the one-convolution model of its `mnist_setup.py`
+    /// (2,770,634 parameters: 12× the gradient bytes a step; `--dense-units` is for `cnn`).
+    #[arg(long, default_value = "cnn", value_parser = ["cnn", "tutorial-literal"])]
+    model: String,
     /// The evaluator fails when the chief writes no new checkpoint for this long.
     #[arg(long, default_value_t = 600)]
     evaluator_timeout_secs: u64,
@@ -125,9 +130,13 @@ fn checkpoint_dir(args: &Args, cluster: &Cluster) -> anyhow::Result<Option<(Path
 
 /// The tutorial's model, compiled as `args` asks.
 fn compiled_model(strategy: impl lockstep_train::Strategy, args: &Args) -> anyhow::Result<Model> {
-    let mut model = Model::new(strategy, || {
-        models::mnist_cnn_with_dense_units(args.training.seed, args.dense_units)
-    })?;
+    let seed = args.training.seed;
+    let mut model = match args.model.as_str() {
+        "tutorial-literal" => Model::new(strategy, || models::mnist_tutorial_literal(seed))?,
+        _ => Model::new(strategy, || {
+            models::mnist_cnn_with_dense_units(seed, args.dense_units)
+        })?,
+    };
     let loss = SparseCategoricalCrossentropy {
         from_logits: true,
         ..Default::default()
