@@ -10,10 +10,12 @@
 # Usage: sudo benches/side_by_side_links.sh   (from the repository root; needs root for the
 # namespaces, `ip` and `tc`)
 # Needs: PY=/path/to/python with torch. RATES (default "unlimited 1gbit 100mbit"), REPS
-# (default 2), EPOCHS (default 3).
+# (default 2), EPOCHS (default 3); LATENCY (say 2ms) adds netem's delay where the kernel has it.
 #
 # Figures: examples/s over `fit` (every step, the first included) for both: Lockstep's
-# `examples_per_s`, PyTorch's `fit_examples_per_s`; and beside them the link's limit for this
+# `examples_per_s` (and `comm_wait_share`, the share of worker 0's steps blocked in their
+# collectives), PyTorch's `fit_examples_per_s`; one worker of each alone, for scaling
+# efficiency; and beside them the link's limit for this
 # model, the examples/s at which a step's gradient bytes (each worker sends and receives its
 # 0.9 MB once in a ring of two) take the whole link.
 set -euo pipefail
@@ -23,6 +25,7 @@ PY="${PY:-python3}"
 RATES="${RATES:-unlimited 1gbit 100mbit}"
 REPS="${REPS:-2}"
 EPOCHS="${EPOCHS:-3}"
+LATENCY="${LATENCY:-}"
 # MODEL=cnn (the multi-worker tutorial's two-convolution CNN, 225,034 parameters) or
 # MODEL=tutorial-literal (the one-convolution model of its mnist_setup.py, 2,770,634).
 MODEL="${MODEL:-cnn}"
@@ -52,7 +55,16 @@ cargo build --release --quiet -p lockstep-examples --bin mnist_keras
 limit() { # rate → ip netns exec + tc on both ends
   for i in 0 1; do
     tc -n "${NS[$i]}" qdisc del dev "${DEV[$i]}" root 2>/dev/null || true
-    if [ "$1" != unlimited ]; then
+    if [ -n "$LATENCY" ]; then
+      # netem delays every packet by LATENCY (and limits the rate itself), where the kernel has it.
+      local rate=()
+      if [ "$1" != unlimited ]; then rate=(rate "$1"); fi
+      if ! tc -n "${NS[$i]}" qdisc add dev "${DEV[$i]}" root netem delay "$LATENCY" "${rate[@]}" 2>/dev/null; then
+        echo "# no netem in this kernel: LATENCY=$LATENCY not applied"
+        LATENCY=""
+      fi
+    fi
+    if [ -z "$LATENCY" ] && [ "$1" != unlimited ]; then
       tc -n "${NS[$i]}" qdisc add dev "${DEV[$i]}" root tbf rate "$1" burst 256kb latency 100ms
     fi
   done
@@ -68,8 +80,25 @@ lockstep() { # tag seed flags...
   ip netns exec "${NS[0]}" env TF_CONFIG="${cluster/IDX/0}" timeout 900 target/release/mnist_keras \
     --threads 1 --optimizer sgd --learning-rate 0.001 --no-backup --epochs "$EPOCHS" \
     --model "$MODEL" --seed "$seed" "$@" 2>/dev/null |
-    sed -n 's/^test_accuracy=\([0-9.]*\) .*examples_per_s=\([0-9]*\) .*$/'"$tag"',examples_per_s=\2,test_acc=\1/p'
+    sed -n 's/^test_accuracy=\([0-9.]*\) .*examples_per_s=\([0-9]*\) comm_wait_share=\([0-9.]*\) .*$/'"$tag"',examples_per_s=\2,comm_wait_share=\3,test_acc=\1/p'
   wait
+}
+
+alone() { # tag seed: one Lockstep worker and one PyTorch process, 1 thread, batch 64 (no link)
+  local port=$((7200 + RANDOM % 500))
+  ip netns exec "${NS[0]}" env TF_CONFIG="{\"cluster\":{\"worker\":[\"${ADDR[0]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":0}}" \
+    timeout 900 target/release/mnist_keras --threads 1 --optimizer sgd --learning-rate 0.001 \
+    --no-backup --epochs "$EPOCHS" --model "$MODEL" --seed "$2" 2>/dev/null |
+    sed -n 's/^test_accuracy=\([0-9.]*\) .*examples_per_s=\([0-9]*\) .*$/lockstep_1worker.'"$1"',examples_per_s=\2,test_acc=\1/p'
+  ip netns exec "${NS[0]}" env RANK=0 WORLD_SIZE=1 timeout 900 "$PY" "$ANCHORS/torch_train.py" \
+    --data "$DATA" --model "$TORCH_MODEL" --batch 64 --epochs "$EPOCHS" --lr 0.001 --threads 1 \
+    --interop 1 --seed "$2" >/tmp/lockstep-links-torch.alone.out 2>&1
+  "$PY" - "torch_1worker.$1" /tmp/lockstep-links-torch.alone.out <<'PYEOF'
+import json, sys
+lines = [l for l in open(sys.argv[2]) if l.startswith("{")]
+r = json.loads(lines[-1]) if lines else {}
+print(f"{sys.argv[1]},examples_per_s={r.get('fit_examples_per_s', 0):.0f},test_acc={r.get('test_acc', 0):.4f}")
+PYEOF
 }
 
 torch() { # tag seed [fp16_hook]
@@ -93,6 +122,10 @@ r = json.loads(lines[-1]) if lines else {}
 print(f"{sys.argv[1]},examples_per_s={r.get('fit_examples_per_s', 0):.0f},test_acc={r.get('test_acc', 0):.4f}")
 PYEOF
 }
+
+# One worker of each, for scaling efficiency: 2-worker examples/s ÷ (2 × one worker's).
+echo "# one worker, no link"
+for rep in $(seq 0 $((REPS - 1))); do alone "r$rep" "$rep"; done
 
 for rate in $RATES; do
   limit "$rate"

@@ -205,6 +205,11 @@ where
             }
             // Validation and the epoch's callbacks see the weights of this epoch's last step.
             ctx.model.sync_host()?;
+            if let Some(first) = ctx.model.replicas.first() {
+                let (step, blocked) = first.waits.times();
+                history.step_time += step;
+                history.comm_wait += blocked;
+            }
             ctx.straggler = crate::stragglers::report(ctx.model, epoch)?;
             let mut logs = Logs::from_totals(&ctx.position.totals(), &compiled.metrics, "");
             if let Some(validation) = validation {

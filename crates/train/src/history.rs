@@ -80,6 +80,13 @@ pub struct History {
     /// Examples those steps trained on in this process's replicas: this worker's share of
     /// `examples`.
     pub local_examples: u64,
+    /// The time this process's first replica spent in those steps, from the start of the
+    /// forward pass to the update's end.
+    pub step_time: std::time::Duration,
+    /// The part of `step_time` it spent blocked in the steps' collectives, waiting for the
+    /// others or for the wire: `comm_wait / step_time` is the share of a step spent waiting
+    /// for communication.
+    pub comm_wait: std::time::Duration,
 }
 
 impl History {

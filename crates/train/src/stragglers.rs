@@ -28,6 +28,11 @@ impl Waits {
         self.step += step;
         self.blocked += blocked;
     }
+
+    /// The steps' whole time and the part blocked in their collectives.
+    pub(crate) fn times(&self) -> (Duration, Duration) {
+        (self.step, self.blocked)
+    }
 }
 
 /// Values per replica in the gathered report: its task's kind and index, its steps, their

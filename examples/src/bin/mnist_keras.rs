@@ -9,12 +9,13 @@
 //! [worker:0] Epoch 1/3 - 63 steps - 1.1s - accuracy: 0.8012 - loss: 0.7555
 //! [worker:0] Epoch 2/3 - 63 steps - 0.9s - accuracy: 0.9498 - loss: 0.1796
 //! [worker:0] Epoch 3/3 - 63 steps - 0.9s - accuracy: 0.9656 - loss: 0.1161
-//! [worker:0] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_here=12084 examples_per_s=9543 first_step_s=0.09 peak_rss_mib=91
-//! [worker:1] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_here=11904 examples_per_s=9585 first_step_s=0.09 peak_rss_mib=85
+//! [worker:0] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_here=12084 examples_per_s=9543 comm_wait_share=0.08 first_step_s=0.09 peak_rss_mib=91
+//! [worker:1] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_here=11904 examples_per_s=9585 comm_wait_share=0.07 first_step_s=0.09 peak_rss_mib=85
 //! ```
 //!
 //! (Stdout; only the chief prints the epoch lines. `examples_here` counts the examples this
-//! worker trained on. Times, `examples_per_s`, `first_step_s`
+//! worker trained on; `comm_wait_share` is the share of its steps' time blocked in their
+//! collectives. Times, `examples_per_s`, `comm_wait_share`, `first_step_s`
 //! (process start to the end of the first step) and `peak_rss_mib` depend on the machine;
 //! everything else is the same from run to run. The last step of each epoch is the
 //! short remainder of the data, 7996 = 62 × 128 + 60, as Keras trains it, and falls to
@@ -308,10 +309,11 @@ fn main() -> anyhow::Result<()> {
     );
     let logs = model.evaluate(&test)?;
     println!(
-        "test_accuracy={:.4} weights_checksum={checksum:016x} steps={steps} examples_here={} examples_per_s={:.0} first_step_s={:.2} peak_rss_mib={}",
+        "test_accuracy={:.4} weights_checksum={checksum:016x} steps={steps} examples_here={} examples_per_s={:.0} comm_wait_share={:.2} first_step_s={:.2} peak_rss_mib={}",
         logs.get("accuracy").unwrap_or(0.0),
         history.local_examples,
         history.examples as f64 / elapsed,
+        history.comm_wait.as_secs_f64() / history.step_time.as_secs_f64().max(f64::MIN_POSITIVE),
         clock.first_step_s(),
         peak_rss_mib().map_or_else(|| "unknown".to_owned(), |m| m.to_string()),
     );
