@@ -26,13 +26,27 @@ RATES="${RATES:-unlimited 1gbit 100mbit}"
 REPS="${REPS:-2}"
 EPOCHS="${EPOCHS:-3}"
 LATENCY="${LATENCY:-}"
-# MODEL=cnn (the multi-worker tutorial's two-convolution CNN, 225,034 parameters) or
-# MODEL=tutorial-literal (the one-convolution model of its mnist_setup.py, 2,770,634).
+# MODEL=cnn (the multi-worker tutorial's two-convolution CNN, 225,034 parameters, on the
+# anchors' MNIST digits), MODEL=tutorial-literal (the one-convolution model of its
+# mnist_setup.py, 2,770,634), or MODEL=cnn-bn-wide (the CNN with batch normalization and
+# Dense(2048), 3,318,250, on the first TRAIN_EXAMPLES images of Fashion-MNIST, Adam 1e-3; each
+# replica's own batch statistics, as DDP's BatchNorm2d; benches/reference/fashion_ddp.py).
 MODEL="${MODEL:-cnn}"
+TRAIN_EXAMPLES="${TRAIN_EXAMPLES:-8000}"
 case $MODEL in
-  cnn) TORCH_MODEL=cnn PARAMS=225034 ;;
-  tutorial-literal) TORCH_MODEL=tutorial_cnn PARAMS=2770634 ;;
-  *) echo "MODEL is cnn or tutorial-literal" >&2; exit 2 ;;
+  cnn | tutorial-literal)
+    PARAMS=225034 TORCH_MODEL=cnn
+    if [ "$MODEL" = tutorial-literal ]; then PARAMS=2770634 TORCH_MODEL=tutorial_cnn; fi
+    LS_BIN=mnist_keras LS_RATE=examples_per_s
+    LS_ARGS=(--optimizer sgd --learning-rate 0.001 --no-backup --model "$MODEL")
+    TORCH_SCRIPT="$ANCHORS/torch_train.py" TORCH_RATE=fit_examples_per_s
+    TORCH_ARGS=(--data "$DATA" --model "$TORCH_MODEL" --lr 0.001 --interop 1) ;;
+  cnn-bn-wide)
+    PARAMS=3318250 LS_BIN=fashion_mnist LS_RATE=loop_examples_per_s
+    LS_ARGS=(--model cnn-bn --dense-units 2048 --local-batch-norm --train-examples "$TRAIN_EXAMPLES")
+    TORCH_SCRIPT=benches/reference/fashion_ddp.py TORCH_RATE=loop_examples_per_s
+    TORCH_ARGS=(--dense-units 2048 --train-examples "$TRAIN_EXAMPLES") ;;
+  *) echo "MODEL is cnn, tutorial-literal or cnn-bn-wide" >&2; exit 2 ;;
 esac
 NS=(lockstep-link0 lockstep-link1)
 DEV=(lsl-veth0 lsl-veth1)
@@ -50,7 +64,7 @@ for i in 0 1; do
   ip -n "${NS[$i]}" link set lo up
 done
 
-cargo build --release --quiet -p lockstep-examples --bin mnist_keras
+cargo build --release --quiet -p lockstep-examples --bin "$LS_BIN"
 
 limit() { # rate → ip netns exec + tc on both ends
   for i in 0 1; do
@@ -70,57 +84,59 @@ limit() { # rate → ip netns exec + tc on both ends
   done
 }
 
+# The figures of a Lockstep run's stdout as `tag,examples_per_s=…,comm_wait_share=…,test_acc=…`.
+lockstep_figures() { # tag
+  sed -n 's/^test_accuracy=\([0-9.]*\) .* '"$LS_RATE"'=\([0-9]*\) .*comm_wait_share=\([0-9.]*\) .*$/'"$1"',examples_per_s=\2,comm_wait_share=\3,test_acc=\1/p'
+}
+
+# The figures of PyTorch's JSON line in file $2, as `tag,examples_per_s=…,test_acc=…`.
+torch_figures() { # tag file
+  "$PY" - "$1" "$2" "$TORCH_RATE" <<'PYEOF'
+import json, sys
+lines = [l for l in open(sys.argv[2]) if l.startswith("{")]
+r = json.loads(lines[-1]) if lines else {}
+print(f"{sys.argv[1]},examples_per_s={r.get(sys.argv[3], 0):.0f},test_acc={r.get('test_acc', 0):.4f}")
+PYEOF
+}
+
 lockstep() { # tag seed flags...
   local tag=$1 seed=$2 port=$((7200 + RANDOM % 500))
   shift 2
   local cluster="{\"cluster\":{\"worker\":[\"${ADDR[0]}:$port\",\"${ADDR[1]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":IDX}}"
-  ip netns exec "${NS[1]}" env TF_CONFIG="${cluster/IDX/1}" timeout 900 target/release/mnist_keras \
-    --threads 1 --optimizer sgd --learning-rate 0.001 --no-backup --epochs "$EPOCHS" \
-    --model "$MODEL" --seed "$seed" "$@" >/dev/null 2>&1 &
-  ip netns exec "${NS[0]}" env TF_CONFIG="${cluster/IDX/0}" timeout 900 target/release/mnist_keras \
-    --threads 1 --optimizer sgd --learning-rate 0.001 --no-backup --epochs "$EPOCHS" \
-    --model "$MODEL" --seed "$seed" "$@" 2>/dev/null |
-    sed -n 's/^test_accuracy=\([0-9.]*\) .*examples_per_s=\([0-9]*\) comm_wait_share=\([0-9.]*\) .*$/'"$tag"',examples_per_s=\2,comm_wait_share=\3,test_acc=\1/p'
+  ip netns exec "${NS[1]}" env TF_CONFIG="${cluster/IDX/1}" timeout 900 "target/release/$LS_BIN" \
+    --threads 1 --epochs "$EPOCHS" --seed "$seed" "${LS_ARGS[@]}" "$@" >/dev/null 2>&1 &
+  ip netns exec "${NS[0]}" env TF_CONFIG="${cluster/IDX/0}" timeout 900 "target/release/$LS_BIN" \
+    --threads 1 --epochs "$EPOCHS" --seed "$seed" "${LS_ARGS[@]}" "$@" 2>/dev/null |
+    lockstep_figures "$tag"
   wait
 }
 
 alone() { # tag seed: one Lockstep worker and one PyTorch process, 1 thread, batch 64 (no link)
   local port=$((7200 + RANDOM % 500))
   ip netns exec "${NS[0]}" env TF_CONFIG="{\"cluster\":{\"worker\":[\"${ADDR[0]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":0}}" \
-    timeout 900 target/release/mnist_keras --threads 1 --optimizer sgd --learning-rate 0.001 \
-    --no-backup --epochs "$EPOCHS" --model "$MODEL" --seed "$2" 2>/dev/null |
-    sed -n 's/^test_accuracy=\([0-9.]*\) .*examples_per_s=\([0-9]*\) .*$/lockstep_1worker.'"$1"',examples_per_s=\2,test_acc=\1/p'
-  ip netns exec "${NS[0]}" env RANK=0 WORLD_SIZE=1 timeout 900 "$PY" "$ANCHORS/torch_train.py" \
-    --data "$DATA" --model "$TORCH_MODEL" --batch 64 --epochs "$EPOCHS" --lr 0.001 --threads 1 \
-    --interop 1 --seed "$2" >/tmp/lockstep-links-torch.alone.out 2>&1
-  "$PY" - "torch_1worker.$1" /tmp/lockstep-links-torch.alone.out <<'PYEOF'
-import json, sys
-lines = [l for l in open(sys.argv[2]) if l.startswith("{")]
-r = json.loads(lines[-1]) if lines else {}
-print(f"{sys.argv[1]},examples_per_s={r.get('fit_examples_per_s', 0):.0f},test_acc={r.get('test_acc', 0):.4f}")
-PYEOF
+    timeout 900 "target/release/$LS_BIN" --threads 1 --epochs "$EPOCHS" --seed "$2" \
+    "${LS_ARGS[@]}" 2>/dev/null | lockstep_figures "lockstep_1worker.$1"
+  ip netns exec "${NS[0]}" env RANK=0 WORLD_SIZE=1 timeout 900 "$PY" "$TORCH_SCRIPT" \
+    --batch 64 --epochs "$EPOCHS" --threads 1 --seed "$2" "${TORCH_ARGS[@]}" \
+    >/tmp/lockstep-links-torch.alone.out 2>&1
+  torch_figures "torch_1worker.$1" /tmp/lockstep-links-torch.alone.out
 }
 
 torch() { # tag seed [fp16_hook]
   local tag=$1 seed=$2 port=$((29500 + RANDOM % 500)) launched
-  local script=("$ANCHORS/torch_train.py")
-  # DDP's own compression: the anchors' script run with `fp16_compress_hook` registered.
-  if [ "${3:-}" = fp16_hook ]; then script=(benches/torch_train_fp16_hook.py "$ANCHORS/torch_train.py"); fi
+  local script=("$TORCH_SCRIPT")
+  # DDP's own compression: the script run with `fp16_compress_hook` registered.
+  if [ "${3:-}" = fp16_hook ]; then script=(benches/torch_train_fp16_hook.py "$TORCH_SCRIPT"); fi
   launched=$(date +%s.%N)
   for i in 1 0; do
     ip netns exec "${NS[$i]}" env MASTER_ADDR="${ADDR[0]}" MASTER_PORT="$port" RANK="$i" \
       WORLD_SIZE=2 GLOO_SOCKET_IFNAME="${DEV[$i]}" LAUNCH_T="$launched" \
       RESULT_JSON="/tmp/lockstep-links-torch.w$i.json" timeout 900 "$PY" "${script[@]}" \
-      --data "$DATA" --model "$TORCH_MODEL" --batch 64 --epochs "$EPOCHS" --lr 0.001 --threads 1 \
-      --interop 1 --seed "$seed" >"/tmp/lockstep-links-torch.w$i.out" 2>&1 &
+      --batch 64 --epochs "$EPOCHS" --threads 1 --seed "$seed" "${TORCH_ARGS[@]}" \
+      >"/tmp/lockstep-links-torch.w$i.out" 2>&1 &
   done
   wait
-  "$PY" - "$tag" /tmp/lockstep-links-torch.w0.out <<'PYEOF'
-import json, sys
-lines = [l for l in open(sys.argv[2]) if l.startswith("{")]
-r = json.loads(lines[-1]) if lines else {}
-print(f"{sys.argv[1]},examples_per_s={r.get('fit_examples_per_s', 0):.0f},test_acc={r.get('test_acc', 0):.4f}")
-PYEOF
+  torch_figures "$tag" /tmp/lockstep-links-torch.w0.out
 }
 
 # One worker of each, for scaling efficiency: 2-worker examples/s ÷ (2 × one worker's).

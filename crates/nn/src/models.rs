@@ -137,6 +137,27 @@ pub fn mnist_cnn_functional(seed: u64) -> Result<Network, NnError> {
 ///
 /// As [`mnist_cnn`].
 pub fn cnn_batch_norm(seed: u64, synchronized: bool) -> Result<Network, NnError> {
+    cnn_batch_norm_with_dense_units(seed, synchronized, 128)
+}
+
+/// [`cnn_batch_norm`] with `units` in its hidden dense layer instead of 128: with 2048, a
+/// model of 3.3 M parameters (99% of them in that layer), for benchmarks of links slower than
+/// loopback.
+///
+/// ```
+/// let model = lockstep_nn::models::cnn_batch_norm_with_dense_units(0, false, 2048)?;
+/// assert_eq!(model.parameters().trainable_len(), 3_318_250);
+/// # Ok::<(), lockstep_nn::NnError>(())
+/// ```
+///
+/// # Errors
+///
+/// When `units` is 0.
+pub fn cnn_batch_norm_with_dense_units(
+    seed: u64,
+    synchronized: bool,
+    units: usize,
+) -> Result<Network, NnError> {
     let inputs = Input::new(&[28, 28, 1]);
     let mut x = inputs.clone();
     for filters in [32, 64] {
@@ -148,7 +169,7 @@ pub fn cnn_batch_norm(seed: u64, synchronized: bool) -> Result<Network, NnError>
         x = MaxPooling2D::new((2, 2)).call(&x)?;
     }
     let x = Flatten.call(&x)?;
-    let x = Dense::new(128).activation(Activation::Relu).call(&x)?;
+    let x = Dense::new(units).activation(Activation::Relu).call(&x)?;
     let outputs = Dense::new(10).call(&x)?;
     Network::new(&[&inputs], &[&outputs], seed)
 }

@@ -9,13 +9,14 @@
 //! $ cargo xtask run-cluster --example fashion_mnist -- --epochs 12
 //! [worker:0] Epoch 1/12 - 469 steps - 5.1s - loss: 0.4851 - sparse_categorical_accuracy: 0.8263
 //! …
-//! [worker:0] test_accuracy=0.9160 test_loss=0.2809 weights_checksum=a0dcb64e00dffd53 model=cnn epochs=12 examples_per_s=6528 loop_examples_per_s=6811 first_step_s=0.31
+//! [worker:0] test_accuracy=0.9160 test_loss=0.2809 weights_checksum=a0dcb64e00dffd53 model=cnn epochs=12 examples_per_s=6528 loop_examples_per_s=6811 comm_wait_share=0.00 first_step_s=0.31
 //! ```
 //!
 //! (Stdout; only the chief prints the epoch lines. `examples_per_s` is every example of `fit`
 //! and the test set's evaluation over their wall time; `loop_examples_per_s` is the steady
 //! speed as `benches/` measures the references', the examples of steps 2..N over the time
-//! from the end of step 1 to the end of step N. Times depend on the
+//! from the end of step 1 to the end of step N; `comm_wait_share` is the share of the steps'
+//! time this worker spent blocked in their collectives. Times depend on the
 //! machine; the figures above are one worker's, `cargo run --release -p lockstep-examples --bin
 //! fashion_mnist -- --epochs 12`.) The bar to meet is the accuracy Fashion-MNIST's own
 //! benchmark gives TensorFlow's tutorial CNN, 0.916 (after 20,000 steps of 100, 33 epochs);
@@ -52,6 +53,17 @@ struct Args {
     /// guide's 784 → 64 → 64 → 10).
     #[arg(long, default_value = "cnn")]
     model: String,
+    /// Units of `cnn-bn`'s hidden dense layer (128; 2048 makes it a model of 3.3 M
+    /// parameters, for benchmarks of slow links).
+    #[arg(long, default_value_t = 128)]
+    dense_units: usize,
+    /// `cnn-bn` normalizes with each replica's own batch statistics, as PyTorch's
+    /// `BatchNorm2d` under DDP does, instead of statistics over every replica's batch.
+    #[arg(long)]
+    local_batch_norm: bool,
+    /// Train on the first N images of the shuffled training set only (all 60,000 by default).
+    #[arg(long, value_name = "N")]
+    train_examples: Option<u64>,
     /// Decay Adam's learning rate (1e-3) along a cosine to zero over the whole run (Keras'
     /// `CosineDecay`, stepped every batch) instead of keeping it constant.
     #[arg(long)]
@@ -73,6 +85,18 @@ fn guide_mlp(seed: u64) -> Result<Network, NnError> {
         .call(&x)?;
     let outputs = Dense::new(10).named("predictions").call(&x)?;
     Network::new(&[&inputs], &[&outputs], seed)
+}
+
+/// The model `args` name, built under `strategy`.
+fn build(strategy: MultiWorkerMirroredStrategy, args: &Args) -> anyhow::Result<Model> {
+    let seed = args.training.seed;
+    Ok(match args.model.as_str() {
+        "mlp" => Model::new(strategy, || guide_mlp(seed))?,
+        "cnn-bn" => Model::new(strategy, || {
+            models::cnn_batch_norm_with_dense_units(seed, !args.local_batch_norm, args.dense_units)
+        })?,
+        _ => Model::new(strategy, || models::mnist_cnn_functional(seed))?,
+    })
 }
 
 /// Adam at Keras' defaults; with `decay_steps`, its rate (1e-3) follows a cosine to zero over
@@ -134,18 +158,17 @@ fn main() -> anyhow::Result<()> {
         &args.cluster.transport(),
     )?;
     let seed = args.training.seed;
-    let mut model = match args.model.as_str() {
-        "mlp" => Model::new(strategy, || guide_mlp(seed))?,
-        "cnn-bn" => Model::new(strategy, || models::cnn_batch_norm(seed, true))?,
-        _ => Model::new(strategy, || models::mnist_cnn_functional(seed))?,
-    };
+    let mut model = build(strategy, &args)?;
     let loss = SparseCategoricalCrossentropy {
         from_logits: true,
         ..Default::default()
     };
     let fashion = Mnist::fashion().context("loading Fashion-MNIST")?;
     let global_batch = args.training.global_batch(workers);
-    let steps = fashion.train.len().div_ceil(global_batch) as u64 * args.training.epochs;
+    let examples = args.train_examples.map_or(fashion.train.len() as u64, |n| {
+        n.min(fashion.train.len() as u64)
+    });
+    let steps = examples.div_ceil(global_batch as u64) * args.training.epochs;
     let optimizer = adam(args.cosine_decay.then_some(steps));
     model.compile(optimizer, loss, &["sparse_categorical_accuracy"])?;
     if model.is_chief() {
@@ -164,6 +187,7 @@ fn main() -> anyhow::Result<()> {
             .train
             .dataset()?
             .shuffle(60_000, seed, true)
+            .take(examples)
             .map(to_flat);
         let train = model.distribute_dataset(train, global_batch)?;
         let test = model.distribute_dataset(fashion.test.dataset()?.map(to_flat), global_batch)?;
@@ -179,6 +203,7 @@ fn main() -> anyhow::Result<()> {
             .train
             .dataset()?
             .shuffle(60_000, seed, true)
+            .take(examples)
             .map(to_scaled);
         let train = model.distribute_dataset(train, global_batch)?;
         let test =
@@ -193,13 +218,14 @@ fn main() -> anyhow::Result<()> {
     let elapsed = started.elapsed().as_secs_f64();
     let checksum = checksum(&model);
     println!(
-        "test_accuracy={:.4} test_loss={:.4} weights_checksum={checksum:016x} model={} epochs={} examples_per_s={:.0} loop_examples_per_s={:.0} first_step_s={:.2}",
+        "test_accuracy={:.4} test_loss={:.4} weights_checksum={checksum:016x} model={} epochs={} examples_per_s={:.0} loop_examples_per_s={:.0} comm_wait_share={:.2} first_step_s={:.2}",
         logs.get("sparse_categorical_accuracy").unwrap_or(0.0),
         logs.get("loss").unwrap_or(0.0),
         args.model,
         history.epochs.len(),
         history.examples as f64 / elapsed,
         clock.loop_examples_per_s(history.examples, global_batch as u64),
+        history.comm_wait.as_secs_f64() / history.step_time.as_secs_f64().max(f64::MIN_POSITIVE),
         clock.first_step_s(),
     );
     Ok(())
