@@ -1,10 +1,12 @@
-"""The anchors' torch_train.py with DDP's own gradient compression: every DistributedDataParallel
-it makes registers PyTorch's `fp16_compress_hook` (gradients cast to float16 for the all-reduce,
+"""A training script (the anchors' torch_train.py, benches/reference/fashion_ddp.py) with DDP's own
+gradient compression: every DistributedDataParallel it makes registers PyTorch's
+`fp16_compress_hook` (gradients cast to float16 for the all-reduce,
 the result cast back), the comparison DDP offers to Lockstep's 16-bit gradients.
 
-Usage: python3 benches/torch_train_fp16_hook.py PATH/TO/torch_train.py [its arguments...]
+Usage: python3 benches/torch_train_fp16_hook.py PATH/TO/SCRIPT.py [its arguments...]
 """
 
+import os
 import runpy
 import sys
 
@@ -22,4 +24,6 @@ class Fp16CompressedDDP(nn.parallel.DistributedDataParallel):
 nn.parallel.DistributedDataParallel = Fp16CompressedDDP
 script = sys.argv[1]
 sys.argv = sys.argv[1:]
+# As `python3 SCRIPT` would: the script's folder first on the import path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
 runpy.run_path(script, run_name="__main__")

@@ -10,12 +10,12 @@ Cluster from the environment, as torch_train.py: MASTER_ADDR, MASTER_PORT, RANK,
 as Lockstep's `loop_examples_per_s`) and `test_acc`.
 """
 import argparse
-import gzip
 import json
 import os
 import time
 
 import numpy as np
+from idx import idx as read_idx
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -41,11 +41,7 @@ if world > 1:
 
 
 def idx(name):
-    with gzip.open(os.path.join(args.data, name)) as f:
-        data = f.read()
-    dims = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
+    return read_idx(args.data, name)
 
 
 order = np.random.default_rng(args.seed).permutation(60000)[: args.train_examples]

@@ -6,7 +6,6 @@ Prints one line: framework, model, loop_ex_per_s (global examples of steps 2..N 
 from the end of step 1 to the end of step N), first_step_s (from process start), test_acc.
 """
 import argparse
-import gzip
 import os
 import time
 
@@ -22,15 +21,12 @@ p.add_argument("--threads", type=int, default=2)
 p.add_argument("--seed", type=int, default=0)
 args = p.parse_args()
 
-import numpy as np  # noqa: E402
+import numpy as np
+from idx import idx as read_idx  # noqa: E402
 
 
 def idx(name):
-    with gzip.open(os.path.join(args.data, name)) as f:
-        data = f.read()
-    dims = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
+    return read_idx(args.data, name)
 
 
 x_train = idx("train-images-idx3-ubyte.gz").astype(np.float32) / 255.0
