@@ -162,7 +162,7 @@ impl Replica {
 
     /// Whether this step runs on the device state: a GPU replica whose model and optimizer it
     /// can hold, made here at the first step.
-    fn on_device_state(&mut self, packs: usize) -> bool {
+    fn on_device_state(&mut self) -> bool {
         if self.resident.is_some() {
             return true;
         }
@@ -172,12 +172,12 @@ impl Replica {
         let Some(optimizer) = self.optimizer.as_deref() else {
             return false;
         };
-        let made = if packs > 1 || self.net.synchronizes_replicas() {
+        // Any number of packs: NCCL sums the whole buffer in one call, and the CPU's path
+        // reads it back and reduces it pack by pack as `reduce_after` does on the CPU.
+        let made = if self.net.synchronizes_replicas() {
             Err(NnError::InvalidConfig {
                 layer: "device state".into(),
-                why: "its gradients travel in several packs, or its layers reduce across \
-                      replicas inside the pass"
-                    .into(),
+                why: "its layers reduce across replicas inside the pass".into(),
             })
         } else {
             DeviceState::new(&self.net, optimizer)
@@ -242,7 +242,7 @@ impl Replica {
         });
         let (packs, wire) = (Arc::clone(packs), *wire);
         let packs = &packs;
-        if self.on_device_state(packs.len()) {
+        if self.on_device_state() {
             return self.train_step_on_device(batch, objective, step, (packs, wire), started);
         }
         let ctx =
