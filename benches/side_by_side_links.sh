@@ -29,7 +29,7 @@ LATENCY="${LATENCY:-}"
 # MODEL=cnn (the multi-worker tutorial's two-convolution CNN, 225,034 parameters, on the
 # anchors' MNIST digits), MODEL=tutorial-literal (the one-convolution model of its
 # mnist_setup.py, 2,770,634), or MODEL=cnn-bn-wide (the CNN with batch normalization and
-# Dense(2048), 3,318,250, on the first TRAIN_EXAMPLES images of Fashion-MNIST, Adam 1e-3; each
+# Dense(2048), 3,318,250, on TRAIN_EXAMPLES images of Fashion-MNIST an epoch, Adam 1e-3; each
 # replica's own batch statistics, as DDP's BatchNorm2d; benches/reference/fashion_ddp.py).
 MODEL="${MODEL:-cnn}"
 TRAIN_EXAMPLES="${TRAIN_EXAMPLES:-8000}"
@@ -73,7 +73,7 @@ limit() { # rate → ip netns exec + tc on both ends
       # netem delays every packet by LATENCY (and limits the rate itself), where the kernel has it.
       local rate=()
       if [ "$1" != unlimited ]; then rate=(rate "$1"); fi
-      if ! tc -n "${NS[$i]}" qdisc add dev "${DEV[$i]}" root netem delay "$LATENCY" "${rate[@]}" 2>/dev/null; then
+      if ! tc -n "${NS[$i]}" qdisc add dev "${DEV[$i]}" root netem delay "$LATENCY" ${rate[@]+"${rate[@]}"} 2>/dev/null; then
         echo "# no netem in this kernel: LATENCY=$LATENCY not applied"
         LATENCY=""
       fi

@@ -181,16 +181,33 @@ fn impair(ns: &str, dev: &str) -> Result<&'static str, String> {
     Ok("no netem in this kernel: tc tbf rate 50mbit + nftables drops 1% of TCP packets")
 }
 
-/// Waits for `child` at most until `deadline`, killing it past that.
-fn wait_until(mut child: Child, deadline: Instant) -> Output {
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+/// A child whose output is being read on a thread of its own, so that a child that writes
+/// much never blocks on a full pipe (and, being one worker of a cluster, stalls the others).
+struct Running {
+    pid: String,
+    finished: std::sync::mpsc::Receiver<std::io::Result<Output>>,
+}
+
+impl Running {
+    fn new(child: Child) -> Self {
+        let pid = child.id().to_string();
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(child.wait_with_output());
+        });
+        Self { pid, finished }
     }
-    child.wait_with_output().unwrap()
+
+    /// Waits for the child at most until `deadline`, killing it past that.
+    fn wait_until(self, deadline: Instant) -> Output {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let output = self.finished.recv_timeout(left).unwrap_or_else(|_| {
+            // `ip netns exec` executes the program in its own place: the pid is the program's.
+            let _ = Command::new("kill").args(["-KILL", &self.pid]).status();
+            self.finished.recv().unwrap()
+        });
+        output.unwrap()
+    }
 }
 
 const KERAS_EPOCH: [&str; 7] = [
@@ -207,14 +224,14 @@ const KERAS_EPOCH: [&str; 7] = [
 /// each step): each worker's final line, and worker 0's log.
 fn train_on(hosts: &Hosts, slowed: Option<usize>) -> (Vec<String>, String) {
     let binary = example_binary("mnist_keras").unwrap();
-    let children: Vec<Child> = (0..hosts.namespaces.len())
+    let children: Vec<Running> = (0..hosts.namespaces.len())
         .map(|i| {
             let env: &[(&str, &str)] = if slowed == Some(i) {
                 &[("LOCKSTEP_SLOW_STEP_MS", "40")]
             } else {
                 &[]
             };
-            hosts.spawn(i, &binary, &KERAS_EPOCH, env)
+            Running::new(hosts.spawn(i, &binary, &KERAS_EPOCH, env))
         })
         .collect();
     let deadline = Instant::now() + Duration::from_mins(8);
@@ -223,7 +240,7 @@ fn train_on(hosts: &Hosts, slowed: Option<usize>) -> (Vec<String>, String) {
         .into_iter()
         .enumerate()
         .map(|(i, child)| {
-            let out = wait_until(child, deadline);
+            let out = child.wait_until(deadline);
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(out.status.success(), "worker {i}: {}\n{stderr}", out.status);
             if i == 0 {

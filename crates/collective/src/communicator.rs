@@ -219,7 +219,7 @@ impl<T: Transport> Communicator<T> {
         if let Err(e) = &result
             && !matches!(e, CollectiveError::Aborted { .. })
         {
-            session.abort(&e.to_string());
+            session.abort(&e.to_string(), matches!(e, CollectiveError::Timeout { .. }));
         }
         let peers = std::mem::take(&mut session.peers);
         self.recorder.record(FlightRecord {
@@ -245,8 +245,9 @@ impl<T: Transport> Communicator<T> {
     /// communicator is broken. Returns `error`.
     pub(crate) fn abandon_next(&mut self, op: Op, error: CollectiveError) -> CollectiveError {
         let reason = error.to_string();
+        let timed_out = matches!(error, CollectiveError::Timeout { .. });
         let _ = self.run::<f32>(op, 0, None, "abandoned", |s| {
-            s.abort(&reason);
+            s.abort(&reason, timed_out);
             Err(CollectiveError::Aborted {
                 op,
                 seq: s.template.seq,

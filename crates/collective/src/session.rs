@@ -123,9 +123,16 @@ impl<T: Transport> Session<'_, T> {
         for deadline in [now, grace] {
             for peer in (0..self.world_size()).filter(|&p| p != rank) {
                 // Messages ahead of an abort are data this failed collective no longer needs.
-                while let Ok(Some(message)) = self.transport.recv(peer, deadline) {
-                    if let Some(aborted) = abort_in(&message) {
-                        return aborted;
+                loop {
+                    match self.transport.recv(peer, deadline) {
+                        Ok(Some(message)) => {
+                            if let Some(aborted) = abort_in(&message) {
+                                return aborted;
+                            }
+                        }
+                        // The transport found another peer's abort while it waited.
+                        Err(aborted @ CollectiveError::Aborted { .. }) => return aborted,
+                        Ok(None) | Err(_) => break,
                     }
                 }
             }
@@ -133,12 +140,14 @@ impl<T: Transport> Session<'_, T> {
         error
     }
 
-    /// Tells every peer this collective failed here (best effort: some may be gone).
-    pub(crate) fn abort(&mut self, reason: &str) {
+    /// Tells every peer this collective failed here (best effort: some may be gone); with
+    /// `timed_out`, because this rank waited past its deadline.
+    pub(crate) fn abort(&mut self, reason: &str, timed_out: bool) {
         let header = Header {
             kind: Kind::Abort,
             ..self.template
         };
+        let payload = abort_payload(reason, timed_out);
         let rank = self.rank();
         // A peer that is stalled, not gone, must not hold this rank's error back for long.
         let deadline = Instant::now() + Duration::from_millis(100);
@@ -147,7 +156,7 @@ impl<T: Transport> Session<'_, T> {
                 peer,
                 Message {
                     header,
-                    payload: Bytes::copy_from_slice(reason.as_bytes()),
+                    payload: payload.clone(),
                 },
                 deadline,
             );
@@ -228,6 +237,15 @@ pub(crate) fn check_size(
     })
 }
 
+/// An abort's payload: one byte saying whether the rank that sent it timed out, then its
+/// error's text.
+fn abort_payload(reason: &str, timed_out: bool) -> Bytes {
+    let mut payload = Vec::with_capacity(1 + reason.len());
+    payload.push(u8::from(timed_out));
+    payload.extend_from_slice(reason.as_bytes());
+    Bytes::from(payload)
+}
+
 /// The error an abort message carries (the rank that failed, and why); `None` for any other
 /// message.
 pub(crate) fn abort_in(message: &Message) -> Option<CollectiveError> {
@@ -236,8 +254,15 @@ pub(crate) fn abort_in(message: &Message) -> Option<CollectiveError> {
         op: h.op,
         seq: h.seq,
         origin: h.source as usize,
-        reason: String::from_utf8_lossy(&message.payload).into_owned(),
+        reason: String::from_utf8_lossy(message.payload.get(1..).unwrap_or_default()).into_owned(),
     })
+}
+
+/// Whether `message` is the abort of a rank that timed out. Such a rank names only the peer it
+/// was waiting for, which may itself be waiting for the rank really missing: a rank still
+/// within its own deadline waits on and names what it sees itself.
+pub(crate) fn is_abort_of_a_timeout(message: &Message) -> bool {
+    message.header.kind == Kind::Abort && message.payload.first() == Some(&1)
 }
 
 /// Whether `h` is a data message of the collective `t` describes (what [`check`] accepts).

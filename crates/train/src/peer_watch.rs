@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use lockstep_collective::CollectiveError;
 use lockstep_cuda::nccl::PeerCheck;
 
+use crate::error::TrainError;
 use crate::strategy::{LinkProbe, ReplicaLink};
 
 /// How often a waiting replica looks at the connections: a dead peer is seen within this
@@ -60,9 +61,22 @@ impl PeerWatch {
         })
     }
 
-    /// Tells every replica of the process that `error` lost a peer (the first replica's own
-    /// collective over the connections found it gone), so their NCCL waits end too. Returns
-    /// the peer found gone first, or `None` when `error` names no peer.
+    /// Tells every replica of the process that replica `replica` (this process's first)
+    /// failed carrying the worker's sum to the others, so their NCCL waits (for the broadcast
+    /// it will not send) end too, naming it and `why`; a lost peer is named as
+    /// [`PeerWatch::report`] names it.
+    pub(crate) fn fail(&self, replica: usize, error: &TrainError) {
+        if let TrainError::Collective(lost @ CollectiveError::PeerLost { .. }) = error {
+            self.report(lost);
+            return;
+        }
+        let why = format!("replica {replica} failed carrying this worker's sum: {error}");
+        let _ = self.found.get_or_init(|| (replica, why));
+    }
+
+    /// Tells every replica of the process that `error` lost a peer (found gone through the
+    /// connections), so their NCCL waits end too. Returns the peer found gone first, or `None`
+    /// when `error` names no peer.
     pub(crate) fn report(&self, error: &CollectiveError) -> Option<(usize, String)> {
         let CollectiveError::PeerLost {
             rank,
@@ -214,6 +228,20 @@ mod tests {
                 "{why}"
             );
         }
+        drop(workers);
+    }
+
+    #[test]
+    fn any_failure_of_the_first_replica_ends_the_other_replicas_waits_naming_it() {
+        let mut workers = two_workers(2);
+        let living = workers.remove(0);
+        let watch = PeerWatch::of(&living).expect("replicas");
+        let mut other = watch.check();
+        assert_eq!(other(), None);
+        watch.fail(0, &TrainError::invalid("upload", "out of device memory"));
+        let (replica, why) = other().expect("the failure reported");
+        assert_eq!(replica, 0);
+        assert!(why.contains("out of device memory"), "{why}");
         drop(workers);
     }
 }

@@ -351,17 +351,21 @@ impl Replica {
                 // NCCL summed this worker's GPUs; the first carries the sum to the other
                 // workers over the ring and NCCL hands the total to the rest.
                 if self.link.is_process_first() {
-                    self.buffer.clear();
-                    self.buffer.resize(n, 0.0);
-                    state.download_gradients(&mut self.buffer)?;
-                    let across = self
-                        .link
-                        .all_reduce_processes(&mut self.buffer, ReduceOp::Sum);
-                    if let Err(e) = across {
-                        self.link.report_lost(&e);
-                        return Err(e.into());
+                    let (buffer, link) = (&mut self.buffer, &mut self.link);
+                    let carried = (|| -> Result<(), TrainError> {
+                        buffer.clear();
+                        buffer.resize(n, 0.0);
+                        state.download_gradients(buffer)?;
+                        link.all_reduce_processes(buffer, ReduceOp::Sum)?;
+                        state.upload_gradients(buffer)?;
+                        Ok(())
+                    })();
+                    // The others wait in NCCL for this replica's broadcast: whatever stopped
+                    // it must end their waits too.
+                    if let Err(e) = carried {
+                        self.link.tell_process_failed(&e);
+                        return Err(e);
                     }
-                    state.upload_gradients(&self.buffer)?;
                 }
                 let comm = self.link.nccl_mut().ok_or_else(not_compiled)?;
                 state.broadcast_gradients(comm, 0)?;

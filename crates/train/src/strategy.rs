@@ -167,11 +167,11 @@ impl ReplicaLink {
         self.nccl_within_process
     }
 
-    /// Tells the process's other replicas, waiting in NCCL, that `error` lost a peer process
-    /// (the error of this replica's collective over the cluster's connections).
-    pub(crate) fn report_lost(&self, error: &CollectiveError) {
+    /// Tells the process's other replicas, waiting in NCCL for this one, that it failed with
+    /// `error` (a lost peer process is named as such).
+    pub(crate) fn tell_process_failed(&self, error: &TrainError) {
         if let Some(watch) = &self.watch {
-            watch.report(error);
+            watch.fail(self.rank, error);
         }
     }
 
@@ -664,8 +664,10 @@ impl MultiWorkerMirroredStrategy {
     /// meet over the cluster's TCP ring: the hierarchical all-reduce, for GPUs that NCCL cannot
     /// reach across hosts (no network transport NCCL can use between them, ports closed to it).
     /// Each step, NCCL sums a worker's GPUs, its first replica carries that sum over the ring
+    /// (in `f32`, in one all-reduce: `compression` and `bytes_per_pack` do not apply to it)
     /// and NCCL hands the total to the others. Every worker must say the same before
-    /// [`MultiWorkerMirroredStrategy::on_devices`], as with any collective setting.
+    /// [`MultiWorkerMirroredStrategy::on_devices`], as with any collective setting: workers
+    /// that disagree stop there with an error saying so.
     #[must_use]
     pub fn nccl_within_workers(mut self) -> Self {
         self.nccl_within_workers = true;
@@ -853,8 +855,20 @@ fn join_nccl(
     peers: Option<nccl::PeerCheck>,
 ) -> Result<Joined, TrainError> {
     const STRATEGY: &str = "MultiWorkerMirroredStrategy";
-    let mut vote = [if join.able { 1.0_f32 } else { 0.0 }];
+    // One all-reduce of three minimums: whether every worker can, and the least and (negated)
+    // the greatest scope asked for, which differ when workers disagree.
+    let scope = match join.scope {
+        NcclScope::AllWorkers => 0.0_f32,
+        NcclScope::EachWorker => 1.0,
+    };
+    let mut vote = [if join.able { 1.0_f32 } else { 0.0 }, scope, -scope];
     link.all_reduce(&mut vote, ReduceOp::Min)?;
+    if vote[1] != -vote[2] {
+        return Err(TrainError::invalid(
+            STRATEGY,
+            "the workers disagree on nccl_within_workers: every worker must say the same",
+        ));
+    }
     let Device::Cuda(ordinal) = device else {
         return Ok(Joined::Without);
     };

@@ -220,6 +220,30 @@ fn workers_each_summing_its_gpus_with_nccl_and_meeting_over_tcp_train_as_over_th
 }
 
 #[test]
+fn two_workers_of_two_gpus_each_summed_within_by_nccl_train_as_four_cpu_replicas() {
+    // Each worker's two replicas on GPUs 0 and 1, in an NCCL group of that worker's own: NCCL
+    // sums them, the first carries the sum over TCP, NCCL broadcasts the total back.
+    fn within(strategy: MultiWorkerMirroredStrategy) -> Vec<f32> {
+        let strategy = strategy
+            .nccl_within_workers()
+            .on_devices(&[Device::Cuda(0), Device::Cuda(1)])
+            .unwrap();
+        train(strategy, 64, 2, Vec::new()).unwrap().0
+    }
+    if !two_gpus() {
+        return;
+    }
+    let nccl = CommunicationOptions {
+        implementation: Implementation::Nccl,
+        ..CommunicationOptions::default()
+    };
+    let results = workers_with(2, 2, nccl, within);
+    assert_eq!(results[0], results[1], "the workers' weights differ");
+    let (cpus, _) = train(MirroredStrategy::new(4).unwrap(), 64, 2, Vec::new()).unwrap();
+    assert_adam_close(&results[0], &cpus, 2 * STEPS_PER_EPOCH);
+}
+
+#[test]
 fn evaluate_on_a_gpu_gives_the_figures_of_the_weights_it_trained() {
     let Some(gpu) = gpu() else { return };
     let mut model = Model::new(OneDeviceStrategy::on(gpu).unwrap(), mlp).unwrap();

@@ -12,7 +12,7 @@ use common::{digits, loss, mlp, workers_with};
 use lockstep_collective::{CommunicationOptions, Implementation};
 use lockstep_nn::Adam;
 use lockstep_tensor::Device;
-use lockstep_train::{Model, MultiWorkerMirroredStrategy};
+use lockstep_train::{Model, MultiWorkerMirroredStrategy, Strategy};
 
 fn options(implementation: Implementation) -> CommunicationOptions {
     CommunicationOptions {
@@ -94,6 +94,26 @@ fn nccl_within_workers_needs_every_replica_on_a_gpu_and_leaves_auto_on_the_cpu_a
         model.network().parameters().values().to_vec()
     });
     assert_eq!(weights[0], weights[1]);
+}
+
+#[test]
+fn workers_that_disagree_on_nccl_within_workers_all_stop_saying_so() {
+    let errors = workers_with(2, 1, options(Implementation::Auto), |strategy| {
+        let within = strategy.task() == "worker:1";
+        let strategy = if within {
+            strategy.nccl_within_workers()
+        } else {
+            strategy
+        };
+        strategy
+            .on_devices(&[Device::Cpu])
+            .err()
+            .map(|e| e.to_string())
+    });
+    for error in errors {
+        let error = error.unwrap_or_default();
+        assert!(error.contains("disagree on nccl_within_workers"), "{error}");
+    }
 }
 
 #[test]

@@ -79,6 +79,9 @@ fn watch(comm: &mut Communicator<TcpTransport>, limit: Duration) -> ExitCode {
                 kind(&error),
                 started.elapsed().as_millis()
             );
+            // Stay a moment: the other watchers, looking every 20 ms, must see the crash, not
+            // this process's own exit after it.
+            std::thread::sleep(Duration::from_millis(200));
             return ExitCode::SUCCESS;
         }
         std::thread::sleep(Duration::from_millis(20));

@@ -61,7 +61,9 @@ struct Args {
     /// `BatchNorm2d` under DDP does, instead of statistics over every replica's batch.
     #[arg(long)]
     local_batch_norm: bool,
-    /// Train on the first N images of the shuffled training set only (all 60,000 by default).
+    /// Train on N images an epoch only (all 60,000 by default): the first N of the training set
+    /// as each epoch shuffles it, so each epoch draws another N (for benchmarks, which need the
+    /// step's speed, not the whole set).
     #[arg(long, value_name = "N")]
     train_examples: Option<u64>,
     /// Decay Adam's learning rate (1e-3) along a cosine to zero over the whole run (Keras'

@@ -74,6 +74,8 @@ pub(super) struct Link {
     pub(super) ready: VecDeque<Arrived>,
     /// Why the connection ended, once it has (frames before the end stay in `ready`).
     pub(super) closed: Option<String>,
+    /// Whether this end cut it ([`Link::cut`]), rather than the peer closing it.
+    pub(super) cut_here: bool,
     /// Payload buffers handed back after use; their bytes are initialised up to `len`, so
     /// reusing one costs no zero-fill.
     spare: Vec<BytesMut>,
@@ -91,6 +93,7 @@ impl Link {
             arriving: None,
             ready: VecDeque::new(),
             closed: None,
+            cut_here: false,
             spare: Vec::new(),
         })
     }
@@ -300,6 +303,9 @@ impl Link {
     /// followed by another.
     pub(super) fn cut(&mut self, reason: String) {
         let _ = self.stream.shutdown(Shutdown::Both);
+        if self.closed.is_none() {
+            self.cut_here = true;
+        }
         self.closed.get_or_insert(reason);
     }
 

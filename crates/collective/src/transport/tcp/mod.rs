@@ -366,7 +366,8 @@ fn oversubscribed(addresses: &[String], rank: usize) -> bool {
 
 impl TcpTransport {
     /// The abort of a peer other than `from` (whose messages the running flow reads itself),
-    /// taken out of what has arrived from it, if any.
+    /// taken out of what has arrived from it, if any. The abort of a peer that timed out is
+    /// left where it is: this rank, still within its deadline, names what it waits for itself.
     fn abort_from_others(&mut self, from: usize) -> Option<CollectiveError> {
         self.links
             .iter_mut()
@@ -375,7 +376,8 @@ impl TcpTransport {
             .find_map(|(_, link)| {
                 let ready = &mut link.as_mut()?.ready;
                 let at = ready.iter().position(|arrived| {
-                    matches!(arrived, Arrived::Message(m) if m.header.kind == Kind::Abort)
+                    matches!(arrived, Arrived::Message(m)
+                        if m.header.kind == Kind::Abort && !crate::session::is_abort_of_a_timeout(m))
                 })?;
                 match ready.remove(at)? {
                     Arrived::Message(message) => crate::session::abort_in(&message),
@@ -637,8 +639,11 @@ impl Transport for TcpTransport {
                 link.pump(None);
             }
         }
+        // A connection this rank cut itself (a collective of its own failed) says nothing of
+        // whether the peer lives.
         for peer in 0..self.links.len() {
             if let Some(Some(link)) = self.links.get(peer)
+                && !link.cut_here
                 && let Some(reason) = link.closed.clone()
             {
                 return Err(self.lost(peer, reason));
@@ -692,6 +697,12 @@ impl Transport for TcpTransport {
                 idle_since = None;
             } else if self.idle(&mut idle_since, None, None, deadline).is_none() {
                 return Ok(None);
+            } else if idle_since.is_some_and(|since| since.elapsed() >= self.spin)
+                && let Some(aborted) = self.abort_from_others(peer)
+            {
+                // Past spinning, waits sleep in `poll`, which lets every connection's bytes
+                // in: a peer that failed has told every rank, as in `exchange`.
+                return Err(aborted);
             }
         }
     }
