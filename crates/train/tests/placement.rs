@@ -21,18 +21,32 @@ fn options(implementation: Implementation) -> CommunicationOptions {
     }
 }
 
-#[test]
-fn nccl_asked_for_replicas_placed_on_the_cpu_is_refused_on_every_worker() {
-    let errors = workers_with(2, 1, options(Implementation::Nccl), |strategy| {
-        strategy
+/// Two workers of one replica, each `prepare`d, then placed on the CPU: every worker's
+/// error, which must say `expected`.
+fn every_worker_refuses(
+    implementation: Implementation,
+    prepare: fn(MultiWorkerMirroredStrategy) -> MultiWorkerMirroredStrategy,
+    expected: &str,
+) {
+    let errors = workers_with(2, 1, options(implementation), move |strategy| {
+        prepare(strategy)
             .on_devices(&[Device::Cpu])
             .err()
             .map(|e| e.to_string())
     });
     for error in errors {
         let error = error.unwrap_or_default();
-        assert!(error.contains("every replica must be on a GPU"), "{error}");
+        assert!(error.contains(expected), "{error}");
     }
+}
+
+#[test]
+fn nccl_asked_for_replicas_placed_on_the_cpu_is_refused_on_every_worker() {
+    every_worker_refuses(
+        Implementation::Nccl,
+        |s| s,
+        "every replica must be on a GPU",
+    );
 }
 
 #[test]
@@ -71,17 +85,11 @@ fn auto_with_replicas_on_the_cpu_agrees_on_the_cpus_transports_and_trains() {
 
 #[test]
 fn nccl_within_workers_needs_every_replica_on_a_gpu_and_leaves_auto_on_the_cpu_alone() {
-    let errors = workers_with(2, 1, options(Implementation::Nccl), |strategy| {
-        strategy
-            .nccl_within_workers()
-            .on_devices(&[Device::Cpu])
-            .err()
-            .map(|e| e.to_string())
-    });
-    for error in errors {
-        let error = error.unwrap_or_default();
-        assert!(error.contains("every replica must be on a GPU"), "{error}");
-    }
+    every_worker_refuses(
+        Implementation::Nccl,
+        MultiWorkerMirroredStrategy::nccl_within_workers,
+        "every replica must be on a GPU",
+    );
     let weights = workers_with(2, 1, options(Implementation::Auto), |strategy| {
         let strategy = strategy
             .nccl_within_workers()
@@ -98,22 +106,17 @@ fn nccl_within_workers_needs_every_replica_on_a_gpu_and_leaves_auto_on_the_cpu_a
 
 #[test]
 fn workers_that_disagree_on_nccl_within_workers_all_stop_saying_so() {
-    let errors = workers_with(2, 1, options(Implementation::Auto), |strategy| {
-        let within = strategy.task() == "worker:1";
-        let strategy = if within {
-            strategy.nccl_within_workers()
-        } else {
-            strategy
-        };
-        strategy
-            .on_devices(&[Device::Cpu])
-            .err()
-            .map(|e| e.to_string())
-    });
-    for error in errors {
-        let error = error.unwrap_or_default();
-        assert!(error.contains("disagree on nccl_within_workers"), "{error}");
-    }
+    every_worker_refuses(
+        Implementation::Auto,
+        |strategy| {
+            if strategy.task() == "worker:1" {
+                strategy.nccl_within_workers()
+            } else {
+                strategy
+            }
+        },
+        "disagree on nccl_within_workers",
+    );
 }
 
 #[test]

@@ -111,12 +111,16 @@ pub(crate) fn workers<R: Send + 'static>(
 
 /// [`workers`] whose collectives run with `communication`.
 #[allow(dead_code, reason = "not every test binary uses every helper")]
-pub(crate) fn workers_with<R: Send + 'static>(
+pub(crate) fn workers_with<R, F>(
     n: usize,
     replicas: usize,
     communication: CommunicationOptions,
-    body: fn(MultiWorkerMirroredStrategy) -> R,
-) -> Vec<R> {
+    body: F,
+) -> Vec<R>
+where
+    R: Send + 'static,
+    F: Fn(MultiWorkerMirroredStrategy) -> R + Clone + Send + 'static,
+{
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let identity = (u64::from(std::process::id()) << 32) | NEXT.fetch_add(1, Ordering::Relaxed);
     let listeners: Vec<TcpListener> = (0..n)
@@ -131,6 +135,7 @@ pub(crate) fn workers_with<R: Send + 'static>(
         .enumerate()
         .map(|(rank, listener)| {
             let addresses = addresses.clone();
+            let body = body.clone();
             std::thread::spawn(move || {
                 let json = format!(
                     r#"{{"cluster": {{"worker": {addresses:?}}}, "task": {{"type": "worker", "index": {rank}}}}}"#
