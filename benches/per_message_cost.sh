@@ -14,27 +14,13 @@ NS=(lockstep-msg0 lockstep-msg1)
 DEV=(lsm-veth0 lsm-veth1)
 ADDR=(10.231.8.1 10.231.8.2)
 
-cleanup() { for ns in "${NS[@]}"; do ip netns del "$ns" 2>/dev/null || true; done; }
-trap cleanup EXIT
-cleanup
-for i in 0 1; do ip netns add "${NS[$i]}"; done
-ip link add "${DEV[0]}" type veth peer name "${DEV[1]}"
-for i in 0 1; do
-  ip link set "${DEV[$i]}" netns "${NS[$i]}"
-  ip -n "${NS[$i]}" addr add "${ADDR[$i]}/24" dev "${DEV[$i]}"
-  ip -n "${NS[$i]}" link set "${DEV[$i]}" up
-  ip -n "${NS[$i]}" link set lo up
-done
+. "$(dirname "$0")/two_hosts.sh"
+two_hosts_up
 
 cargo build --release --quiet -p lockstep-examples --bin allreduce_bench
 
 for rate in $RATES; do
-  for i in 0 1; do
-    tc -n "${NS[$i]}" qdisc del dev "${DEV[$i]}" root 2>/dev/null || true
-    if [ "$rate" != unlimited ]; then
-      tc -n "${NS[$i]}" qdisc add dev "${DEV[$i]}" root tbf rate "$rate" burst 256kb latency 100ms
-    fi
-  done
+  tbf_limit "$rate"
   for rep in $(seq 1 "$REPS"); do
     port=$((7700 + RANDOM % 500))
     cluster="{\"cluster\":{\"worker\":[\"${ADDR[0]}:$port\",\"${ADDR[1]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":IDX}}"

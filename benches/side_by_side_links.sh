@@ -52,36 +52,25 @@ NS=(lockstep-link0 lockstep-link1)
 DEV=(lsl-veth0 lsl-veth1)
 ADDR=(10.231.7.1 10.231.7.2)
 
-cleanup() { for ns in "${NS[@]}"; do ip netns del "$ns" 2>/dev/null || true; done; }
-trap cleanup EXIT
-cleanup
-for i in 0 1; do ip netns add "${NS[$i]}"; done
-ip link add "${DEV[0]}" type veth peer name "${DEV[1]}"
-for i in 0 1; do
-  ip link set "${DEV[$i]}" netns "${NS[$i]}"
-  ip -n "${NS[$i]}" addr add "${ADDR[$i]}/24" dev "${DEV[$i]}"
-  ip -n "${NS[$i]}" link set "${DEV[$i]}" up
-  ip -n "${NS[$i]}" link set lo up
-done
+. "$(dirname "$0")/two_hosts.sh"
+two_hosts_up
 
 cargo build --release --quiet -p lockstep-examples --bin "$LS_BIN"
 
-limit() { # rate → ip netns exec + tc on both ends
-  for i in 0 1; do
-    tc -n "${NS[$i]}" qdisc del dev "${DEV[$i]}" root 2>/dev/null || true
-    if [ -n "$LATENCY" ]; then
-      # netem delays every packet by LATENCY (and limits the rate itself), where the kernel has it.
-      local rate=()
-      if [ "$1" != unlimited ]; then rate=(rate "$1"); fi
-      if ! tc -n "${NS[$i]}" qdisc add dev "${DEV[$i]}" root netem delay "$LATENCY" ${rate[@]+"${rate[@]}"} 2>/dev/null; then
-        echo "# no netem in this kernel: LATENCY=$LATENCY not applied"
-        LATENCY=""
-      fi
-    fi
-    if [ -z "$LATENCY" ] && [ "$1" != unlimited ]; then
-      tc -n "${NS[$i]}" qdisc add dev "${DEV[$i]}" root tbf rate "$1" burst 256kb latency 100ms
-    fi
-  done
+limit() { # rate: netem's delay (and rate) where LATENCY asks and the kernel has it, else tbf
+  if [ -n "$LATENCY" ]; then
+    local rate=()
+    if [ "$1" != unlimited ]; then rate=(rate "$1"); fi
+    local applied=true
+    for i in 0 1; do
+      tc -n "${NS[$i]}" qdisc del dev "${DEV[$i]}" root 2>/dev/null || true
+      tc -n "${NS[$i]}" qdisc add dev "${DEV[$i]}" root netem delay "$LATENCY" ${rate[@]+"${rate[@]}"} 2>/dev/null || applied=false
+    done
+    if $applied; then return; fi
+    echo "# no netem in this kernel: LATENCY=$LATENCY not applied"
+    LATENCY=""
+  fi
+  tbf_limit "$1"
 }
 
 # The figures of a Lockstep run's stdout as `tag,examples_per_s=…,comm_wait_share=…,test_acc=…`.

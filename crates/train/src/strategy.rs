@@ -371,6 +371,22 @@ fn gpu_ordinals(devices: &[Device]) -> Option<Vec<usize>> {
         .collect()
 }
 
+/// One NCCL group of this process's GPUs `ordinals`, a communicator each, in their order;
+/// errors name `strategy`.
+fn local_nccl_group(
+    strategy: &'static str,
+    ordinals: &[usize],
+    timeout: Duration,
+) -> Result<Vec<NcclComm>, TrainError> {
+    let gpus = ordinals
+        .iter()
+        .map(|&o| lockstep_cuda::CudaDevice::open(o))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TrainError::invalid(strategy, e.to_string()))?;
+    NcclComm::local_group(&gpus, timeout)
+        .map_err(|e| TrainError::invalid(strategy, format!("NCCL: {e}")))
+}
+
 /// Gives each replica of `links` (on `devices`) an NCCL communicator where `options` ask for
 /// NCCL, or leave the choice to Lockstep (`Auto`) and every replica is on a GPU and NCCL can be
 /// loaded, as TensorFlow's `MirroredStrategy` picks `NcclAllReduce` on GPUs.
@@ -394,13 +410,7 @@ fn with_nccl(
             "NCCL sums buffers on GPUs: every replica must be on a GPU",
         ));
     };
-    let gpus = ordinals
-        .iter()
-        .map(|&o| lockstep_cuda::CudaDevice::open(o))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TrainError::invalid("MirroredStrategy", e.to_string()))?;
-    let comms = NcclComm::local_group(&gpus, options.timeout)
-        .map_err(|e| TrainError::invalid("MirroredStrategy", format!("NCCL: {e}")))?;
+    let comms = local_nccl_group("MirroredStrategy", &ordinals, options.timeout)?;
     tracing::info!(
         replicas = comms.len(),
         "gradients summed on the GPUs by NCCL"
@@ -804,13 +814,7 @@ fn join_nccl_across_workers(
     let Some(ordinals) = ordinals else {
         return refused();
     };
-    let gpus = ordinals
-        .iter()
-        .map(|&o| lockstep_cuda::CudaDevice::open(o))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TrainError::invalid(STRATEGY, e.to_string()))?;
-    let comms = NcclComm::local_group(&gpus, options.timeout)
-        .map_err(|e| TrainError::invalid(STRATEGY, format!("NCCL: {e}")))?;
+    let comms = local_nccl_group(STRATEGY, &ordinals, options.timeout)?;
     let others = links.first().is_some_and(|l| l.world_size() > links.len());
     tracing::info!(
         replicas = comms.len(),

@@ -641,15 +641,11 @@ impl Transport for TcpTransport {
         }
         // A connection this rank cut itself (a collective of its own failed) says nothing of
         // whether the peer lives.
-        for peer in 0..self.links.len() {
-            if let Some(Some(link)) = self.links.get(peer)
-                && !link.cut_here
-                && let Some(reason) = link.closed.clone()
-            {
-                return Err(self.lost(peer, reason));
-            }
-        }
-        Ok(())
+        let gone = self.links.iter().enumerate().find_map(|(peer, link)| {
+            let link = link.as_ref().filter(|l| !l.cut_here)?;
+            Some((peer, link.closed.clone()?))
+        });
+        gone.map_or(Ok(()), |(peer, reason)| Err(self.lost(peer, reason)))
     }
 
     fn send(
