@@ -3,9 +3,10 @@
 //!
 //! One rank per GPU of the machine, one thread each, an in-place SUM all-reduce of f32
 //! buffers of 1, 16 and 256 MiB. For each size: the median of 5 runs of 20 back-to-back
-//! all-reduces after warm-ups. Each call of `NcclComm::all_reduce_sum` waits until the sum is
-//! in the buffer (that wait is where the timeout is enforced), so the figure is a call's whole
-//! cost; PyTorch's reference queues its 20 calls and waits once. Bus bandwidth is the
+//! all-reduces after warm-ups. With several ranks each call of `NcclComm::all_reduce_sum`
+//! waits until the sum is in the buffer (that wait is where the timeout is enforced), so the
+//! figure is a call's whole cost; a group of one rank queues its calls and the run waits once
+//! at its end, as PyTorch's reference does. Bus bandwidth is the
 //! algorithm bandwidth × 2(n−1)/n, as nccl-tests reports it: 0 for one rank, whose NCCL moves
 //! no data.
 //!
@@ -74,6 +75,8 @@ fn median_seconds(comm: &mut NcclComm, len: usize) -> anyhow::Result<f64> {
         for _ in 0..REPEAT {
             comm.all_reduce_sum(&mut buffer)?;
         }
+        // A group of one queues its calls without waiting: wait once, as PyTorch's does.
+        comm.device().synchronize()?;
         times.push(started.elapsed().as_secs_f64() / REPEAT as f64);
     }
     times.sort_by(f64::total_cmp);

@@ -1,6 +1,7 @@
 //! `f32` values in a GPU's memory.
 
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::ops::Range;
 
 use cudarc::driver::CudaSlice;
@@ -14,35 +15,65 @@ use crate::transfers;
 pub struct CudaBuffer {
     /// At least one value: the driver refuses empty allocations, and an empty buffer still
     /// needs a pointer to pass.
-    slice: CudaSlice<f32>,
+    /// Handed to the device's cache when the buffer is dropped ([`crate::buffer_cache`]).
+    slice: ManuallyDrop<CudaSlice<f32>>,
     len: usize,
     device: CudaDevice,
 }
 
 impl CudaBuffer {
     pub(crate) fn upload(device: &CudaDevice, values: &[f32]) -> Result<Self, CudaError> {
-        let stream = device.stream();
-        let slice = if values.is_empty() {
-            stream.alloc_zeros::<f32>(1)
-        } else {
+        let mut buffer = Self::output(device, values.len())?;
+        if !values.is_empty() {
             transfers::count_to_device();
-            stream.clone_htod(values)
+            device
+                .write_f32(values, &mut buffer.slice)
+                .map_err(CudaError::driver("copying to the device"))?;
         }
-        .map_err(CudaError::driver("copying to the device"))?;
+        Ok(buffer)
+    }
+
+    pub(crate) fn zeros(device: &CudaDevice, len: usize) -> Result<Self, CudaError> {
+        let slice = match device.take_cached(len.max(1)) {
+            Some(mut slice) => {
+                device
+                    .stream()
+                    .memset_zeros(&mut slice)
+                    .map_err(CudaError::driver("zeroing on the device"))?;
+                slice
+            }
+            None => device
+                .stream()
+                .alloc_zeros::<f32>(len.max(1))
+                .map_err(CudaError::driver("allocating"))?,
+        };
         Ok(Self {
-            slice,
-            len: values.len(),
+            slice: ManuallyDrop::new(slice),
+            len,
             device: device.clone(),
         })
     }
 
-    pub(crate) fn zeros(device: &CudaDevice, len: usize) -> Result<Self, CudaError> {
-        let slice = device
-            .stream()
-            .alloc_zeros::<f32>(len.max(1))
-            .map_err(CudaError::driver("allocating"))?;
+    /// A buffer of `len` values left as they were: for the output of a kernel or copy about
+    /// to write every one of them (each caller's SAFETY comment says so). Skips the zeroing
+    /// [`CudaBuffer::zeros`] queues, which on a training step's activations costs a driver
+    /// call and a pass over the memory for each operation. A freed buffer of that length is
+    /// taken back from the device's cache where there is one.
+    #[allow(
+        unsafe_code,
+        reason = "an allocation whose values stay unset until the caller's kernel writes them"
+    )]
+    pub(crate) fn output(device: &CudaDevice, len: usize) -> Result<Self, CudaError> {
+        let slice = match device.take_cached(len.max(1)) {
+            Some(slice) => slice,
+            // SAFETY: the caller queues, on this stream, a kernel or copy that writes all
+            // `len` values before anything reads them; the one extra value of an empty buffer
+            // is never read.
+            None => unsafe { device.stream().alloc::<f32>(len.max(1)) }
+                .map_err(CudaError::driver("allocating"))?,
+        };
         Ok(Self {
-            slice,
+            slice: ManuallyDrop::new(slice),
             len,
             device: device.clone(),
         })
@@ -75,7 +106,7 @@ impl CudaBuffer {
         transfers::count_to_host();
         let stream = self.device.stream();
         let values = stream
-            .clone_dtoh(&self.slice)
+            .clone_dtoh(&*self.slice)
             .map_err(CudaError::driver("copying to the host"))?;
         stream
             .synchronize()
@@ -89,10 +120,10 @@ impl CudaBuffer {
     ///
     /// The driver's error.
     pub fn try_clone(&self) -> Result<Self, CudaError> {
-        let mut copy = Self::zeros(&self.device, self.len)?;
+        let mut copy = Self::output(&self.device, self.len)?;
         self.device
             .stream()
-            .memcpy_dtod(&self.slice, &mut copy.slice)
+            .memcpy_dtod(&*self.slice, &mut *copy.slice)
             .map_err(CudaError::driver("copying on the device"))?;
         Ok(copy)
     }
@@ -113,11 +144,11 @@ impl CudaBuffer {
     /// [`CudaError::Invalid`] when `range` reaches past the end; the driver's error.
     pub fn copy_range(&self, range: Range<usize>) -> Result<Self, CudaError> {
         self.check_range("copy_range", &range)?;
-        let mut copy = Self::zeros(&self.device, range.len())?;
+        let mut copy = Self::output(&self.device, range.len())?;
         if !range.is_empty() {
             self.device
                 .stream()
-                .memcpy_dtod(&self.slice.slice(range), &mut copy.slice)
+                .memcpy_dtod(&self.slice.slice(range), &mut *copy.slice)
                 .map_err(CudaError::driver("copying on the device"))?;
         }
         Ok(copy)
@@ -151,6 +182,28 @@ impl CudaBuffer {
             .map_err(CudaError::driver("copying on the device"))
     }
 
+    /// Replaces every value with `values` (as many), copied from the host: queued through a
+    /// pinned buffer, so the caller goes on while earlier work runs.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Invalid`] when `values` is another length; the driver's error.
+    pub fn write_from_host(&mut self, values: &[f32]) -> Result<(), CudaError> {
+        if values.len() != self.len {
+            return Err(CudaError::invalid(
+                "write_from_host",
+                format!("{} values for a buffer of {}", values.len(), self.len),
+            ));
+        }
+        if values.is_empty() {
+            return Ok(());
+        }
+        transfers::count_to_device();
+        self.device
+            .write_f32(values, &mut self.slice)
+            .map_err(CudaError::driver("copying to the device"))
+    }
+
     /// Sets every value to zero, on the device.
     ///
     /// # Errors
@@ -159,7 +212,7 @@ impl CudaBuffer {
     pub fn fill_zero(&mut self) -> Result<(), CudaError> {
         self.device
             .stream()
-            .memset_zeros(&mut self.slice)
+            .memset_zeros(&mut *self.slice)
             .map_err(CudaError::driver("zeroing on the device"))
     }
 
@@ -183,6 +236,18 @@ impl CudaBuffer {
 
     pub(crate) fn slice_mut(&mut self) -> &mut CudaSlice<f32> {
         &mut self.slice
+    }
+}
+
+impl Drop for CudaBuffer {
+    #[allow(
+        unsafe_code,
+        reason = "the slice is moved out of its `ManuallyDrop` once, as the buffer goes"
+    )]
+    fn drop(&mut self) {
+        // SAFETY: `slice` is taken here only, and the buffer is never used after its drop.
+        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
+        self.device.keep_cached(slice);
     }
 }
 

@@ -5,13 +5,15 @@ use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError};
 
 use crate::buffer::CudaBuffer;
+use crate::buffer_cache::BufferCache;
 use crate::error::CudaError;
 use crate::kernels::Kernels;
 use crate::libraries;
 use crate::memory_pool;
+use crate::staging::Ring;
 
 /// Devices opened so far, by ordinal: a device is opened once per process.
 static OPEN: Mutex<Vec<(usize, CudaDevice)>> = Mutex::new(Vec::new());
@@ -46,6 +48,12 @@ struct Shared {
     stream: Arc<CudaStream>,
     kernels: OnceLock<Result<Kernels, CudaError>>,
     blas: OnceLock<Result<CudaBlas, String>>,
+    /// Pinned buffers that uploads of values go through ([`crate::staging`]).
+    staged_f32: Mutex<Ring<f32>>,
+    /// The same for labels.
+    staged_u32: Mutex<Ring<u32>>,
+    /// Freed buffers, kept for the next allocation of their length ([`crate::buffer_cache`]).
+    cache: Mutex<BufferCache>,
 }
 
 impl CudaDevice {
@@ -87,6 +95,9 @@ impl CudaDevice {
                 stream,
                 kernels: OnceLock::new(),
                 blas: OnceLock::new(),
+                staged_f32: Mutex::default(),
+                staged_u32: Mutex::default(),
+                cache: Mutex::default(),
             }),
         };
         open.push((ordinal, device.clone()));
@@ -111,6 +122,55 @@ impl CudaDevice {
     /// The stream all of this device's work is queued on.
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
         &self.shared.stream
+    }
+
+    /// A freed buffer of exactly `len` values, for reuse.
+    pub(crate) fn take_cached(&self, len: usize) -> Option<CudaSlice<f32>> {
+        self.shared
+            .cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take(len)
+    }
+
+    /// Keeps a freed buffer for reuse, or frees it when the cache is full.
+    pub(crate) fn keep_cached(&self, slice: CudaSlice<f32>) {
+        let rejected = self
+            .shared
+            .cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keep(slice);
+        // Freed (a driver call) outside the lock.
+        drop(rejected);
+    }
+
+    /// Copies `values` into the start of `dst` (at least as long), queued on the stream
+    /// through a pinned buffer ([`crate::staging`]): the caller goes on while earlier work
+    /// runs.
+    pub(crate) fn write_f32(
+        &self,
+        values: &[f32],
+        dst: &mut CudaSlice<f32>,
+    ) -> Result<(), DriverError> {
+        let stream = &self.shared.stream;
+        let mut ring = self
+            .shared
+            .staged_f32
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        ring.write(stream.context(), stream, values, dst)
+    }
+
+    /// A device copy of labels, queued as [`CudaDevice::write_f32`] queues its copy.
+    pub(crate) fn upload_u32(&self, values: &[u32]) -> Result<CudaSlice<u32>, DriverError> {
+        let stream = &self.shared.stream;
+        let mut ring = self
+            .shared
+            .staged_u32
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        ring.upload(stream.context(), stream, values)
     }
 
     /// Makes this device's context the calling thread's current one, as NCCL expects of the

@@ -41,6 +41,8 @@
 
 #[cfg_attr(not(feature = "cuda"), path = "absent/buffer.rs")]
 mod buffer;
+#[cfg(feature = "cuda")]
+mod buffer_cache;
 #[cfg_attr(not(feature = "cuda"), path = "absent/device.rs")]
 mod device;
 mod error;
@@ -52,6 +54,8 @@ mod memory_pool;
 #[cfg_attr(not(feature = "cuda"), path = "absent/nccl.rs")]
 pub mod nccl;
 pub mod ops;
+#[cfg(feature = "cuda")]
+mod staging;
 mod transfers;
 
 pub use buffer::CudaBuffer;

@@ -392,7 +392,8 @@ impl NcclComm {
         self.timeout
     }
 
-    /// Sums `buffer` over every rank, in place, and waits until the sum is in `buffer`.
+    /// Sums `buffer` over every rank, in place, and waits until the sum is in `buffer` (a group
+    /// of one rank only queues the call: see [`NcclComm::all_reduce_sum_range`]).
     ///
     /// # Errors
     ///
@@ -403,7 +404,8 @@ impl NcclComm {
     }
 
     /// Sums `buffer[range]` over every rank, in place (one NCCL call), and waits until the sum
-    /// is there.
+    /// is there. A group of one rank does not wait: nothing but its own stream can hold the
+    /// call up, and work queued after it on that stream runs after it.
     ///
     /// # Errors
     ///
@@ -439,7 +441,8 @@ impl NcclComm {
         self.complete("all_reduce", result, started)
     }
 
-    /// Copies `root`'s `buffer` into every other rank's, and waits until it is there.
+    /// Copies `root`'s `buffer` into every other rank's, and waits until it is there (a group
+    /// of one rank only queues the call).
     ///
     /// # Errors
     ///
@@ -477,7 +480,7 @@ impl NcclComm {
     }
 
     /// Waits for the collective `op` just queued (NCCL answered `result`) until it has
-    /// finished on the device, or fails it.
+    /// finished on the device (in a group of more than one rank), or fails it.
     fn complete(
         &mut self,
         op: &'static str,
@@ -489,6 +492,12 @@ impl NcclComm {
             return Err(self.fail(failure(nccl, op, result, self.comm)));
         }
         self.settle(op, started)?;
+        if self.world_size == 1 {
+            // No peer can hold up a group of one: its collective finishes on its own, and the
+            // stream orders whatever is queued after it. Not waiting lets the host queue the
+            // next step's work while this one's still runs.
+            return Ok(());
+        }
         self.finish(op, started)
     }
 

@@ -196,6 +196,9 @@ proptest! {
         }
         let want: Vec<f32> = a.iter().map(|x| x * factor).collect();
         close(&ops::scale(&ga, factor).unwrap().to_host().unwrap(), &want, 0.0)?;
+        let mut in_place = gpu.upload(&a).unwrap();
+        ops::scale_in_place(&mut in_place, factor).unwrap();
+        close(&in_place.to_host().unwrap(), &want, 0.0)?;
         let relu: Vec<f32> = a.iter().map(|x| x.max(0.0)).collect();
         let grelu = ops::relu(&ga).unwrap();
         close(&grelu.to_host().unwrap(), &relu, 0.0)?;

@@ -213,8 +213,7 @@ impl DeviceState {
     ///
     /// The device's error.
     pub fn scale_gradients(&mut self, factor: f32) -> Result<(), NnError> {
-        self.grads = cuda::scale(&self.grads, factor).map_err(on_gpu(self.device, "gradients"))?;
-        Ok(())
+        cuda::scale_in_place(&mut self.grads, factor).map_err(on_gpu(self.device, "gradients"))
     }
 
     /// Sets every gradient to zero: a replica without data in a step adds nothing.
@@ -264,11 +263,9 @@ impl DeviceState {
                 right: self.grads.len(),
             });
         }
-        let device = self.grads.device().clone();
-        self.grads = device
-            .upload(host)
-            .map_err(on_gpu(self.device, "gradients"))?;
-        Ok(())
+        self.grads
+            .write_from_host(host)
+            .map_err(on_gpu(self.device, "gradients"))
     }
 
     /// Inference with the current parameters, where they are (no copy back of them).

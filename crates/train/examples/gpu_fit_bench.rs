@@ -7,7 +7,8 @@
 //! Four epochs of 60 steps each (the subset repeated); the first (NVRTC's compilation, cuBLAS's
 //! set-up, the memory pool's growth) is left out, and each later epoch's time per step and
 //! examples per second is printed: the figure beside `torch_gpu_reference.py`'s PyTorch eager
-//! step at batch 512 (data already on the device).
+//! step at batch 512 (data already on the device). Before training, the input pipeline is
+//! timed alone: the floor under a step that the host feeds.
 //!
 //! Run on a machine with a GPU:
 //! `cargo run --release -p lockstep-train --example gpu_fit_bench`.
@@ -53,6 +54,21 @@ impl Callback for &mut EpochTimes {
     }
 }
 
+/// Seconds a batch of `train` takes to come out of the pipeline with nothing else running:
+/// the floor under `fit`'s step when the host feeds it (the first epoch's worth, then as many
+/// again timed).
+fn pipeline_alone<D: Dataset>(train: &D) -> anyhow::Result<f64> {
+    let mut batches = train.iter()?;
+    for _ in 0..STEPS_PER_EPOCH {
+        batches.next().transpose()?;
+    }
+    let started = Instant::now();
+    for _ in 0..STEPS_PER_EPOCH {
+        batches.next().transpose()?;
+    }
+    Ok(started.elapsed().as_secs_f64() / STEPS_PER_EPOCH as f64)
+}
+
 fn main() -> anyhow::Result<()> {
     let strategy = MirroredStrategy::all_devices()?;
     let mut model = Model::new(strategy, || models::mnist_cnn(0))?;
@@ -70,6 +86,7 @@ fn main() -> anyhow::Result<()> {
         .map(|(x, y)| (scale(&x), y))
         .repeat(None);
     let train = model.distribute_dataset(train, GLOBAL_BATCH)?;
+    let pipeline = pipeline_alone(&train)?;
     let mut times = EpochTimes::default();
     let history = model
         .fit(&train)
@@ -91,6 +108,10 @@ fn main() -> anyhow::Result<()> {
             GLOBAL_BATCH as f64 / per_step
         );
     }
+    println!(
+        "| input pipeline alone (shuffle, scale, batch, prefetch; no training) | batch {GLOBAL_BATCH} | {:.3} ms a batch |",
+        pipeline * 1e3
+    );
     let accuracy = history.get("accuracy").and_then(|a| a.last().copied());
     println!("accuracy of the last epoch: {accuracy:?}");
     Ok(())

@@ -504,7 +504,14 @@ where
         // one: a step blocks its thread in collectives, and a global pool's thread blocked so
         // may be the one another worker of the same process needs, or may have stolen that
         // worker's whole step while it waited in a join (both deadlock).
-        let result = match first.kernel_threads() {
+        // A replica on a GPU only queues its kernels from the host: it runs on this thread,
+        // sparing each step the two hand-offs between threads.
+        let pool = if first.net.device() == Device::Cpu {
+            first.kernel_threads()
+        } else {
+            None
+        };
+        let result = match pool {
             Some(pool) => pool.install(|| work(first, first_input)),
             None => work(first, first_input),
         };

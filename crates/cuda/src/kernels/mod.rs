@@ -30,6 +30,7 @@ pub(crate) const NAMES: &[&str] = &[
     "mul_f32",
     "div_f32",
     "scale_f32",
+    "scale_in_place_f32",
     "relu_f32",
     "relu_grad_f32",
     "bias_add_f32",

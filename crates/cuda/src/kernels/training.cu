@@ -42,6 +42,10 @@ extern "C" __global__ void scale_f32(const float* x, float factor, float* out, u
     FOR_EACH(i, n) { out[i] = x[i] * factor; }
 }
 
+extern "C" __global__ void scale_in_place_f32(float* x, float factor, u64 n) {
+    FOR_EACH(i, n) { x[i] *= factor; }
+}
+
 // `max(x, 0)` with NaN giving 0, as `f32::max(NaN, 0.0)` does on the CPU.
 extern "C" __global__ void relu_f32(const float* x, float* out, u64 n) {
     FOR_EACH(i, n) {

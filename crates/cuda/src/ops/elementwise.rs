@@ -31,7 +31,7 @@ impl Binary {
 ///
 /// The driver's error.
 pub fn fill(device: &CudaDevice, len: usize, value: f32) -> Result<CudaBuffer, CudaError> {
-    let mut out = device.zeros(len)?;
+    let mut out = CudaBuffer::output(device, len)?;
     let f = device.kernels()?.get("fill_f32")?;
     let n_arg = count(len);
     let mut launch = device.stream().launch_builder(f);
@@ -49,7 +49,7 @@ pub fn fill(device: &CudaDevice, len: usize, value: f32) -> Result<CudaBuffer, C
 pub fn binary(op: Binary, a: &CudaBuffer, b: &CudaBuffer) -> Result<CudaBuffer, CudaError> {
     let device = same_device("binary", &[a, b])?;
     let n = same_len("binary", &[a, b])?;
-    let mut out = device.zeros(n)?;
+    let mut out = CudaBuffer::output(device, n)?;
     let f = device.kernels()?.get(op.kernel())?;
     let n_arg = count(n);
     let mut launch = device.stream().launch_builder(f);
@@ -70,7 +70,7 @@ pub fn binary(op: Binary, a: &CudaBuffer, b: &CudaBuffer) -> Result<CudaBuffer, 
 /// The driver's error.
 pub fn scale(x: &CudaBuffer, factor: f32) -> Result<CudaBuffer, CudaError> {
     let device = x.device();
-    let mut out = device.zeros(x.len())?;
+    let mut out = CudaBuffer::output(device, x.len())?;
     let f = device.kernels()?.get("scale_f32")?;
     let n_arg = count(x.len());
     let mut launch = device.stream().launch_builder(f);
@@ -84,6 +84,22 @@ pub fn scale(x: &CudaBuffer, factor: f32) -> Result<CudaBuffer, CudaError> {
     Ok(out)
 }
 
+/// `x · factor`, in `x`: no buffer allocated (the gradients' scaling each step).
+///
+/// # Errors
+///
+/// The driver's error.
+pub fn scale_in_place(x: &mut CudaBuffer, factor: f32) -> Result<(), CudaError> {
+    let device = x.device().clone();
+    let f = device.kernels()?.get("scale_in_place_f32")?;
+    let len = x.len();
+    let n_arg = count(len);
+    let mut launch = device.stream().launch_builder(f);
+    launch.arg(x.slice_mut()).arg(&factor).arg(&n_arg);
+    // SAFETY: reads and writes `len` values of a buffer that long.
+    launched(unsafe { launch.launch(grid(len)) }.map(drop))
+}
+
 /// `max(x, 0)`, NaN giving 0 as on the CPU.
 ///
 /// # Errors
@@ -91,7 +107,7 @@ pub fn scale(x: &CudaBuffer, factor: f32) -> Result<CudaBuffer, CudaError> {
 /// The driver's error.
 pub fn relu(x: &CudaBuffer) -> Result<CudaBuffer, CudaError> {
     let device = x.device();
-    let mut out = device.zeros(x.len())?;
+    let mut out = CudaBuffer::output(device, x.len())?;
     let f = device.kernels()?.get("relu_f32")?;
     let n_arg = count(x.len());
     let mut launch = device.stream().launch_builder(f);
@@ -109,7 +125,7 @@ pub fn relu(x: &CudaBuffer) -> Result<CudaBuffer, CudaError> {
 pub fn relu_grad(dy: &CudaBuffer, y: &CudaBuffer) -> Result<CudaBuffer, CudaError> {
     let device = same_device("relu_grad", &[dy, y])?;
     let n = same_len("relu_grad", &[dy, y])?;
-    let mut out = device.zeros(n)?;
+    let mut out = CudaBuffer::output(device, n)?;
     let f = device.kernels()?.get("relu_grad_f32")?;
     let n_arg = count(n);
     let mut launch = device.stream().launch_builder(f);
@@ -137,7 +153,7 @@ pub fn bias_add(x: &CudaBuffer, bias: &CudaBuffer, relu: bool) -> Result<CudaBuf
             format!("{} values do not form rows of {cols}", x.len()),
         ));
     }
-    let mut out = device.zeros(x.len())?;
+    let mut out = CudaBuffer::output(device, x.len())?;
     let f = device.kernels()?.get("bias_add_f32")?;
     let (cols_arg, relu_arg, n_arg) = (count(cols), i32::from(relu), count(x.len()));
     let mut launch = device.stream().launch_builder(f);
@@ -174,7 +190,7 @@ pub fn exp(x: &CudaBuffer) -> Result<CudaBuffer, CudaError> {
 /// A kernel of one input and one output of its length, value by value.
 fn unary(kernel: &'static str, x: &CudaBuffer) -> Result<CudaBuffer, CudaError> {
     let device = x.device();
-    let mut out = device.zeros(x.len())?;
+    let mut out = CudaBuffer::output(device, x.len())?;
     let f = device.kernels()?.get(kernel)?;
     let n_arg = count(x.len());
     let mut launch = device.stream().launch_builder(f);
@@ -191,7 +207,7 @@ fn unary(kernel: &'static str, x: &CudaBuffer) -> Result<CudaBuffer, CudaError> 
 /// The driver's error.
 pub fn clip(x: &CudaBuffer, min: f32, max: f32) -> Result<CudaBuffer, CudaError> {
     let device = x.device();
-    let mut out = device.zeros(x.len())?;
+    let mut out = CudaBuffer::output(device, x.len())?;
     let f = device.kernels()?.get("clip_f32")?;
     let n_arg = count(x.len());
     let mut launch = device.stream().launch_builder(f);
@@ -219,7 +235,7 @@ pub fn clip_grad(
 ) -> Result<CudaBuffer, CudaError> {
     let device = same_device("clip_grad", &[g, x])?;
     let n = same_len("clip_grad", &[g, x])?;
-    let mut out = device.zeros(n)?;
+    let mut out = CudaBuffer::output(device, n)?;
     let f = device.kernels()?.get("clip_grad_f32")?;
     let n_arg = count(n);
     let mut launch = device.stream().launch_builder(f);
@@ -253,8 +269,8 @@ pub fn dropout(
         ));
     }
     let device = x.device();
-    let mut out = device.zeros(x.len())?;
-    let mut mask = device.zeros(x.len())?;
+    let mut out = CudaBuffer::output(device, x.len())?;
+    let mut mask = CudaBuffer::output(device, x.len())?;
     let f = device.kernels()?.get("dropout_f32")?;
     let n_arg = count(x.len());
     let mut launch = device.stream().launch_builder(f);

@@ -65,10 +65,12 @@ pub fn matmul(a: MatRef<'_>, b: MatRef<'_>) -> Result<CudaBuffer, CudaError> {
     let len = m
         .checked_mul(n)
         .ok_or_else(|| CudaError::invalid(OP, "the product's size overflows"))?;
-    let mut c = device.zeros(len)?;
     if len == 0 || k == 0 {
-        return Ok(c);
+        // A product over nothing is zeros.
+        return device.zeros(len);
     }
+    // Every value of `c` is written: cuBLAS ignores its input with `beta` 0.
+    let mut c = CudaBuffer::output(device, len)?;
     // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLAS multiplies B's storage by A's.
     let config = GemmConfig {
         transa: b.operation(),

@@ -29,13 +29,14 @@ mod window;
 #[cfg(not(feature = "cuda"))]
 pub use absent::{
     Argmax, adam, bias_add, binary, clip, clip_grad, col2im, column_sums, dropout, exp, fill,
-    im2col, log, matmul, max_pool, max_pool_grad, relu, relu_grad, scale, scale_rows, sgd,
-    sgd_momentum, softmax, softmax_grad, sparse_softmax_cross_entropy, sum,
+    im2col, log, matmul, max_pool, max_pool_grad, relu, relu_grad, scale, scale_in_place,
+    scale_rows, sgd, sgd_momentum, softmax, softmax_grad, sparse_softmax_cross_entropy, sum,
 };
 pub use arguments::{AdamStep, Binary, COLUMN_SUM_BLOCK_ROWS, Geometry, MatRef};
 #[cfg(feature = "cuda")]
 pub use elementwise::{
     bias_add, binary, clip, clip_grad, dropout, exp, fill, log, relu, relu_grad, scale,
+    scale_in_place,
 };
 #[cfg(feature = "cuda")]
 pub use gemm::matmul;

@@ -31,7 +31,7 @@ pub fn column_sums(x: &CudaBuffer, cols: usize) -> Result<CudaBuffer, CudaError>
     let device = x.device();
     let rows = x.len() / cols;
     let blocks = rows.div_ceil(COLUMN_SUM_BLOCK_ROWS);
-    let mut partials = device.zeros(blocks * cols)?;
+    let mut partials = CudaBuffer::output(device, blocks * cols)?;
     let f = device.kernels()?.get("column_block_sums_f32")?;
     let (rows_arg, cols_arg, block_rows_arg) =
         (count(rows), count(cols), count(COLUMN_SUM_BLOCK_ROWS));
@@ -45,7 +45,7 @@ pub fn column_sums(x: &CudaBuffer, cols: usize) -> Result<CudaBuffer, CudaError>
     // SAFETY: reads `rows · cols = x.len()` values and writes `ceil(rows / block_rows) · cols`,
     // the length of `partials`; `block_rows` is not zero.
     launched(unsafe { launch.launch(grid(blocks * cols)) }.map(drop))?;
-    let mut out = device.zeros(cols)?;
+    let mut out = CudaBuffer::output(device, cols)?;
     let f = device.kernels()?.get("column_sums_f32")?;
     let blocks_arg = count(blocks);
     let mut launch = device.stream().launch_builder(f);
@@ -66,7 +66,7 @@ pub fn column_sums(x: &CudaBuffer, cols: usize) -> Result<CudaBuffer, CudaError>
 /// The driver's error.
 pub fn sum(x: &CudaBuffer) -> Result<CudaBuffer, CudaError> {
     let device = x.device();
-    let mut out = device.zeros(1)?;
+    let mut out = CudaBuffer::output(device, 1)?;
     let f = device.kernels()?.get("sum_f32")?;
     let n_arg = count(x.len());
     let mut launch = device.stream().launch_builder(f);

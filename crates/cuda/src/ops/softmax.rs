@@ -48,12 +48,12 @@ pub fn sparse_softmax_cross_entropy(
         stream.alloc_zeros(1)
     } else {
         crate::transfers::count_to_device();
-        stream.clone_htod(&labels)
+        device.upload_u32(&labels)
     }
     .map_err(CudaError::driver("copying labels to the device"))?;
     let rows = logits.len() / classes;
-    let mut loss = device.zeros(rows)?;
-    let mut grad = device.zeros(logits.len())?;
+    let mut loss = CudaBuffer::output(device, rows)?;
+    let mut grad = CudaBuffer::output(device, logits.len())?;
     let f = device.kernels()?.get("sparse_softmax_cross_entropy_f32")?;
     let rows_arg = count(rows);
     let classes_arg = count(classes);
@@ -84,7 +84,7 @@ pub fn softmax(x: &CudaBuffer, classes: usize) -> Result<CudaBuffer, CudaError> 
         ));
     }
     let device = x.device();
-    let mut out = device.zeros(x.len())?;
+    let mut out = CudaBuffer::output(device, x.len())?;
     let f = device.kernels()?.get("softmax_f32")?;
     let rows = x.len() / classes;
     let (rows_arg, classes_arg) = (count(rows), count(classes));
@@ -119,7 +119,7 @@ pub fn softmax_grad(
             format!("{n} values do not form rows of {classes}"),
         ));
     }
-    let mut out = device.zeros(n)?;
+    let mut out = CudaBuffer::output(device, n)?;
     let f = device.kernels()?.get("softmax_grad_f32")?;
     let rows = n / classes;
     let (rows_arg, classes_arg) = (count(rows), count(classes));
@@ -150,7 +150,7 @@ pub fn scale_rows(x: &CudaBuffer, scales: &CudaBuffer) -> Result<CudaBuffer, Cud
         ));
     }
     let cols = x.len() / rows;
-    let mut out = device.zeros(x.len())?;
+    let mut out = CudaBuffer::output(device, x.len())?;
     if cols == 0 {
         return Ok(out);
     }

@@ -116,7 +116,7 @@ pub fn im2col(input: &CudaBuffer, g: &Geometry) -> Result<CudaBuffer, CudaError>
     check_len("im2col", input, g.input_len())?;
     let n = g.cols_len().unwrap_or(0);
     let device = input.device();
-    let mut cols = device.zeros(n)?;
+    let mut cols = CudaBuffer::output(device, n)?;
     let f = device.kernels()?.get("im2col_f32")?;
     let n_arg = count(n);
     let mut launch = device.stream().launch_builder(f);
@@ -141,7 +141,7 @@ pub fn col2im(cols: &CudaBuffer, g: &Geometry) -> Result<CudaBuffer, CudaError> 
     check_len("col2im", cols, g.cols_len())?;
     let n = g.input_len().unwrap_or(0);
     let device = cols.device();
-    let mut input = device.zeros(n)?;
+    let mut input = CudaBuffer::output(device, n)?;
     let f = device.kernels()?.get("col2im_f32")?;
     let n_arg = count(n);
     let mut launch = device.stream().launch_builder(f);
@@ -185,11 +185,11 @@ pub fn max_pool(input: &CudaBuffer, g: &Geometry) -> Result<(CudaBuffer, Argmax)
     check_len("max_pool", input, g.input_len())?;
     let n = g.output_len().unwrap_or(0);
     let device = input.device();
-    let mut out = device.zeros(n)?;
-    let mut argmax: CudaSlice<u64> = device
-        .stream()
-        .alloc_zeros(n.max(1))
-        .map_err(CudaError::driver("allocating"))?;
+    let mut out = CudaBuffer::output(device, n)?;
+    // SAFETY: `max_pool_f32` writes all `n` positions (the one extra of an empty output is
+    // never read).
+    let mut argmax: CudaSlice<u64> =
+        unsafe { device.stream().alloc(n.max(1)) }.map_err(CudaError::driver("allocating"))?;
     let f = device.kernels()?.get("max_pool_f32")?;
     let n_arg = count(n);
     let mut launch = device.stream().launch_builder(f);
@@ -231,7 +231,7 @@ pub fn max_pool_grad(
     }
     let n = g.input_len().unwrap_or(0);
     let device = dy.device();
-    let mut dx = device.zeros(n)?;
+    let mut dx = CudaBuffer::output(device, n)?;
     let f = device.kernels()?.get("max_pool_grad_f32")?;
     let n_arg = count(n);
     let mut launch = device.stream().launch_builder(f);

@@ -376,7 +376,7 @@ impl Estimator {
     }
 
     /// The predictions of the newest checkpoint for each batch of `input_fn(ModeKeys::Predict,
-    /// …)`, in order, on this process.
+    /// …)`, in order, on this process, in host memory.
     ///
     /// # Errors
     ///
@@ -413,12 +413,15 @@ impl Estimator {
             let spec =
                 self.model_fn
                     .call(&x, None, ModeKeys::Predict, &self.params, &mut variables)?;
-            outputs.push(spec.predictions.ok_or_else(|| {
+            let predictions = spec.predictions.ok_or_else(|| {
                 TrainError::invalid(
                     "model_fn",
                     "it returned no predictions in PREDICT mode (EstimatorSpec::predict)",
                 )
-            })?);
+            })?;
+            // A replica on a GPU predicts there; the values come back to host memory, as
+            // TensorFlow's Estimator yields NumPy arrays.
+            outputs.push(predictions.to_device(lockstep_tensor::Device::Cpu)?);
         }
         Ok(outputs)
     }
