@@ -66,7 +66,10 @@ pub use flight::{FLIGHT_RECORDS, FlightRecord};
 pub use half::{bf16, f16};
 pub use header::{DType, HEADER_LEN, Header, HeaderError, Kind, Message, Op};
 pub use hierarchical::HierarchicalCommunicator;
-pub use secret::{ClusterSecret, MIN_SECRET_LEN, SECRET_FILE_VARIABLE, SECRET_VARIABLE};
+pub use secret::{
+    ClusterSecret, MIN_SECRET_LEN, SECRET_FILE_VARIABLE, SECRET_VARIABLE, ServiceSide,
+    authenticate_stream,
+};
 #[cfg(feature = "grpc")]
 pub use transport::GrpcTransport;
 pub use transport::{

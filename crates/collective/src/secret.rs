@@ -174,22 +174,17 @@ impl Proof {
         binding: Binding,
         nonces: (&[u8; NONCE_LEN], &[u8; NONCE_LEN]),
     ) -> Hmac<Sha256> {
-        let key: &[u8] = secret.map_or(&[], |s| &s.0);
-        // HMAC takes a key of any length.
-        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key)
-            .unwrap_or_else(|_| unreachable!("HMAC accepts keys of every length"));
-        mac.update(match side {
+        let label: &[u8] = match side {
             Side::Dialler => b"lockstep dialler",
             Side::Acceptor => b"lockstep acceptor",
-        });
-        mac.update(&binding.version.to_le_bytes());
-        mac.update(&binding.cluster.to_le_bytes());
-        mac.update(&(binding.world as u64).to_le_bytes());
-        mac.update(&(binding.dialler as u64).to_le_bytes());
-        mac.update(&(binding.acceptor as u64).to_le_bytes());
-        mac.update(nonces.0);
-        mac.update(nonces.1);
-        mac
+        };
+        let mut context = Vec::with_capacity(36);
+        context.extend_from_slice(&binding.version.to_le_bytes());
+        context.extend_from_slice(&binding.cluster.to_le_bytes());
+        context.extend_from_slice(&(binding.world as u64).to_le_bytes());
+        context.extend_from_slice(&(binding.dialler as u64).to_le_bytes());
+        context.extend_from_slice(&(binding.acceptor as u64).to_le_bytes());
+        keyed(secret, label, &context, nonces)
     }
 
     /// `side`'s proof for this handshake.
@@ -220,6 +215,116 @@ impl Proof {
             .verify_slice(proof)
             .is_ok()
     }
+}
+
+/// HMAC-SHA-256 keyed by the secret (empty without one) over `label`, `context` and both
+/// nonces (the dialler's first).
+fn keyed(
+    secret: Option<&ClusterSecret>,
+    label: &[u8],
+    context: &[u8],
+    nonces: (&[u8; NONCE_LEN], &[u8; NONCE_LEN]),
+) -> Hmac<Sha256> {
+    let key: &[u8] = secret.map_or(&[], |s| &s.0);
+    // HMAC takes a key of any length.
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key)
+        .unwrap_or_else(|_| unreachable!("HMAC accepts keys of every length"));
+    mac.update(label);
+    mac.update(context);
+    mac.update(nonces.0);
+    mac.update(nonces.1);
+    mac
+}
+
+/// Which end of a service connection this is: the one that connected, or the one that
+/// accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceSide {
+    /// The end that connected (a client).
+    Dialler,
+    /// The end that accepted (the server).
+    Acceptor,
+}
+
+/// Proves the cluster secret to the other end of `stream` and checks the other end's proof,
+/// before a service beside the collectives (a parameter server's, say) reads any request.
+///
+/// Each end sends a fresh 32-byte nonce, then an HMAC-SHA-256 keyed by the secret over its
+/// side, the `service` name and both nonces; each checks the other's in constant time. The
+/// same exchange as the collectives' handshake, bound to the service's name, so a proof made
+/// for one service or side is worth nothing for another, and a recorded exchange replays to
+/// nothing. Without a secret on both ends the exchange proves nothing, as a cluster without a
+/// secret trusts whoever reaches it; an end with a secret refuses one without.
+///
+/// ```
+/// use std::os::unix::net::UnixStream;
+/// use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
+///
+/// let secret = ClusterSecret::new(*b"0123456789abcdef")?;
+/// let (mut a, mut b) = UnixStream::pair()?;
+/// let other = secret.clone();
+/// let server = std::thread::spawn(move || {
+///     authenticate_stream(&mut b, Some(&other), "ps", ServiceSide::Acceptor)
+/// });
+/// authenticate_stream(&mut a, Some(&secret), "ps", ServiceSide::Dialler)?;
+/// server.join().unwrap()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// [`CollectiveError::Setup`] naming the cause: the other end's proof is wrong (another
+/// secret, or none), or the stream failed or closed (its deadline is the stream's own: set
+/// read and write timeouts first).
+pub fn authenticate_stream<S: std::io::Read + std::io::Write>(
+    stream: &mut S,
+    secret: Option<&ClusterSecret>,
+    service: &str,
+    side: ServiceSide,
+) -> Result<(), CollectiveError> {
+    let failed = |what: &str, e: std::io::Error| {
+        CollectiveError::Setup(format!("the {service} handshake: {what}: {e}"))
+    };
+    let mine = nonce().map_err(|e| failed("drawing a nonce", e))?;
+    stream
+        .write_all(&mine)
+        .and_then(|()| stream.flush())
+        .map_err(|e| failed("sending the nonce", e))?;
+    let mut theirs = [0_u8; NONCE_LEN];
+    stream
+        .read_exact(&mut theirs)
+        .map_err(|e| failed("reading the other end's nonce", e))?;
+    let nonces = match side {
+        ServiceSide::Dialler => (&mine, &theirs),
+        ServiceSide::Acceptor => (&theirs, &mine),
+    };
+    let label = |side: ServiceSide| -> &'static [u8] {
+        match side {
+            ServiceSide::Dialler => b"lockstep service dialler",
+            ServiceSide::Acceptor => b"lockstep service acceptor",
+        }
+    };
+    let other = match side {
+        ServiceSide::Dialler => ServiceSide::Acceptor,
+        ServiceSide::Acceptor => ServiceSide::Dialler,
+    };
+    let proof = keyed(secret, label(side), service.as_bytes(), nonces).finalize();
+    stream
+        .write_all(&proof.into_bytes())
+        .and_then(|()| stream.flush())
+        .map_err(|e| failed("sending the proof", e))?;
+    let mut answer = [0_u8; PROOF_LEN];
+    stream
+        .read_exact(&mut answer)
+        .map_err(|e| failed("reading the other end's proof", e))?;
+    keyed(secret, label(other), service.as_bytes(), nonces)
+        .verify_slice(&answer)
+        .map_err(|_| {
+            CollectiveError::Setup(format!(
+                "the {service} handshake: the other end did not prove it holds this task's \
+                 cluster secret (another secret, or none)"
+            ))
+        })
 }
 
 #[cfg(test)]
@@ -324,5 +429,45 @@ mod tests {
             secret,
             ClusterSecret::new(*b"0123456789abcdef0123").unwrap()
         );
+    }
+
+    #[test]
+    fn a_service_handshake_passes_with_one_secret_and_fails_with_another_or_none() {
+        use std::os::unix::net::UnixStream;
+        let secret = ClusterSecret::new(*b"0123456789abcdef").unwrap();
+        let other = ClusterSecret::new(*b"0123456789abcdeF").unwrap();
+        let run = |client: Option<ClusterSecret>,
+                   server: Option<ClusterSecret>,
+                   service: &'static str| {
+            let (mut a, mut b) = UnixStream::pair().unwrap();
+            let accepted = std::thread::spawn(move || {
+                authenticate_stream(&mut b, server.as_ref(), "ps", ServiceSide::Acceptor)
+            });
+            let dialled =
+                authenticate_stream(&mut a, client.as_ref(), service, ServiceSide::Dialler);
+            (dialled, accepted.join().unwrap())
+        };
+        let (a, b) = run(Some(secret.clone()), Some(secret.clone()), "ps");
+        assert!(a.is_ok() && b.is_ok(), "{a:?} {b:?}");
+        for (client, server, service) in [
+            (Some(other.clone()), Some(secret.clone()), "ps"),
+            (None, Some(secret.clone()), "ps"),
+            (Some(secret.clone()), None, "ps"),
+            (Some(secret.clone()), Some(secret.clone()), "coordinator"),
+        ] {
+            let (a, b) = run(client, server, service);
+            let message = b.unwrap_err().to_string();
+            assert!(message.contains("did not prove"), "{message}");
+            assert!(a.is_err());
+        }
+    }
+
+    #[test]
+    fn a_service_handshake_with_a_closed_stream_is_an_error_not_a_hang() {
+        use std::os::unix::net::UnixStream;
+        let (mut a, b) = UnixStream::pair().unwrap();
+        drop(b);
+        let e = authenticate_stream(&mut a, None, "ps", ServiceSide::Dialler).unwrap_err();
+        assert!(e.to_string().contains("the ps handshake"), "{e}");
     }
 }

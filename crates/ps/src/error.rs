@@ -1,6 +1,7 @@
-//! What can go wrong deciding where variables live.
+//! What can go wrong deciding where variables live, and serving them.
 
-/// A setting or a shape a partitioner or a placement cannot use.
+/// A setting or a shape a partitioner or a placement cannot use; a request a parameter server
+/// refuses; a connection that fails.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PsError {
     /// A setting out of its range, named with what it must be.
@@ -20,6 +21,47 @@ pub enum PsError {
         shape: Vec<usize>,
         /// Why not.
         why: &'static str,
+    },
+    /// A request that does not fit the shard it names (lengths, rows, an unknown shard).
+    #[error("shard {shard}: {why}")]
+    Request {
+        /// The shard, as `variable/index`.
+        shard: String,
+        /// Why not.
+        why: String,
+    },
+    /// The optimizer's settings or its update failed.
+    #[error("the optimizer of shard {shard}: {why}")]
+    Optimizer {
+        /// The shard, as `variable/index`.
+        shard: String,
+        /// The optimizer's words.
+        why: String,
+    },
+    /// Bytes that are not a message of the protocol, or a frame over the size limit.
+    #[error("malformed message from {peer}: {why}")]
+    Wire {
+        /// Who sent it.
+        peer: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The connection failed: refused, closed, timed out, or the handshake did not prove the
+    /// cluster secret.
+    #[error("connection to {peer}: {why}")]
+    Connection {
+        /// The other end.
+        peer: String,
+        /// The cause.
+        why: String,
+    },
+    /// The parameter server refused the request, in its words.
+    #[error("parameter server {peer} refused the request: {why}")]
+    Refused {
+        /// The server.
+        peer: String,
+        /// Its words.
+        why: String,
     },
 }
 

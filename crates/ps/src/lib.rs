@@ -19,14 +19,58 @@
 //! # Ok::<(), lockstep_ps::PsError>(())
 //! ```
 //!
-//! Dependencies: `thiserror` for the errors.
+//! A `ps` task serves its shards with [`PsServer`]: a worker or the chief connects with
+//! [`PsClient`], proves the cluster secret, creates shards with their optimizer, pulls values
+//! (whole, or the rows an embedding lookup needs) and pushes gradients (whole, or of some
+//! rows), which the server applies with the shard's optimizer, whose state lives there too;
+//! the chief exports every shard for a checkpoint and imports them on a restore. [`protocol`]
+//! is the wire format.
+//!
+//! ```
+//! use std::net::TcpListener;
+//! use std::time::Duration;
+//! use lockstep_nn::{Optimizer, Sgd};
+//! use lockstep_ps::{PsClient, PsServer, ShardKey, ShardState};
+//!
+//! let server = PsServer::new(None).spawn(TcpListener::bind("127.0.0.1:0")?)?;
+//! let mut ps = PsClient::connect(server.address(), None, Duration::from_secs(5))?;
+//! let key = ShardKey::new("embedding/embeddings", 0);
+//! let sgd = Sgd::new(0.5);
+//! ps.create(ShardState {
+//!     key: Some(key.clone()),
+//!     rows: 3,
+//!     cols: 2,
+//!     values: vec![1.0; 6],
+//!     optimizer: serde_json::to_string(&sgd.config())?,
+//!     ..ShardState::default()
+//! })?;
+//! // An embedding lookup of row 2, and its gradient back: only row 2 moves.
+//! assert_eq!(ps.pull_rows(&key, &[2])?, [1.0, 1.0]);
+//! ps.push_rows(&key, &[2], &[1.0, -1.0])?;
+//! assert_eq!(ps.pull(&key)?, [1.0, 1.0, 1.0, 1.0, 0.5, 1.5]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Dependencies: `lockstep-collective` for the cluster secret's handshake (one proof for every
+//! service of a cluster); `lockstep-nn` for the optimizers a server applies (the update rules
+//! of synchronous training, unchanged); `prost` for the messages (Protocol Buffers, as the
+//! rest of Lockstep's wire formats); `serde_json` for an optimizer's settings in Keras' form;
+//! `thiserror` for the errors; `tracing` for the connections a server refuses or closes.
 
+mod client;
 mod error;
 mod partitioner;
 mod placement;
+pub mod protocol;
+mod server;
+mod store;
 
+pub use client::PsClient;
 pub use error::PsError;
 pub use partitioner::{
     FixedShardsPartitioner, MaxSizePartitioner, MinSizePartitioner, Partitioner, shard_rows,
 };
 pub use placement::RoundRobin;
+pub use protocol::{ShardKey, ShardState};
+pub use server::{HANDSHAKE_TIMEOUT, PsServer, RunningServer};
+pub use store::ShardStore;

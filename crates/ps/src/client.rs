@@ -1,0 +1,187 @@
+//! A connection to one parameter server: what a worker and the chief call.
+
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
+
+use crate::error::PsError;
+use crate::protocol::{
+    self, Create, Export, Import, Pull, PullRows, Push, PushRows, Request, RequestKind, Response,
+    ResponseKind, SERVICE, ShardKey, ShardState,
+};
+
+/// One authenticated connection to a parameter server; a request waits for its answer at most
+/// the timeout it was opened with, so a server that died or stopped answering is an error,
+/// never a hang.
+pub struct PsClient {
+    stream: TcpStream,
+    peer: String,
+}
+
+impl PsClient {
+    /// Connects to the server at `address` and proves `secret` (none: a cluster without a
+    /// secret) to it; `timeout` bounds the connection, the handshake and every later request.
+    ///
+    /// # Errors
+    ///
+    /// [`PsError::Connection`] when the server cannot be reached within `timeout` or the
+    /// handshake fails (the two hold different secrets, say).
+    pub fn connect(
+        address: SocketAddr,
+        secret: Option<&ClusterSecret>,
+        timeout: Duration,
+    ) -> Result<Self, PsError> {
+        let peer = address.to_string();
+        let failed = |doing: &str, e: std::io::Error| protocol::connection(&peer, doing, &e);
+        let mut stream =
+            TcpStream::connect_timeout(&address, timeout).map_err(|e| failed("connecting", e))?;
+        stream
+            .set_nodelay(true)
+            .and_then(|()| stream.set_read_timeout(Some(timeout)))
+            .and_then(|()| stream.set_write_timeout(Some(timeout)))
+            .map_err(|e| failed("setting up", e))?;
+        authenticate_stream(&mut stream, secret, SERVICE, ServiceSide::Dialler).map_err(|e| {
+            PsError::Connection {
+                peer: peer.clone(),
+                why: e.to_string(),
+            }
+        })?;
+        Ok(Self { stream, peer })
+    }
+
+    /// The server's address.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// Sends one request and reads its answer; a refusal is [`PsError::Refused`].
+    fn call(&mut self, kind: RequestKind) -> Result<ResponseKind, PsError> {
+        let request = Request { kind: Some(kind) };
+        protocol::write_frame(&mut self.stream, &request, &self.peer)?;
+        let response =
+            protocol::read_frame::<Response>(&mut self.stream, &self.peer)?.ok_or_else(|| {
+                PsError::Connection {
+                    peer: self.peer.clone(),
+                    why: "closed before it answered".into(),
+                }
+            })?;
+        match response.kind {
+            Some(ResponseKind::Refused(refusal)) => Err(PsError::Refused {
+                peer: self.peer.clone(),
+                why: refusal.why,
+            }),
+            Some(kind) => Ok(kind),
+            None => Err(self.unexpected("an empty answer")),
+        }
+    }
+
+    fn unexpected(&self, what: &str) -> PsError {
+        PsError::Wire {
+            peer: self.peer.clone(),
+            why: format!("{what} where another was due"),
+        }
+    }
+
+    fn values(&mut self, kind: RequestKind) -> Result<Vec<f32>, PsError> {
+        match self.call(kind)? {
+            ResponseKind::Values(values) => Ok(values.values),
+            _ => Err(self.unexpected("an answer other than values")),
+        }
+    }
+
+    fn done(&mut self, kind: RequestKind) -> Result<(bool, u64), PsError> {
+        match self.call(kind)? {
+            ResponseKind::Done(done) => Ok((done.created, done.iterations)),
+            _ => Err(self.unexpected("an answer other than done")),
+        }
+    }
+
+    /// Creates a shard unless the server has it: returns whether this call made it, and the
+    /// shard's updates so far (a worker that restarts finds the trained shard).
+    ///
+    /// # Errors
+    ///
+    /// The server's refusal (another shape, an optimizer it cannot build), or the connection's
+    /// failure.
+    pub fn create(&mut self, state: ShardState) -> Result<(bool, u64), PsError> {
+        self.done(RequestKind::Create(Create { state: Some(state) }))
+    }
+
+    /// Every value of a shard.
+    ///
+    /// # Errors
+    ///
+    /// As [`PsClient::create`].
+    pub fn pull(&mut self, key: &ShardKey) -> Result<Vec<f32>, PsError> {
+        self.values(RequestKind::Pull(Pull {
+            key: Some(key.clone()),
+        }))
+    }
+
+    /// Rows of a shard, in the order asked (an embedding lookup's).
+    ///
+    /// # Errors
+    ///
+    /// As [`PsClient::create`]; a row outside the shard.
+    pub fn pull_rows(&mut self, key: &ShardKey, rows: &[u64]) -> Result<Vec<f32>, PsError> {
+        self.values(RequestKind::PullRows(PullRows {
+            key: Some(key.clone()),
+            rows: rows.to_vec(),
+        }))
+    }
+
+    /// A gradient of the whole shard; returns the shard's updates so far.
+    ///
+    /// # Errors
+    ///
+    /// As [`PsClient::create`]; a gradient of another length.
+    pub fn push(&mut self, key: &ShardKey, gradient: &[f32]) -> Result<u64, PsError> {
+        self.done(RequestKind::Push(Push {
+            key: Some(key.clone()),
+            gradient: gradient.to_vec(),
+        }))
+        .map(|(_, iterations)| iterations)
+    }
+
+    /// A gradient of some rows; returns the shard's updates so far.
+    ///
+    /// # Errors
+    ///
+    /// As [`PsClient::push`]; a row outside the shard.
+    pub fn push_rows(
+        &mut self,
+        key: &ShardKey,
+        rows: &[u64],
+        gradient: &[f32],
+    ) -> Result<u64, PsError> {
+        self.done(RequestKind::PushRows(PushRows {
+            key: Some(key.clone()),
+            rows: rows.to_vec(),
+            gradient: gradient.to_vec(),
+        }))
+        .map(|(_, iterations)| iterations)
+    }
+
+    /// Every shard the server holds, whole (for the chief's checkpoint).
+    ///
+    /// # Errors
+    ///
+    /// The connection's failure.
+    pub fn export(&mut self) -> Result<Vec<ShardState>, PsError> {
+        match self.call(RequestKind::Export(Export {}))? {
+            ResponseKind::Shards(shards) => Ok(shards.shards),
+            _ => Err(self.unexpected("an answer other than shards")),
+        }
+    }
+
+    /// Replaces every shard the server holds with `shards` (a restore).
+    ///
+    /// # Errors
+    ///
+    /// The server's refusal (a shard that does not hold together: nothing changes then), or
+    /// the connection's failure.
+    pub fn import(&mut self, shards: Vec<ShardState>) -> Result<(), PsError> {
+        self.done(RequestKind::Import(Import { shards })).map(drop)
+    }
+}

@@ -1,0 +1,409 @@
+//! The parameter servers' wire protocol: what a worker or the chief asks a `ps` task, and
+//! what it answers, one request and one response at a time on a connection.
+//!
+//! A connection opens with the cluster secret's mutual proof
+//! (`lockstep_collective::authenticate_stream`, bound to [`SERVICE`]); then each message is a
+//! frame: its length as a little-endian `u32`, then that many bytes of a Protocol Buffers
+//! message ([`Request`] one way, [`Response`] the other), at most [`MAX_FRAME`] bytes. The
+//! messages are written here with `prost`'s derive rather than generated from a `.proto`: they
+//! are few, and the tags below are the schema (a field is never renumbered).
+
+use std::io::{self, Read, Write};
+
+use prost::Message;
+
+use crate::error::PsError;
+
+/// The service name both ends bind into the handshake's proofs, with the protocol's version:
+/// a client of another version fails the handshake instead of misreading messages.
+pub const SERVICE: &str = "lockstep-ps/1";
+
+/// The largest frame read or written: 1 GiB (a shard of 256 M values; a larger variable takes
+/// more shards).
+pub const MAX_FRAME: usize = 1 << 30;
+
+/// A shard: a variable's name and the shard's index among its shards.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Message)]
+pub struct ShardKey {
+    /// The variable's name, as the model names it (`dense_1/kernel`).
+    #[prost(string, tag = "1")]
+    pub variable: String,
+    /// The shard's index among the variable's shards.
+    #[prost(uint32, tag = "2")]
+    pub shard: u32,
+}
+
+impl ShardKey {
+    /// The shard `shard` of `variable`.
+    pub fn new(variable: impl Into<String>, shard: u32) -> Self {
+        Self {
+            variable: variable.into(),
+            shard,
+        }
+    }
+}
+
+impl std::fmt::Display for ShardKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.variable, self.shard)
+    }
+}
+
+/// One optimizer slot of a shard (Adam's `m`, say), as saved.
+#[derive(Clone, PartialEq, Message)]
+pub struct SlotValues {
+    /// The slot's name, as the optimizer names it.
+    #[prost(string, tag = "1")]
+    pub name: String,
+    /// One value per value of the shard.
+    #[prost(float, repeated, tag = "2")]
+    pub values: Vec<f32>,
+}
+
+/// A shard whole: its values, its optimizer and the optimizer's state. What a server exports
+/// for the chief's checkpoint and imports on a restore.
+#[derive(Clone, PartialEq, Message)]
+pub struct ShardState {
+    /// Which shard.
+    #[prost(message, optional, tag = "1")]
+    pub key: Option<ShardKey>,
+    /// Rows (the first axis' share of this shard).
+    #[prost(uint64, tag = "2")]
+    pub rows: u64,
+    /// Values per row (the product of the other axes).
+    #[prost(uint64, tag = "3")]
+    pub cols: u64,
+    /// `rows · cols` values, row after row.
+    #[prost(float, repeated, tag = "4")]
+    pub values: Vec<f32>,
+    /// The optimizer's settings, as Keras' `get_config` (`{"class_name": …, "config": …}`).
+    #[prost(string, tag = "5")]
+    pub optimizer: String,
+    /// Updates applied so far.
+    #[prost(uint64, tag = "6")]
+    pub iterations: u64,
+    /// The optimizer's slots, each as long as `values` (none: the optimizer's initial state).
+    #[prost(message, repeated, tag = "7")]
+    pub slots: Vec<SlotValues>,
+}
+
+/// Creates a shard with these values unless it exists: the first creator's values stay, so
+/// every worker may send the same request, and a restarted one finds the trained values.
+#[derive(Clone, PartialEq, Message)]
+pub struct Create {
+    /// Its state: values and optimizer (`iterations` and `slots` are ignored).
+    #[prost(message, optional, tag = "1")]
+    pub state: Option<ShardState>,
+}
+
+/// Every value of a shard.
+#[derive(Clone, PartialEq, Message)]
+pub struct Pull {
+    /// Which shard.
+    #[prost(message, optional, tag = "1")]
+    pub key: Option<ShardKey>,
+}
+
+/// Some rows of a shard (an embedding lookup), in the order asked, repeats included.
+#[derive(Clone, PartialEq, Message)]
+pub struct PullRows {
+    /// Which shard.
+    #[prost(message, optional, tag = "1")]
+    pub key: Option<ShardKey>,
+    /// Row indices within the shard.
+    #[prost(uint64, repeated, tag = "2")]
+    pub rows: Vec<u64>,
+}
+
+/// A gradient of the whole shard: the server applies its optimizer.
+#[derive(Clone, PartialEq, Message)]
+pub struct Push {
+    /// Which shard.
+    #[prost(message, optional, tag = "1")]
+    pub key: Option<ShardKey>,
+    /// One value per value of the shard.
+    #[prost(float, repeated, tag = "2")]
+    pub gradient: Vec<f32>,
+}
+
+/// A gradient of some rows (an embedding lookup's): the server sums the gradients of a row
+/// named more than once and updates only the rows named.
+#[derive(Clone, PartialEq, Message)]
+pub struct PushRows {
+    /// Which shard.
+    #[prost(message, optional, tag = "1")]
+    pub key: Option<ShardKey>,
+    /// Row indices within the shard.
+    #[prost(uint64, repeated, tag = "2")]
+    pub rows: Vec<u64>,
+    /// `rows.len() · cols` values, one row per index.
+    #[prost(float, repeated, tag = "3")]
+    pub gradient: Vec<f32>,
+}
+
+/// Every shard this server holds, whole.
+#[derive(Clone, PartialEq, Message)]
+pub struct Export {}
+
+/// Replaces every shard this server holds with these (a restore from a checkpoint).
+#[derive(Clone, PartialEq, Message)]
+pub struct Import {
+    /// The shards.
+    #[prost(message, repeated, tag = "1")]
+    pub shards: Vec<ShardState>,
+}
+
+/// What a client asks.
+#[derive(Clone, PartialEq, Message)]
+pub struct Request {
+    /// The request.
+    #[prost(oneof = "RequestKind", tags = "1, 2, 3, 4, 5, 6, 7")]
+    pub kind: Option<RequestKind>,
+}
+
+/// The requests.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum RequestKind {
+    /// [`Create`].
+    #[prost(message, tag = "1")]
+    Create(Create),
+    /// [`Pull`].
+    #[prost(message, tag = "2")]
+    Pull(Pull),
+    /// [`PullRows`].
+    #[prost(message, tag = "3")]
+    PullRows(PullRows),
+    /// [`Push`].
+    #[prost(message, tag = "4")]
+    Push(Push),
+    /// [`PushRows`].
+    #[prost(message, tag = "5")]
+    PushRows(PushRows),
+    /// [`Export`].
+    #[prost(message, tag = "6")]
+    Export(Export),
+    /// [`Import`].
+    #[prost(message, tag = "7")]
+    Import(Import),
+}
+
+/// A request carried out: how many updates the shard has had since it was created (a
+/// create, push or import answers this).
+#[derive(Clone, PartialEq, Message)]
+pub struct Done {
+    /// The shard's updates so far (0 after a create or an import of several shards).
+    #[prost(uint64, tag = "1")]
+    pub iterations: u64,
+    /// For a create: whether this request made the shard (else it existed).
+    #[prost(bool, tag = "2")]
+    pub created: bool,
+}
+
+/// Values asked for by a pull.
+#[derive(Clone, PartialEq, Message)]
+pub struct Values {
+    /// The values, row after row.
+    #[prost(float, repeated, tag = "1")]
+    pub values: Vec<f32>,
+}
+
+/// Every shard, for an export.
+#[derive(Clone, PartialEq, Message)]
+pub struct Shards {
+    /// The shards, ordered by key.
+    #[prost(message, repeated, tag = "1")]
+    pub shards: Vec<ShardState>,
+}
+
+/// A request refused, in the server's words.
+#[derive(Clone, PartialEq, Message)]
+pub struct Refusal {
+    /// Why.
+    #[prost(string, tag = "1")]
+    pub why: String,
+}
+
+/// What a server answers.
+#[derive(Clone, PartialEq, Message)]
+pub struct Response {
+    /// The answer.
+    #[prost(oneof = "ResponseKind", tags = "1, 2, 3, 4")]
+    pub kind: Option<ResponseKind>,
+}
+
+/// The answers.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum ResponseKind {
+    /// [`Done`].
+    #[prost(message, tag = "1")]
+    Done(Done),
+    /// [`Values`].
+    #[prost(message, tag = "2")]
+    Values(Values),
+    /// [`Shards`].
+    #[prost(message, tag = "3")]
+    Shards(Shards),
+    /// [`Refusal`].
+    #[prost(message, tag = "4")]
+    Refused(Refusal),
+}
+
+/// Writes `message` as one frame.
+///
+/// # Errors
+///
+/// [`PsError::Wire`] for a message over [`MAX_FRAME`]; [`PsError::Connection`] when the
+/// write fails.
+pub fn write_frame(
+    out: &mut impl Write,
+    message: &impl Message,
+    peer: &str,
+) -> Result<(), PsError> {
+    let len = message.encoded_len();
+    if len > MAX_FRAME {
+        return Err(PsError::Wire {
+            peer: peer.to_owned(),
+            why: format!("a message of {len} bytes, over the limit of {MAX_FRAME}"),
+        });
+    }
+    let mut bytes = Vec::with_capacity(4 + len);
+    bytes.extend_from_slice(&(len as u32).to_le_bytes());
+    message.encode(&mut bytes).map_err(|e| PsError::Wire {
+        peer: peer.to_owned(),
+        why: e.to_string(),
+    })?;
+    out.write_all(&bytes)
+        .and_then(|()| out.flush())
+        .map_err(|e| connection(peer, "sending", &e))
+}
+
+/// Reads one frame's message; `None` when the stream ends cleanly before a frame.
+///
+/// # Errors
+///
+/// [`PsError::Wire`] for a length over [`MAX_FRAME`] or bytes that are not an `M`;
+/// [`PsError::Connection`] when the stream fails or ends inside a frame.
+pub fn read_frame<M: Message + Default>(
+    input: &mut impl Read,
+    peer: &str,
+) -> Result<Option<M>, PsError> {
+    let mut len = [0_u8; 4];
+    match input.read(&mut len[..1]) {
+        Ok(0) => return Ok(None),
+        Ok(_) => {}
+        Err(e) => return Err(connection(peer, "reading", &e)),
+    }
+    input
+        .read_exact(&mut len[1..])
+        .map_err(|e| connection(peer, "reading a frame's length", &e))?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(PsError::Wire {
+            peer: peer.to_owned(),
+            why: format!("a frame of {len} bytes, over the limit of {MAX_FRAME}"),
+        });
+    }
+    let mut bytes = vec![0_u8; len];
+    input
+        .read_exact(&mut bytes)
+        .map_err(|e| connection(peer, "reading a frame", &e))?;
+    M::decode(bytes.as_slice())
+        .map(Some)
+        .map_err(|e| PsError::Wire {
+            peer: peer.to_owned(),
+            why: e.to_string(),
+        })
+}
+
+/// [`PsError::Connection`] for an I/O failure while `doing`.
+pub(crate) fn connection(peer: &str, doing: &str, e: &io::Error) -> PsError {
+    PsError::Connection {
+        peer: peer.to_owned(),
+        why: format!("{doing}: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn push(rows: Vec<u64>, gradient: Vec<f32>) -> Request {
+        Request {
+            kind: Some(RequestKind::PushRows(PushRows {
+                key: Some(ShardKey::new("embedding/embeddings", 3)),
+                rows,
+                gradient,
+            })),
+        }
+    }
+
+    #[test]
+    fn a_frame_over_the_limit_is_refused_before_its_bytes_are_read() {
+        let mut bytes = ((MAX_FRAME + 1) as u32).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&[0; 16]);
+        let e = read_frame::<Request>(&mut bytes.as_slice(), "w0").unwrap_err();
+        assert!(
+            matches!(&e, PsError::Wire { why, .. } if why.contains("over the limit")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_stream_that_ends_inside_a_frame_is_an_error_and_one_that_ends_between_is_none() {
+        let mut bytes = Vec::new();
+        write_frame(&mut bytes, &push(vec![1, 2], vec![0.5; 8]), "w0").unwrap();
+        let whole = bytes.clone();
+        assert!(
+            read_frame::<Request>(&mut &whole[..0], "w0")
+                .unwrap()
+                .is_none()
+        );
+        for cut in 1..whole.len() {
+            let e = read_frame::<Request>(&mut &whole[..cut], "w0").unwrap_err();
+            assert!(matches!(e, PsError::Connection { .. }), "cut at {cut}: {e}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn requests_round_trip_through_frames(
+            rows in proptest::collection::vec(any::<u64>(), 0..20),
+            gradient in proptest::collection::vec(any::<f32>().prop_filter("not NaN", |v| !v.is_nan()), 0..40),
+        ) {
+            let request = push(rows, gradient);
+            let mut bytes = Vec::new();
+            write_frame(&mut bytes, &request, "w0").unwrap();
+            let mut input = bytes.as_slice();
+            prop_assert_eq!(read_frame::<Request>(&mut input, "w0").unwrap(), Some(request));
+            prop_assert!(read_frame::<Request>(&mut input, "w0").unwrap().is_none());
+        }
+
+        #[test]
+        fn any_bytes_read_as_a_message_an_error_or_the_end_never_a_panic(
+            bytes in proptest::collection::vec(any::<u8>(), 0..256),
+        ) {
+            let mut input = bytes.as_slice();
+            for _ in 0..8 {
+                if !matches!(read_frame::<Request>(&mut input, "w0"), Ok(Some(_))) {
+                    break;
+                }
+            }
+            let mut input = bytes.as_slice();
+            let _ = read_frame::<Response>(&mut input, "ps0");
+        }
+
+        #[test]
+        fn any_payload_in_a_well_formed_frame_reads_as_a_message_or_an_error(
+            payload in proptest::collection::vec(any::<u8>(), 0..512),
+        ) {
+            let mut bytes = (payload.len() as u32).to_le_bytes().to_vec();
+            bytes.extend_from_slice(&payload);
+            match read_frame::<Request>(&mut bytes.as_slice(), "w0") {
+                Ok(Some(_)) | Err(PsError::Wire { .. }) => {}
+                other => prop_assert!(false, "{other:?}"),
+            }
+            let _ = read_frame::<Response>(&mut bytes.as_slice(), "ps0");
+        }
+    }
+}

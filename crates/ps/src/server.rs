@@ -1,0 +1,236 @@
+//! A `ps` task's service: a [`ShardStore`] served over TCP, a thread per connection.
+//!
+//! Each connection first proves the cluster secret both ways
+//! (`lockstep_collective::authenticate_stream`, bound to [`SERVICE`]), within
+//! [`HANDSHAKE_TIMEOUT`]; then it may stay open and idle as long as its client likes (a
+//! worker between steps). A request the store refuses is answered with the reason and the
+//! connection goes on; bytes that are not a frame of the protocol end that connection (there
+//! is no way to find the next frame), and never the server or another connection.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
+
+use crate::error::PsError;
+use crate::protocol::{
+    self, Done, Refusal, Request, RequestKind, Response, ResponseKind, SERVICE, Shards, Values,
+};
+use crate::store::ShardStore;
+
+/// How long a new connection has to prove the cluster secret.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often a server that was asked to stop looks up from waiting for connections.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
+
+/// A parameter server: its shards and the secret its clients must prove.
+pub struct PsServer {
+    store: Arc<ShardStore>,
+    secret: Option<ClusterSecret>,
+}
+
+/// A server running on threads of its own ([`PsServer::spawn`]): its address, and a way to
+/// stop it.
+pub struct RunningServer {
+    address: SocketAddr,
+    store: Arc<ShardStore>,
+    stop: Arc<AtomicBool>,
+    accepting: Option<JoinHandle<()>>,
+}
+
+impl PsServer {
+    /// A server with no shards yet, whose clients must prove `secret` (none: a cluster
+    /// without a secret, which trusts whoever reaches it).
+    pub fn new(secret: Option<ClusterSecret>) -> Self {
+        Self {
+            store: Arc::new(ShardStore::new()),
+            secret,
+        }
+    }
+
+    /// The shards.
+    pub fn store(&self) -> &Arc<ShardStore> {
+        &self.store
+    }
+
+    /// Serves `listener`'s connections on threads of their own until the returned handle
+    /// stops it or is dropped.
+    ///
+    /// # Errors
+    ///
+    /// When the listener's address cannot be read or it cannot be made non-blocking.
+    pub fn spawn(self, listener: TcpListener) -> Result<RunningServer, PsError> {
+        let address = listener
+            .local_addr()
+            .map_err(|e| protocol::connection("the listening socket", "reading its address", &e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| protocol::connection(&address.to_string(), "setting up", &e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let store = Arc::clone(&self.store);
+        let stopped = Arc::clone(&stop);
+        let accepting = std::thread::Builder::new()
+            .name(format!("lockstep-ps-{address}"))
+            .spawn(move || self.accept_until(&listener, &stopped))
+            .map_err(|e| protocol::connection(&address.to_string(), "starting its thread", &e))?;
+        Ok(RunningServer {
+            address,
+            store,
+            stop,
+            accepting: Some(accepting),
+        })
+    }
+
+    /// Accepts connections until `stop` is set, each served on a thread of its own.
+    fn accept_until(self, listener: &TcpListener, stop: &AtomicBool) {
+        let server = Arc::new(self);
+        while !stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((stream, from)) => {
+                    let server = Arc::clone(&server);
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("lockstep-ps-conn-{from}"))
+                        .spawn(move || server.serve_connection(stream, from));
+                    if let Err(e) = spawned {
+                        tracing::warn!(%from, error = %e, "no thread for a parameter-server connection; it is closed");
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a parameter-server connection failed");
+                    std::thread::sleep(ACCEPT_POLL);
+                }
+            }
+        }
+    }
+
+    /// One connection: the handshake, then requests until the client closes it.
+    fn serve_connection(&self, mut stream: TcpStream, from: SocketAddr) {
+        let peer = from.to_string();
+        if let Err(e) = self.open(&mut stream) {
+            tracing::warn!(%from, error = %e, "refused a parameter-server connection");
+            return;
+        }
+        loop {
+            let request = match protocol::read_frame::<Request>(&mut stream, &peer) {
+                Ok(Some(request)) => request,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(%from, error = %e, "closed a parameter-server connection");
+                    return;
+                }
+            };
+            let response = self.answer(request);
+            if let Err(e) = protocol::write_frame(&mut stream, &response, &peer) {
+                tracing::warn!(%from, error = %e, "a parameter-server answer was not delivered");
+                return;
+            }
+        }
+    }
+
+    /// The handshake, under [`HANDSHAKE_TIMEOUT`]; then no deadline on reads.
+    fn open(&self, stream: &mut TcpStream) -> Result<(), PsError> {
+        let peer = stream
+            .peer_addr()
+            .map_or_else(|_| "a client".to_owned(), |a| a.to_string());
+        let setup = |e: io::Error| protocol::connection(&peer, "setting up", &e);
+        stream.set_nonblocking(false).map_err(setup)?;
+        stream.set_nodelay(true).map_err(setup)?;
+        stream
+            .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+            .map_err(setup)?;
+        stream
+            .set_write_timeout(Some(HANDSHAKE_TIMEOUT))
+            .map_err(setup)?;
+        authenticate_stream(stream, self.secret.as_ref(), SERVICE, ServiceSide::Acceptor).map_err(
+            |e| PsError::Connection {
+                peer: peer.clone(),
+                why: e.to_string(),
+            },
+        )?;
+        stream.set_read_timeout(None).map_err(setup)
+    }
+
+    /// The store's answer to `request`.
+    fn answer(&self, request: Request) -> Response {
+        let store = &self.store;
+        let key = |key: Option<protocol::ShardKey>| key.unwrap_or_default();
+        let answered = match request.kind {
+            None => Err(PsError::Request {
+                shard: String::new(),
+                why: "an empty request".into(),
+            }),
+            Some(RequestKind::Create(create)) => {
+                let state = create.state.unwrap_or_default();
+                store.create(&state).map(|(created, iterations)| {
+                    ResponseKind::Done(Done {
+                        iterations,
+                        created,
+                    })
+                })
+            }
+            Some(RequestKind::Pull(pull)) => store
+                .pull(&key(pull.key))
+                .map(|values| ResponseKind::Values(Values { values })),
+            Some(RequestKind::PullRows(pull)) => store
+                .pull_rows(&key(pull.key), &pull.rows)
+                .map(|values| ResponseKind::Values(Values { values })),
+            Some(RequestKind::Push(push)) => store.push(&key(push.key), &push.gradient).map(done),
+            Some(RequestKind::PushRows(push)) => store
+                .push_rows(&key(push.key), &push.rows, &push.gradient)
+                .map(done),
+            Some(RequestKind::Export(_)) => store
+                .export()
+                .map(|shards| ResponseKind::Shards(Shards { shards })),
+            Some(RequestKind::Import(import)) => store.import(&import.shards).map(|()| done(0)),
+        };
+        Response {
+            kind: Some(
+                answered.unwrap_or_else(|e| ResponseKind::Refused(Refusal { why: e.to_string() })),
+            ),
+        }
+    }
+}
+
+fn done(iterations: u64) -> ResponseKind {
+    ResponseKind::Done(Done {
+        iterations,
+        created: false,
+    })
+}
+
+impl RunningServer {
+    /// Where it listens.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Its shards.
+    pub fn store(&self) -> &Arc<ShardStore> {
+        &self.store
+    }
+
+    /// Stops accepting connections (those open are served until their clients close them)
+    /// and waits for the accepting thread.
+    pub fn stop(mut self) {
+        self.stop_accepting();
+    }
+
+    fn stop_accepting(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(accepting) = self.accepting.take() {
+            let _ = accepting.join();
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.stop_accepting();
+    }
+}

@@ -1,0 +1,538 @@
+//! What a parameter server holds: its shards, each with its values, its optimizer's settings
+//! and the optimizer's state, updated in place by the gradients workers push.
+//!
+//! The update rule is lockstep-nn's optimizer, the same code a synchronous step runs, so a
+//! shard moves as the variable would under `fit` with that optimizer. A gradient of some rows
+//! (an embedding lookup's) updates those rows only: duplicate rows' gradients are summed
+//! first, as TensorFlow deduplicates an `IndexedSlices`, then the rows and their slots are
+//! gathered, updated and written back. That is TensorFlow's rule for SGD, momentum and
+//! Adagrad's sparse updates; for Adam it is `LazyAdam`'s (the moments of rows not in the batch
+//! do not decay).
+//!
+//! Each shard has its own lock: pushes to different shards proceed in parallel, pushes to
+//! one shard apply one after the other (TensorFlow's `use_locking`). Asynchronous training
+//! accepts that a worker's gradient may be computed from values other workers have updated
+//! since it pulled them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use lockstep_nn::{Optimizer, OptimizerConfig};
+
+use crate::error::PsError;
+use crate::protocol::{ShardKey, ShardState, SlotValues};
+
+/// One shard and its optimizer's state.
+struct Shard {
+    rows: usize,
+    cols: usize,
+    values: Vec<f32>,
+    config: OptimizerConfig,
+    /// The optimizer's slots, each `values.len()` long (made with the shard).
+    slots: Vec<(String, Vec<f32>)>,
+    iterations: u64,
+}
+
+/// Every shard of one parameter server, by key.
+#[derive(Default)]
+pub struct ShardStore {
+    shards: RwLock<HashMap<ShardKey, Arc<Mutex<Shard>>>>,
+}
+
+fn refused(key: &ShardKey, why: impl Into<String>) -> PsError {
+    PsError::Request {
+        shard: key.to_string(),
+        why: why.into(),
+    }
+}
+
+fn optimizer_error(key: &ShardKey, why: impl std::fmt::Display) -> PsError {
+    PsError::Optimizer {
+        shard: key.to_string(),
+        why: why.to_string(),
+    }
+}
+
+impl Shard {
+    /// A shard from `state`, its lengths checked.
+    fn from_state(key: &ShardKey, state: &ShardState) -> Result<Self, PsError> {
+        let rows = usize::try_from(state.rows).map_err(|_| refused(key, "too many rows"))?;
+        let cols = usize::try_from(state.cols).map_err(|_| refused(key, "too many columns"))?;
+        let len = rows
+            .checked_mul(cols)
+            .ok_or_else(|| refused(key, "rows × columns overflows"))?;
+        if state.values.len() != len {
+            return Err(refused(
+                key,
+                format!("{} values for {rows} rows of {cols}", state.values.len()),
+            ));
+        }
+        let config: OptimizerConfig =
+            serde_json::from_str(&state.optimizer).map_err(|e| optimizer_error(key, e))?;
+        let built = config.build();
+        if built.schedule().is_some() {
+            return Err(optimizer_error(
+                key,
+                "a parameter server applies a constant learning rate: a schedule needs the \
+                 global step, which no shard holds",
+            ));
+        }
+        let mut slots: Vec<(String, Vec<f32>)> = state
+            .slots
+            .iter()
+            .map(|slot| (slot.name.clone(), slot.values.clone()))
+            .collect();
+        if slots.is_empty() {
+            slots = initial_slots(key, &config, &state.values)?;
+        }
+        if let Some(slot) = slots.iter().find(|(_, values)| values.len() != len) {
+            return Err(refused(
+                key,
+                format!(
+                    "slot {:?} holds {} values, the shard {len}",
+                    slot.0,
+                    slot.1.len()
+                ),
+            ));
+        }
+        let shard = Self {
+            rows,
+            cols,
+            values: state.values.clone(),
+            config,
+            slots,
+            iterations: state.iterations,
+        };
+        // The optimizer must take these slots back: refuse a state it would refuse later.
+        shard.optimizer(key, &shard.slot_views())?;
+        Ok(shard)
+    }
+
+    fn state(&self, key: &ShardKey) -> Result<ShardState, PsError> {
+        Ok(ShardState {
+            key: Some(key.clone()),
+            rows: self.rows as u64,
+            cols: self.cols as u64,
+            values: self.values.clone(),
+            optimizer: serde_json::to_string(&self.config).map_err(|e| optimizer_error(key, e))?,
+            iterations: self.iterations,
+            slots: self
+                .slots
+                .iter()
+                .map(|(name, values)| SlotValues {
+                    name: name.clone(),
+                    values: values.clone(),
+                })
+                .collect(),
+        })
+    }
+
+    fn slot_views(&self) -> Vec<(&str, &[f32])> {
+        self.slots
+            .iter()
+            .map(|(name, values)| (name.as_str(), values.as_slice()))
+            .collect()
+    }
+
+    /// The optimizer at this shard's step, holding `slots` (the whole shard's, or the rows
+    /// an update touches).
+    fn optimizer(
+        &self,
+        key: &ShardKey,
+        slots: &[(&str, &[f32])],
+    ) -> Result<Box<dyn Optimizer>, PsError> {
+        let mut optimizer = self.config.build();
+        optimizer
+            .restore(self.iterations, slots)
+            .map_err(|e| optimizer_error(key, e))?;
+        Ok(optimizer)
+    }
+
+    /// Applies a gradient of every value.
+    fn push(&mut self, key: &ShardKey, gradient: &[f32]) -> Result<u64, PsError> {
+        if gradient.len() != self.values.len() {
+            return Err(refused(
+                key,
+                format!(
+                    "a gradient of {} values for a shard of {}",
+                    gradient.len(),
+                    self.values.len()
+                ),
+            ));
+        }
+        let mut optimizer = self.optimizer(key, &self.slot_views())?;
+        optimizer
+            .apply(&mut self.values, gradient)
+            .map_err(|e| optimizer_error(key, e))?;
+        self.slots = optimizer
+            .slots()
+            .into_iter()
+            .map(|(name, values)| (name.to_owned(), values.to_vec()))
+            .collect();
+        self.iterations += 1;
+        Ok(self.iterations)
+    }
+
+    /// Applies a gradient of some rows.
+    fn push_rows(
+        &mut self,
+        key: &ShardKey,
+        rows: &[u64],
+        gradient: &[f32],
+    ) -> Result<u64, PsError> {
+        let cols = self.cols;
+        if gradient.len() != rows.len().saturating_mul(cols) {
+            return Err(refused(
+                key,
+                format!(
+                    "a gradient of {} values for {} rows of {cols}",
+                    gradient.len(),
+                    rows.len()
+                ),
+            ));
+        }
+        // Duplicate rows' gradients summed, in row order: the order of the sums is fixed.
+        let mut summed: BTreeMap<usize, Vec<f32>> = BTreeMap::new();
+        for (&row, g) in rows.iter().zip(gradient.chunks(cols.max(1))) {
+            let row = self.row(key, row)?;
+            let sum = summed.entry(row).or_insert_with(|| vec![0.0; cols]);
+            for (s, &v) in sum.iter_mut().zip(g) {
+                *s += v;
+            }
+        }
+        let gather = |source: &[f32]| -> Vec<f32> {
+            summed
+                .keys()
+                .flat_map(|&row| source[row * cols..(row + 1) * cols].iter().copied())
+                .collect()
+        };
+        let mut values = gather(&self.values);
+        let gathered_slots: Vec<(String, Vec<f32>)> = self
+            .slots
+            .iter()
+            .map(|(name, slot)| (name.clone(), gather(slot)))
+            .collect();
+        let views: Vec<(&str, &[f32])> = gathered_slots
+            .iter()
+            .map(|(name, values)| (name.as_str(), values.as_slice()))
+            .collect();
+        let mut optimizer = self.optimizer(key, &views)?;
+        let gradient: Vec<f32> = summed.values().flatten().copied().collect();
+        optimizer
+            .apply(&mut values, &gradient)
+            .map_err(|e| optimizer_error(key, e))?;
+        let len = self.values.len();
+        for (name, updated) in optimizer.slots() {
+            let slot = self
+                .slots
+                .iter_mut()
+                .find(|(n, _)| n == name)
+                .filter(|(_, slot)| slot.len() == len)
+                .ok_or_else(|| optimizer_error(key, format!("a slot {name:?} the shard lacks")))?;
+            scatter(&mut slot.1, summed.keys(), cols, updated);
+        }
+        scatter(&mut self.values, summed.keys(), cols, &values);
+        self.iterations += 1;
+        Ok(self.iterations)
+    }
+
+    fn row(&self, key: &ShardKey, row: u64) -> Result<usize, PsError> {
+        usize::try_from(row)
+            .ok()
+            .filter(|&r| r < self.rows)
+            .ok_or_else(|| refused(key, format!("row {row} of a shard of {} rows", self.rows)))
+    }
+}
+
+/// The optimizer's slots before its first update, for every value: its state after a step of
+/// zero gradient on a copy of `values` (Adagrad's accumulator at its initial value, every
+/// other slot of lockstep-nn's optimizers at zero). Made when the shard is, so that a sparse
+/// update finds every row's slots as the optimizer would have started them.
+fn initial_slots(
+    key: &ShardKey,
+    config: &OptimizerConfig,
+    values: &[f32],
+) -> Result<Vec<(String, Vec<f32>)>, PsError> {
+    let mut optimizer = config.build();
+    let mut scratch = values.to_vec();
+    optimizer
+        .apply(&mut scratch, &vec![0.0; values.len()])
+        .map_err(|e| optimizer_error(key, e))?;
+    Ok(optimizer
+        .slots()
+        .into_iter()
+        .map(|(name, values)| (name.to_owned(), values.to_vec()))
+        .collect())
+}
+
+/// Writes `rows`' values from `from` (one row after another) into `into`.
+fn scatter<'a>(into: &mut [f32], rows: impl Iterator<Item = &'a usize>, cols: usize, from: &[f32]) {
+    for (&row, values) in rows.zip(from.chunks(cols.max(1))) {
+        into[row * cols..(row + 1) * cols].copy_from_slice(values);
+    }
+}
+
+impl ShardStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn get(&self, key: &ShardKey) -> Result<Arc<Mutex<Shard>>, PsError> {
+        self.shards
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
+            .ok_or_else(|| refused(key, "no such shard on this parameter server"))
+    }
+
+    /// Creates the shard `state` describes unless it exists (then it must have the same
+    /// shape); returns whether this call made it, and its updates so far.
+    ///
+    /// # Errors
+    ///
+    /// A state whose lengths disagree, an optimizer the server cannot build, or an existing
+    /// shard of another shape.
+    pub fn create(&self, state: &ShardState) -> Result<(bool, u64), PsError> {
+        let key = state.key.clone().unwrap_or_default();
+        let shard = Shard::from_state(&key, state)?;
+        let mut shards = self.shards.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(existing) = shards.get(&key) {
+            let existing = existing.lock().unwrap_or_else(PoisonError::into_inner);
+            if (existing.rows, existing.cols) != (shard.rows, shard.cols) {
+                return Err(refused(
+                    &key,
+                    format!(
+                        "exists with {} rows of {}, asked for {} rows of {}",
+                        existing.rows, existing.cols, shard.rows, shard.cols
+                    ),
+                ));
+            }
+            return Ok((false, existing.iterations));
+        }
+        shards.insert(key, Arc::new(Mutex::new(shard)));
+        Ok((true, 0))
+    }
+
+    /// Every value of a shard.
+    ///
+    /// # Errors
+    ///
+    /// An unknown shard.
+    pub fn pull(&self, key: &ShardKey) -> Result<Vec<f32>, PsError> {
+        let shard = self.get(key)?;
+        let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(shard.values.clone())
+    }
+
+    /// Rows of a shard, in the order asked.
+    ///
+    /// # Errors
+    ///
+    /// An unknown shard or a row outside it.
+    pub fn pull_rows(&self, key: &ShardKey, rows: &[u64]) -> Result<Vec<f32>, PsError> {
+        let shard = self.get(key)?;
+        let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        let cols = shard.cols;
+        let mut out = Vec::with_capacity(rows.len() * cols);
+        for &row in rows {
+            let row = shard.row(key, row)?;
+            out.extend_from_slice(&shard.values[row * cols..(row + 1) * cols]);
+        }
+        Ok(out)
+    }
+
+    /// Applies a gradient of every value of a shard; returns its updates so far.
+    ///
+    /// # Errors
+    ///
+    /// An unknown shard, a gradient of another length, or the optimizer's error.
+    pub fn push(&self, key: &ShardKey, gradient: &[f32]) -> Result<u64, PsError> {
+        let shard = self.get(key)?;
+        let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        shard.push(key, gradient)
+    }
+
+    /// Applies a gradient of some rows of a shard; returns its updates so far.
+    ///
+    /// # Errors
+    ///
+    /// An unknown shard, a row outside it, a gradient of another length, or the optimizer's
+    /// error. The shard is unchanged then.
+    pub fn push_rows(
+        &self,
+        key: &ShardKey,
+        rows: &[u64],
+        gradient: &[f32],
+    ) -> Result<u64, PsError> {
+        let shard = self.get(key)?;
+        let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        shard.push_rows(key, rows, gradient)
+    }
+
+    /// Every shard whole, ordered by key.
+    ///
+    /// # Errors
+    ///
+    /// An optimizer whose settings cannot be written (never for lockstep-nn's).
+    pub fn export(&self) -> Result<Vec<ShardState>, PsError> {
+        let shards = self.shards.read().unwrap_or_else(PoisonError::into_inner);
+        let mut keys: Vec<&ShardKey> = shards.keys().collect();
+        keys.sort();
+        keys.into_iter()
+            .map(|key| {
+                let shard = shards[key].lock().unwrap_or_else(PoisonError::into_inner);
+                shard.state(key)
+            })
+            .collect()
+    }
+
+    /// Replaces every shard with `states` (all checked first: on an error nothing changes).
+    ///
+    /// # Errors
+    ///
+    /// A state that does not hold together, or two states of one shard.
+    pub fn import(&self, states: &[ShardState]) -> Result<(), PsError> {
+        let mut fresh = HashMap::with_capacity(states.len());
+        for state in states {
+            let key = state.key.clone().unwrap_or_default();
+            let shard = Shard::from_state(&key, state)?;
+            if fresh
+                .insert(key.clone(), Arc::new(Mutex::new(shard)))
+                .is_some()
+            {
+                return Err(refused(&key, "named twice in one import"));
+            }
+        }
+        *self.shards.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(key: &ShardKey, rows: u64, cols: u64, optimizer: &OptimizerConfig) -> ShardState {
+        ShardState {
+            key: Some(key.clone()),
+            rows,
+            cols,
+            values: (0..rows * cols).map(|v| v as f32 * 0.1).collect(),
+            optimizer: serde_json::to_string(optimizer).unwrap(),
+            iterations: 0,
+            slots: Vec::new(),
+        }
+    }
+
+    fn adagrad() -> OptimizerConfig {
+        lockstep_nn::Adagrad::default().config()
+    }
+
+    fn adam() -> OptimizerConfig {
+        lockstep_nn::Adam::default().config()
+    }
+
+    #[test]
+    fn a_dense_push_moves_a_shard_as_the_optimizer_moves_the_variable() {
+        let key = ShardKey::new("dense/kernel", 0);
+        let store = ShardStore::new();
+        let initial = state(&key, 3, 4, &adam());
+        assert_eq!(store.create(&initial).unwrap(), (true, 0));
+        let gradient: Vec<f32> = (0..12).map(|v| (v as f32 - 5.0) * 0.3).collect();
+        let mut expected = initial.values.clone();
+        let mut optimizer = adam().build();
+        for step in 1..=3 {
+            optimizer.apply(&mut expected, &gradient).unwrap();
+            assert_eq!(store.push(&key, &gradient).unwrap(), step);
+        }
+        assert_eq!(store.pull(&key).unwrap(), expected);
+    }
+
+    #[test]
+    fn a_sparse_push_updates_only_the_rows_named_with_repeats_summed() {
+        let key = ShardKey::new("embedding/embeddings", 1);
+        let store = ShardStore::new();
+        let initial = state(&key, 5, 2, &adagrad());
+        store.create(&initial).unwrap();
+        // Row 3 twice, row 0 once: as a dense push of the summed rows onto rows 0 and 3.
+        store
+            .push_rows(&key, &[3, 0, 3], &[1.0, 2.0, 0.5, 0.5, 3.0, 4.0])
+            .unwrap();
+        let after = store.pull(&key).unwrap();
+        let mut expected_rows = vec![
+            initial.values[0],
+            initial.values[1],
+            initial.values[6],
+            initial.values[7],
+        ];
+        let mut optimizer = adagrad().build();
+        optimizer
+            .apply(&mut expected_rows, &[0.5, 0.5, 4.0, 6.0])
+            .unwrap();
+        assert_eq!(&after[0..2], &expected_rows[0..2]);
+        assert_eq!(&after[6..8], &expected_rows[2..4]);
+        for untouched in [1, 2, 4] {
+            assert_eq!(
+                &after[untouched * 2..untouched * 2 + 2],
+                &initial.values[untouched * 2..untouched * 2 + 2],
+                "row {untouched}"
+            );
+        }
+        assert_eq!(
+            store.pull_rows(&key, &[3, 3]).unwrap(),
+            [after[6], after[7], after[6], after[7]]
+        );
+    }
+
+    #[test]
+    fn bad_requests_are_refused_and_leave_the_shard_as_it_was() {
+        let key = ShardKey::new("v", 0);
+        let store = ShardStore::new();
+        store.create(&state(&key, 2, 3, &adam())).unwrap();
+        let before = store.pull(&key).unwrap();
+        let refusals = [
+            store.push(&key, &[1.0; 5]).unwrap_err(),
+            store.push_rows(&key, &[2], &[1.0; 3]).unwrap_err(),
+            store.push_rows(&key, &[0], &[1.0; 2]).unwrap_err(),
+            store.pull_rows(&key, &[u64::MAX]).unwrap_err(),
+            store.pull(&ShardKey::new("v", 1)).unwrap_err(),
+            store.create(&state(&key, 3, 2, &adam())).unwrap_err(),
+        ];
+        for e in refusals {
+            assert!(matches!(e, PsError::Request { .. }), "{e}");
+        }
+        let mut broken = state(&ShardKey::new("w", 0), 2, 2, &adam());
+        broken.values.pop();
+        assert!(store.create(&broken).is_err());
+        broken = state(&ShardKey::new("w", 0), 2, 2, &adam());
+        broken.optimizer = "{\"class_name\": \"Nope\"}".into();
+        assert!(matches!(
+            store.create(&broken),
+            Err(PsError::Optimizer { .. })
+        ));
+        assert_eq!(store.pull(&key).unwrap(), before);
+    }
+
+    #[test]
+    fn an_export_imported_elsewhere_goes_on_exactly_as_the_original() {
+        let key = ShardKey::new("embedding/embeddings", 0);
+        let original = ShardStore::new();
+        original.create(&state(&key, 4, 3, &adam())).unwrap();
+        original.push_rows(&key, &[1, 2], &[0.1; 6]).unwrap();
+        original.push(&key, &[0.2; 12]).unwrap();
+        let copy = ShardStore::new();
+        copy.import(&original.export().unwrap()).unwrap();
+        for store in [&original, &copy] {
+            store.push_rows(&key, &[0, 2], &[0.3; 6]).unwrap();
+        }
+        assert_eq!(original.export().unwrap(), copy.export().unwrap());
+        // A second create keeps the trained values.
+        assert_eq!(
+            copy.create(&state(&key, 4, 3, &adam())).unwrap(),
+            (false, 3)
+        );
+        assert_eq!(copy.pull(&key).unwrap(), original.pull(&key).unwrap());
+    }
+}
