@@ -55,6 +55,22 @@ pub enum PsError {
         /// The cause.
         why: String,
     },
+    /// A scheduled step failed on the worker that ran it, in its words.
+    #[error("step {step} failed on {worker}: {why}")]
+    Step {
+        /// The step's registered name.
+        step: String,
+        /// The worker that ran it.
+        worker: String,
+        /// Its words.
+        why: String,
+    },
+    /// The coordinator was shut down before the step ran.
+    #[error("the coordinator shut down before step {step} ran")]
+    Cancelled {
+        /// The step's registered name.
+        step: String,
+    },
     /// The parameter server refused the request, in its words.
     #[error("parameter server {peer} refused the request: {why}")]
     Refused {

@@ -23,8 +23,13 @@
 //! [`PsClient`], proves the cluster secret, creates shards with their optimizer, pulls values
 //! (whole, or the rows an embedding lookup needs) and pushes gradients (whole, or of some
 //! rows), which the server applies with the shard's optimizer, whose state lives there too;
-//! the chief exports every shard for a checkpoint and imports them on a restore. [`protocol`]
-//! is the wire format.
+//! the chief exports every shard for a checkpoint and imports them on a restore.
+//!
+//! The chief schedules steps with [`ClusterCoordinator`] (TensorFlow's): each worker serves
+//! them with a [`StepServer`] from its [`StepRegistry`], the program's named step functions
+//! (every task runs the same program, so a step travels as its name and its arguments'
+//! bytes); a step held by a worker that is lost runs again on another, and a restarted worker
+//! rejoins. [`protocol`] is the wire format of both services.
 //!
 //! ```
 //! use std::net::TcpListener;
@@ -55,17 +60,22 @@
 //! service of a cluster); `lockstep-nn` for the optimizers a server applies (the update rules
 //! of synchronous training, unchanged); `prost` for the messages (Protocol Buffers, as the
 //! rest of Lockstep's wire formats); `serde_json` for an optimizer's settings in Keras' form;
-//! `thiserror` for the errors; `tracing` for the connections a server refuses or closes.
+//! `thiserror` for the errors; `tracing` for the connections a server refuses or closes and
+//! the workers a coordinator loses.
 
 mod client;
+pub mod coordinator;
 mod error;
 mod partitioner;
 mod placement;
 pub mod protocol;
 mod server;
+mod steps;
 mod store;
+mod worker;
 
 pub use client::PsClient;
+pub use coordinator::{ClusterCoordinator, CoordinatorOptions, RemoteValue};
 pub use error::PsError;
 pub use partitioner::{
     FixedShardsPartitioner, MaxSizePartitioner, MinSizePartitioner, Partitioner, shard_rows,
@@ -73,4 +83,6 @@ pub use partitioner::{
 pub use placement::RoundRobin;
 pub use protocol::{ShardKey, ShardState};
 pub use server::{HANDSHAKE_TIMEOUT, PsServer, RunningServer};
+pub use steps::{StepFn, StepRegistry};
 pub use store::ShardStore;
+pub use worker::{RunningWorker, StepServer};

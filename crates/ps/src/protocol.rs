@@ -248,6 +248,46 @@ pub enum ResponseKind {
     Refused(Refusal),
 }
 
+/// The service name of a worker's step service (see [`crate::coordinator`]), with its
+/// version.
+pub const STEP_SERVICE: &str = "lockstep-steps/1";
+
+/// What a coordinator asks a worker: run the registered step `step` on `args`.
+#[derive(Clone, PartialEq, Message)]
+pub struct RunStep {
+    /// The coordinator's number for this scheduling of the step (a retry keeps it).
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// The step's registered name.
+    #[prost(string, tag = "2")]
+    pub step: String,
+    /// Its arguments, as the step reads them.
+    #[prost(bytes = "vec", tag = "3")]
+    pub args: Vec<u8>,
+}
+
+/// A worker's answer to [`RunStep`].
+#[derive(Clone, PartialEq, Message)]
+pub struct StepOutcome {
+    /// The [`RunStep::id`] answered.
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// What came of it.
+    #[prost(oneof = "StepResult", tags = "2, 3")]
+    pub result: Option<StepResult>,
+}
+
+/// A step's result, or why it failed.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum StepResult {
+    /// The step's output, as it wrote it.
+    #[prost(bytes = "vec", tag = "2")]
+    Output(Vec<u8>),
+    /// The step failed (or is not registered on the worker), in its words.
+    #[prost(string, tag = "3")]
+    Failed(String),
+}
+
 /// Writes `message` as one frame.
 ///
 /// # Errors
