@@ -72,6 +72,7 @@ pub use secret::{
 };
 #[cfg(feature = "grpc")]
 pub use transport::GrpcTransport;
+pub use transport::inherited::task_listener;
 pub use transport::{
     Arrival, ClusterTransport, Completion, Flow, LocalTransport, SameHost, SharedMemoryTransport,
     TcpOptions, TcpSettings, TcpTransport, Transport,

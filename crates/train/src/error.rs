@@ -22,6 +22,9 @@ pub enum TrainError {
     /// The cluster configuration does not allow this.
     #[error(transparent)]
     Cluster(#[from] lockstep_cluster::ClusterError),
+    /// A parameter server, its connection, or the coordinator's.
+    #[error(transparent)]
+    Ps(#[from] lockstep_ps::PsError),
     /// A setting or call that cannot work, with the reason.
     #[error("{what}: {why}")]
     Invalid {

@@ -49,6 +49,7 @@ mod history;
 mod kill_switch;
 mod model;
 mod packs;
+mod parameter_server;
 mod peer_watch;
 mod progress;
 mod replica;
@@ -74,6 +75,9 @@ pub use fit::Fit;
 pub use history::{History, Logs};
 pub use kill_switch::{KILL_AT_STEP, KILL_IN_SAVE, SLOW_STEP_MS};
 pub use model::Model;
+pub use parameter_server::{
+    ParameterServerModel, ParameterServerStrategy, PsRole, TRAIN_STEP, serve_steps,
+};
 pub use sidecar_evaluator::{Evaluation, SidecarEvaluator};
 pub use step_clock::StepClock;
 pub use stragglers::Straggler;

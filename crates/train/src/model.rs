@@ -58,7 +58,7 @@ impl Compiled {
 }
 
 /// The metrics of `names` ([`metric_by_name`]).
-fn metrics_named(names: &[&str]) -> Result<Vec<Box<dyn PredictionMetric>>, TrainError> {
+pub(crate) fn metrics_named(names: &[&str]) -> Result<Vec<Box<dyn PredictionMetric>>, TrainError> {
     names
         .iter()
         .map(|name| {

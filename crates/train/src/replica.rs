@@ -59,7 +59,7 @@ impl Objective<'_> {
 
     /// The summed loss of a batch (per-example losses times their weights), with its
     /// gradient recorded, and the batch's totals.
-    fn measure(
+    pub(crate) fn measure(
         &self,
         output: &lockstep_tensor::Tensor,
         parts: &LabeledParts,
@@ -85,7 +85,7 @@ impl Objective<'_> {
 
 impl StepTotals {
     /// Totals from the all-reduced values `measure` laid out.
-    fn from_values(values: impl Iterator<Item = f64>) -> Self {
+    pub(crate) fn from_values(values: impl Iterator<Item = f64>) -> Self {
         let values: Vec<f64> = values.collect();
         Self {
             loss_sum: values.first().copied().unwrap_or(0.0),

@@ -54,3 +54,19 @@ pub(crate) fn take_listener(address: &str) -> Result<Option<TcpListener>, Collec
     tracing::debug!(%bound, "listening on the socket the launcher handed over");
     Ok(Some(listener))
 }
+
+/// The listening socket of a task whose address in the cluster spec is `address`: the one
+/// the launcher handed over (`LISTEN_FDS`), else a new one on that address's port on every
+/// interface. For services beside the collectives (a parameter server's, a worker's step
+/// service), which listen where the cluster spec says the task is.
+///
+/// # Errors
+///
+/// [`CollectiveError::Setup`] when `address` is not `host:port`, the handed-over socket is
+/// on another port, or the port cannot be bound.
+pub fn task_listener(address: &str) -> Result<TcpListener, CollectiveError> {
+    match take_listener(address)? {
+        Some(listener) => Ok(listener),
+        None => super::tcp::bind_address(address, None),
+    }
+}

@@ -153,7 +153,15 @@ pub(crate) fn bind_own(
     addresses: &[String],
     bind: Option<IpAddr>,
 ) -> Result<TcpListener, CollectiveError> {
-    let address = own_address(rank, addresses)?;
+    bind_address(own_address(rank, addresses)?, bind)
+}
+
+/// A listener on the port of `address` (`host:port`), on the interface `bind` or on every
+/// interface of the address's family.
+pub(crate) fn bind_address(
+    address: &str,
+    bind: Option<IpAddr>,
+) -> Result<TcpListener, CollectiveError> {
     let parsed: Address = address
         .parse()
         .map_err(|e| setup(format!("this rank's address {address:?}: {e}")))?;

@@ -1,0 +1,132 @@
+//! A worker under `ParameterServerStrategy`: the steps it serves, and the state they run on.
+
+use std::sync::atomic::AtomicBool;
+
+use lockstep_data::{Dataset, InputContext};
+use lockstep_nn::{ForwardContext, Loss, Network, NnError};
+use lockstep_ps::{PsClient, StepRegistry, StepServer};
+
+use super::variables::ShardedVariables;
+use super::{ParameterServerStrategy, PsRole};
+use crate::batch::{LabeledBatch, LabeledParts};
+use crate::error::TrainError;
+use crate::model::metrics_named;
+use crate::replica::Objective;
+
+/// The registered name of the training step every worker serves: pull the variables, one
+/// batch of the worker's dataset forward and backward, push the gradients. Its output is the
+/// batch's totals (loss sum, examples, each metric's state), `f64`s in little-endian bytes.
+pub const TRAIN_STEP: &str = "lockstep.train_step";
+
+/// What a worker's steps run on.
+pub(crate) struct WorkerState {
+    net: Network,
+    loss: Box<dyn Loss>,
+    metrics: Vec<Box<dyn lockstep_nn::PredictionMetric>>,
+    variables: ShardedVariables,
+    clients: Vec<PsClient>,
+    batches: Box<dyn Iterator<Item = Result<LabeledParts, TrainError>> + Send>,
+    gradients: Vec<f32>,
+    steps: u64,
+}
+
+/// Serves this worker's steps until the process ends: builds the model with `build` (as the
+/// chief builds it), connects to every `ps` task, makes its dataset with `dataset_fn` from its
+/// [`InputContext`] (pipeline `index` of the workers), and runs each step the coordinator
+/// sends ([`TRAIN_STEP`]).
+///
+/// # Errors
+///
+/// When this task is not a worker, the model cannot be built, a `ps` task does not answer
+/// within the strategy's timeout, or the dataset cannot be made.
+pub fn serve_steps<N, D, F>(
+    strategy: &ParameterServerStrategy,
+    build: impl Fn() -> Result<N, NnError>,
+    loss: impl Loss + 'static,
+    metrics: &[&str],
+    dataset_fn: F,
+) -> Result<(), TrainError>
+where
+    N: Into<Network>,
+    F: Fn(&InputContext) -> Result<D, TrainError>,
+    D: Dataset,
+    D::Item: LabeledBatch,
+{
+    let PsRole::Worker(index) = strategy.role()? else {
+        return Err(TrainError::invalid(
+            "serve_steps",
+            "only a worker serves steps",
+        ));
+    };
+    let address = strategy.own_address()?;
+    // Listen first: the coordinator may try this worker while it connects to the ps tasks.
+    let listener = lockstep_collective::task_listener(&address)?;
+    let net: Network = build()?.into();
+    let variables = ShardedVariables::lay_out(
+        net.parameters().specs(),
+        strategy.num_ps(),
+        strategy.partitioner(),
+    )?;
+    let clients = strategy.connect_ps()?;
+    let context = InputContext::new(strategy.num_workers(), index, strategy.num_workers())?;
+    let dataset = dataset_fn(&context)?;
+    let batches = dataset.iter()?.map(|item| {
+        item.map_err(TrainError::from)
+            .and_then(LabeledBatch::into_parts)
+    });
+    let gradients = vec![0.0; net.parameters().len()];
+    let mut state = WorkerState {
+        net,
+        loss: Box::new(loss),
+        metrics: metrics_named(metrics)?,
+        variables,
+        clients,
+        batches: Box::new(batches),
+        gradients,
+        steps: 0,
+    };
+    let registry = StepRegistry::new().with(TRAIN_STEP, |state: &mut WorkerState, _: &[u8]| {
+        train_step(state).map_err(|e| e.to_string())
+    });
+    tracing::info!(index, %address, "serving steps");
+    StepServer::new(registry, strategy.secret().cloned()).serve(
+        &listener,
+        &mut state,
+        &AtomicBool::new(false),
+    )?;
+    Ok(())
+}
+
+/// One training step on this worker: the newest variables, one batch, the gradient of its
+/// mean loss to the `ps` tasks.
+fn train_step(state: &mut WorkerState) -> Result<Vec<u8>, TrainError> {
+    let parts = state.batches.next().ok_or_else(|| {
+        TrainError::invalid(
+            "the per-worker dataset",
+            "it ran out: repeat it (`repeat(None)`), as TensorFlow's dataset functions do",
+        )
+    })??;
+    state
+        .variables
+        .pull(&mut state.clients, state.net.parameters_mut().values_mut())?;
+    let objective = Objective {
+        loss: &*state.loss,
+        metrics: &state.metrics,
+    };
+    let ctx = ForwardContext::training(state.steps, 0);
+    let forward = state.net.forward(&parts.inputs, ctx)?;
+    let (summed, totals) = objective.measure(&forward.output, &parts)?;
+    state
+        .net
+        .gradients(&forward, &summed.backward()?, &mut state.gradients)?;
+    let examples = totals.get(1).copied().unwrap_or(0.0);
+    if examples > 0.0 {
+        let scale = (1.0 / examples) as f32;
+        for g in &mut state.gradients {
+            *g *= scale;
+        }
+        state.variables.push(&mut state.clients, &state.gradients)?;
+    }
+    state.steps += 1;
+    Ok(totals.iter().flat_map(|v| v.to_le_bytes()).collect())
+}

@@ -1,0 +1,130 @@
+//! `ParameterServerStrategy` with every task of a cluster on threads of this process, over
+//! loopback TCP: 2 `ps` tasks, 2 workers and the chief train the guide's MLP on MNIST.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test that meets an error must fail loudly"
+)]
+
+mod common;
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use lockstep_cluster::{Cluster, TfConfig};
+use lockstep_collective::ClusterSecret;
+use lockstep_data::Dataset;
+use lockstep_nn::Sgd;
+use lockstep_ps::FixedShardsPartitioner;
+use lockstep_train::{
+    MirroredStrategy, Model, ParameterServerModel, ParameterServerStrategy, PsRole, TrainError,
+    serve_steps,
+};
+
+/// A free loopback port (bound and released: the task binds it again).
+fn port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn strategies(workers: usize, ps: usize) -> Vec<ParameterServerStrategy> {
+    let list = |n: usize| {
+        (0..n)
+            .map(|_| format!("\"127.0.0.1:{}\"", port()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let cluster = format!(
+        "{{\"chief\": [{}], \"worker\": [{}], \"ps\": [{}]}}",
+        list(1),
+        list(workers),
+        list(ps)
+    );
+    let secret = ClusterSecret::new(*b"the parameter-server test secret").unwrap();
+    let tasks = std::iter::once(("chief", 0))
+        .chain((0..workers).map(|i| ("worker", i)))
+        .chain((0..ps).map(|i| ("ps", i)));
+    tasks
+        .map(|(job, index)| {
+            let json = format!(
+                "{{\"cluster\": {cluster}, \"task\": {{\"type\": \"{job}\", \"index\": {index}}}}}"
+            );
+            let cluster = Cluster::new(TfConfig::parse(&json).unwrap()).unwrap();
+            ParameterServerStrategy::new(cluster, Some(secret.clone()))
+                .unwrap()
+                .with_partitioner(FixedShardsPartitioner::new(2).unwrap())
+                .with_timeout(Duration::from_secs(30))
+        })
+        .collect()
+}
+
+/// Each worker's dataset: its shard of the digits, shuffled, in batches of 32, repeated.
+fn dataset_fn(
+    context: &lockstep_data::InputContext,
+) -> Result<impl Dataset<Item = (ndarray::Array2<f32>, ndarray::Array1<u8>)> + use<>, TrainError> {
+    Ok(common::digits()
+        .shard(context.num_input_pipelines, context.input_pipeline_id)?
+        .shuffle(1000, 7, true)
+        .batch(32, false)
+        .repeat(None))
+}
+
+#[test]
+fn two_workers_and_two_ps_tasks_train_the_mlp_to_the_accuracy_of_synchronous_training() {
+    let mut tasks = strategies(2, 2);
+    let chief = tasks.remove(0);
+    for strategy in tasks {
+        std::thread::spawn(move || match strategy.role().unwrap() {
+            PsRole::ParameterServer(_) => strategy.serve_parameters().unwrap(),
+            PsRole::Worker(_) => {
+                serve_steps(
+                    &strategy,
+                    common::mlp,
+                    common::loss(),
+                    &["accuracy"],
+                    dataset_fn,
+                )
+                .unwrap();
+            }
+            other => panic!("{other:?}"),
+        });
+    }
+    let mut model = ParameterServerModel::new(chief, common::mlp).unwrap();
+    model
+        .compile(&Sgd::new(0.05), common::loss(), &["accuracy"])
+        .unwrap();
+    let history = model.fit(4, 40, false).unwrap();
+    assert_eq!(history.steps, 160);
+    assert_eq!(history.examples, 160 * 32);
+    let losses = &history.history["loss"];
+    assert!(losses[3] < losses[0], "the loss falls: {losses:?}");
+    let logs = model.evaluate(&common::digits().batch(128, false)).unwrap();
+    let accuracy = logs.0["accuracy"];
+    // As many batches trained synchronously on one replica, with the same SGD: asynchronous
+    // steps (a gradient may come from values a step older) land within a few points.
+    let mut synchronous = Model::new(MirroredStrategy::new(1).unwrap(), common::mlp).unwrap();
+    synchronous
+        .compile(Sgd::new(0.05), common::loss(), &["accuracy"])
+        .unwrap();
+    let data = synchronous
+        .distribute_dataset(common::digits().shuffle(1000, 7, true).repeat(None), 32)
+        .unwrap();
+    synchronous
+        .fit(&data)
+        .epochs(4)
+        .steps_per_epoch(40)
+        .verbose(false)
+        .run()
+        .unwrap();
+    let all = synchronous
+        .distribute_dataset(common::digits(), 128)
+        .unwrap();
+    let reference = synchronous.evaluate(&all).unwrap().0["accuracy"];
+    assert!(
+        (accuracy - reference).abs() < 0.05 && accuracy > 0.85,
+        "asynchronous {accuracy}, synchronous {reference}"
+    );
+}
