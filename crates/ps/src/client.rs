@@ -8,7 +8,7 @@ use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
 use crate::error::PsError;
 use crate::protocol::{
     self, Create, Export, Import, Pull, PullRows, Push, PushRows, Request, RequestKind, Response,
-    ResponseKind, SERVICE, ShardKey, ShardState,
+    ResponseKind, SERVICE, ShardKey, ShardState, Shutdown,
 };
 
 /// One authenticated connection to a parameter server; a request waits for its answer at most
@@ -183,5 +183,14 @@ impl PsClient {
     /// the connection's failure.
     pub fn import(&mut self, shards: Vec<ShardState>) -> Result<(), PsError> {
         self.done(RequestKind::Import(Import { shards })).map(drop)
+    }
+
+    /// Asks the server to end its service once it has answered: training is over.
+    ///
+    /// # Errors
+    ///
+    /// The connection's failure.
+    pub fn shutdown(&mut self) -> Result<(), PsError> {
+        self.done(RequestKind::Shutdown(Shutdown {})).map(drop)
     }
 }

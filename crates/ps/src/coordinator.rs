@@ -22,7 +22,7 @@ use std::time::Duration;
 use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
 
 use crate::error::PsError;
-use crate::protocol::{self, RunStep, STEP_SERVICE, StepOutcome, StepResult};
+use crate::protocol::{self, RunStep, SHUTDOWN_STEP, STEP_SERVICE, StepOutcome, StepResult};
 
 /// How a coordinator reaches its workers.
 #[derive(Debug, Clone)]
@@ -112,6 +112,11 @@ struct Queue {
     error: Option<PsError>,
     /// Steps run again after their worker was lost.
     retried: u64,
+    /// Set with `closed` by [`ClusterCoordinator::shutdown_workers`]: each connected worker
+    /// is told that training is over.
+    shutting_down: bool,
+    /// Workers told so.
+    told: usize,
 }
 
 struct Shared {
@@ -212,9 +217,40 @@ impl ClusterCoordinator {
         queue.pending.is_empty() && queue.in_flight == 0
     }
 
+    /// Workers connected now.
+    pub fn connected(&self) -> usize {
+        self.shared
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|c| c.is_some())
+            .count()
+    }
+
     /// Steps run again because the worker running them was lost.
     pub fn retried(&self) -> u64 {
         self.shared.lock().retried
+    }
+}
+
+impl ClusterCoordinator {
+    /// Tells every connected worker that training is over ([`SHUTDOWN_STEP`]: its service
+    /// ends), after the steps already scheduled; returns how many were told. A worker lost at
+    /// that moment is not told.
+    pub fn shutdown_workers(mut self) -> usize {
+        // Whatever was scheduled runs first.
+        let _ = self.join();
+        {
+            let mut queue = self.shared.lock();
+            queue.closed = true;
+            queue.shutting_down = true;
+        }
+        self.shared.changed.notify_all();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+        self.shared.lock().told
     }
 }
 
@@ -328,6 +364,11 @@ fn run_steps(shared: &Shared, stream: &mut TcpStream, peer: &str) -> Option<PsEr
             let mut queue = shared.lock();
             loop {
                 if queue.closed {
+                    if queue.shutting_down {
+                        drop(queue);
+                        let told = tell_shutdown(stream, peer);
+                        shared.lock().told += usize::from(told);
+                    }
                     return None;
                 }
                 if let Some(closure) = queue.pending.pop_front() {
@@ -385,5 +426,26 @@ fn run_steps(shared: &Shared, stream: &mut TcpStream, peer: &str) -> Option<PsEr
             }
         }
         shared.changed.notify_all();
+    }
+}
+
+/// Sends [`SHUTDOWN_STEP`] and waits for its answer (within the connection's timeouts);
+/// whether the worker answered.
+fn tell_shutdown(stream: &mut TcpStream, peer: &str) -> bool {
+    let run = RunStep {
+        id: u64::MAX,
+        step: SHUTDOWN_STEP.to_owned(),
+        args: Vec::new(),
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    match protocol::write_frame(stream, &run, peer)
+        .and_then(|()| protocol::read_frame::<StepOutcome>(stream, peer))
+    {
+        Ok(Some(_)) => true,
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!(worker = %peer, error = %e, "a worker was not told that training is over");
+            false
+        }
     }
 }

@@ -153,11 +153,15 @@ pub struct Import {
     pub shards: Vec<ShardState>,
 }
 
+/// Ends the server's service once it has answered: training is over (the chief sends it).
+#[derive(Clone, PartialEq, Message)]
+pub struct Shutdown {}
+
 /// What a client asks.
 #[derive(Clone, PartialEq, Message)]
 pub struct Request {
     /// The request.
-    #[prost(oneof = "RequestKind", tags = "1, 2, 3, 4, 5, 6, 7")]
+    #[prost(oneof = "RequestKind", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
     pub kind: Option<RequestKind>,
 }
 
@@ -185,6 +189,9 @@ pub enum RequestKind {
     /// [`Import`].
     #[prost(message, tag = "7")]
     Import(Import),
+    /// [`Shutdown`].
+    #[prost(message, tag = "8")]
+    Shutdown(Shutdown),
 }
 
 /// A request carried out: how many updates the shard has had since it was created (a
@@ -251,6 +258,10 @@ pub enum ResponseKind {
 /// The service name of a worker's step service (see [`crate::coordinator`]), with its
 /// version.
 pub const STEP_SERVICE: &str = "lockstep-steps/1";
+
+/// The step every worker's service knows without registering it: it answers, then stops
+/// serving (training is over).
+pub const SHUTDOWN_STEP: &str = "lockstep.shutdown";
 
 /// What a coordinator asks a worker: run the registered step `step` on `args`.
 #[derive(Clone, PartialEq, Message)]

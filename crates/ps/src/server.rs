@@ -9,8 +9,8 @@
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -32,6 +32,8 @@ const ACCEPT_POLL: Duration = Duration::from_millis(20);
 pub struct PsServer {
     store: Arc<ShardStore>,
     secret: Option<ClusterSecret>,
+    /// Set once a client asked it to shut down.
+    shut_down: Arc<(Mutex<bool>, Condvar)>,
 }
 
 /// A server running on threads of its own ([`PsServer::spawn`]): its address, and a way to
@@ -39,6 +41,7 @@ pub struct PsServer {
 pub struct RunningServer {
     address: SocketAddr,
     store: Arc<ShardStore>,
+    shut_down: Arc<(Mutex<bool>, Condvar)>,
     stop: Arc<AtomicBool>,
     accepting: Option<JoinHandle<()>>,
 }
@@ -50,6 +53,7 @@ impl PsServer {
         Self {
             store: Arc::new(ShardStore::new()),
             secret,
+            shut_down: Arc::new((Mutex::new(false), Condvar::new())),
         }
     }
 
@@ -73,6 +77,7 @@ impl PsServer {
             .map_err(|e| protocol::connection(&address.to_string(), "setting up", &e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let store = Arc::clone(&self.store);
+        let shut_down = Arc::clone(&self.shut_down);
         let stopped = Arc::clone(&stop);
         let accepting = std::thread::Builder::new()
             .name(format!("lockstep-ps-{address}"))
@@ -81,6 +86,7 @@ impl PsServer {
         Ok(RunningServer {
             address,
             store,
+            shut_down,
             stop,
             accepting: Some(accepting),
         })
@@ -188,6 +194,12 @@ impl PsServer {
                 .export()
                 .map(|shards| ResponseKind::Shards(Shards { shards })),
             Some(RequestKind::Import(import)) => store.import(&import.shards).map(|()| done(0)),
+            Some(RequestKind::Shutdown(_)) => {
+                let (flag, changed) = &*self.shut_down;
+                *flag.lock().unwrap_or_else(PoisonError::into_inner) = true;
+                changed.notify_all();
+                Ok(done(0))
+            }
         };
         Response {
             kind: Some(
@@ -213,6 +225,15 @@ impl RunningServer {
     /// Its shards.
     pub fn store(&self) -> &Arc<ShardStore> {
         &self.store
+    }
+
+    /// Waits until a client asks the server to shut down (the chief, when training is over).
+    pub fn wait_for_shutdown(&self) {
+        let (flag, changed) = &*self.shut_down;
+        let mut asked = flag.lock().unwrap_or_else(PoisonError::into_inner);
+        while !*asked {
+            asked = changed.wait(asked).unwrap_or_else(PoisonError::into_inner);
+        }
     }
 
     /// Stops accepting connections (those open are served until their clients close them)

@@ -6,7 +6,7 @@
 //! [`StepOutcome`]. When that connection ends (the coordinator restarted, or gave this worker
 //! up), the worker waits for the next one: the state, and with it the dataset iterators, live
 //! on. A step that is not registered here, or that fails, is answered as failed; the
-//! connection goes on.
+//! connection goes on. [`SHUTDOWN_STEP`] is answered and ends the service: training is over.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -18,7 +18,7 @@ use std::time::Duration;
 use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
 
 use crate::error::PsError;
-use crate::protocol::{self, RunStep, STEP_SERVICE, StepOutcome, StepResult};
+use crate::protocol::{self, RunStep, SHUTDOWN_STEP, STEP_SERVICE, StepOutcome, StepResult};
 use crate::server::HANDSHAKE_TIMEOUT;
 use crate::steps::StepRegistry;
 
@@ -109,10 +109,18 @@ impl<S: Send + 'static> StepServer<S> {
                     if let Ok(copy) = stream.try_clone() {
                         *serving.lock().unwrap_or_else(PoisonError::into_inner) = Some(copy);
                     }
-                    if let Err(e) = self.serve_coordinator(stream, from, state, stop) {
-                        tracing::warn!(%from, error = %e, "a coordinator's connection ended");
-                    }
+                    let served = self.serve_coordinator(stream, from, state, stop);
                     *serving.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                    match served {
+                        Ok(Ended::ShutDown) => {
+                            tracing::info!(%from, "the coordinator ended training");
+                            return Ok(());
+                        }
+                        Ok(Ended::Closed) => {}
+                        Err(e) => {
+                            tracing::warn!(%from, error = %e, "a coordinator's connection ended");
+                        }
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
                 Err(e) => {
@@ -124,14 +132,15 @@ impl<S: Send + 'static> StepServer<S> {
         Ok(())
     }
 
-    /// One coordinator's connection: the handshake, then steps until it closes.
+    /// One coordinator's connection: the handshake, then steps until it closes or sends
+    /// [`SHUTDOWN_STEP`].
     fn serve_coordinator(
         &self,
         mut stream: TcpStream,
         from: SocketAddr,
         state: &mut S,
         stop: &AtomicBool,
-    ) -> Result<(), PsError> {
+    ) -> Result<Ended, PsError> {
         let peer = from.to_string();
         let setup = |e: io::Error| protocol::connection(&peer, "setting up", &e);
         stream.set_nonblocking(false).map_err(setup)?;
@@ -155,8 +164,16 @@ impl<S: Send + 'static> StepServer<S> {
         stream.set_read_timeout(None).map_err(setup)?;
         while !stop.load(Ordering::Relaxed) {
             let Some(run) = protocol::read_frame::<RunStep>(&mut stream, &peer)? else {
-                return Ok(());
+                return Ok(Ended::Closed);
             };
+            if run.step == SHUTDOWN_STEP {
+                let outcome = StepOutcome {
+                    id: run.id,
+                    result: Some(StepResult::Output(Vec::new())),
+                };
+                protocol::write_frame(&mut stream, &outcome, &peer)?;
+                return Ok(Ended::ShutDown);
+            }
             let result = match self.registry.get(&run.step) {
                 Some(step) => match step(state, &run.args) {
                     Ok(output) => StepResult::Output(output),
@@ -174,8 +191,16 @@ impl<S: Send + 'static> StepServer<S> {
             };
             protocol::write_frame(&mut stream, &outcome, &peer)?;
         }
-        Ok(())
+        Ok(Ended::Closed)
     }
+}
+
+/// How a coordinator's connection ended.
+enum Ended {
+    /// It closed (or this worker was stopped): wait for the next.
+    Closed,
+    /// It sent [`SHUTDOWN_STEP`]: stop serving.
+    ShutDown,
 }
 
 impl RunningWorker {

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use lockstep_collective::ClusterSecret;
 use lockstep_ps::{
-    ClusterCoordinator, CoordinatorOptions, PsError, RunningWorker, StepRegistry, StepServer,
+    ClusterCoordinator, CoordinatorOptions, PsError, RemoteValue, RunningWorker, StepRegistry,
+    StepServer,
 };
 
 /// A worker's state in these tests: its name, how many steps it ran, and where it says that a
@@ -216,4 +217,39 @@ fn a_coordinator_without_the_workers_secret_runs_nothing_and_cancels_on_shutdown
     drop(coordinator);
     assert!(matches!(value.fetch(), Err(PsError::Cancelled { .. })));
     assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn shutting_the_workers_down_ends_each_service_after_the_steps_scheduled() {
+    let serving: Vec<_> = (0..2)
+        .map(|_| {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let address = listener.local_addr().unwrap();
+            let (tx, _rx) = channel();
+            let runs = Arc::new(AtomicUsize::new(0));
+            let counted = Arc::clone(&runs);
+            let thread = std::thread::spawn(move || {
+                let mut state = Worker {
+                    name: "w",
+                    runs: counted,
+                    started: Mutex::new(tx),
+                };
+                let stop = std::sync::atomic::AtomicBool::new(false);
+                StepServer::new(registry(Duration::from_millis(1)), None)
+                    .serve(&listener, &mut state, &stop)
+                    .unwrap();
+            });
+            (address, thread, runs)
+        })
+        .collect();
+    let addresses: Vec<SocketAddr> = serving.iter().map(|(a, _, _)| *a).collect();
+    let coordinator = ClusterCoordinator::new(&addresses, &options(None)).unwrap();
+    let values: Vec<_> = (0..10)
+        .map(|x| coordinator.schedule("square", square(x)))
+        .collect();
+    assert_eq!(coordinator.shutdown_workers(), 2);
+    assert!(values.iter().all(RemoteValue::is_ready));
+    for (_, thread, _) in serving {
+        thread.join().unwrap();
+    }
 }

@@ -184,3 +184,12 @@ fn a_server_that_stops_answering_is_an_error_within_the_timeout_not_a_hang() {
     );
     drop(silent);
 }
+
+#[test]
+fn a_shutdown_request_is_answered_and_ends_the_service() {
+    let server = serve(None);
+    let mut ps = PsClient::connect(server.address(), None, TIMEOUT).unwrap();
+    ps.shutdown().unwrap();
+    // Returns at once: the request was recorded before it was answered.
+    server.wait_for_shutdown();
+}

@@ -76,22 +76,20 @@ fn dataset_fn(
 fn two_workers_and_two_ps_tasks_train_the_mlp_to_the_accuracy_of_synchronous_training() {
     let mut tasks = strategies(2, 2);
     let chief = tasks.remove(0);
-    for strategy in tasks {
-        std::thread::spawn(move || match strategy.role().unwrap() {
-            PsRole::ParameterServer(_) => strategy.serve_parameters().unwrap(),
-            PsRole::Worker(_) => {
-                serve_steps(
-                    &strategy,
-                    common::mlp,
-                    common::loss(),
-                    &["accuracy"],
-                    dataset_fn,
-                )
-                .unwrap();
-            }
-            other => panic!("{other:?}"),
-        });
-    }
+    let others: Vec<_> = tasks
+        .into_iter()
+        .map(|strategy| {
+            std::thread::spawn(move || match strategy.role().unwrap() {
+                PsRole::ParameterServer(_) => strategy.serve_parameters().unwrap(),
+                PsRole::Worker(_) => {
+                    let metrics = ["accuracy"];
+                    serve_steps(&strategy, common::mlp, common::loss(), &metrics, dataset_fn)
+                        .unwrap();
+                }
+                other => panic!("{other:?}"),
+            })
+        })
+        .collect();
     let mut model = ParameterServerModel::new(chief, common::mlp).unwrap();
     model
         .compile(&Sgd::new(0.05), common::loss(), &["accuracy"])
@@ -103,6 +101,11 @@ fn two_workers_and_two_ps_tasks_train_the_mlp_to_the_accuracy_of_synchronous_tra
     assert!(losses[3] < losses[0], "the loss falls: {losses:?}");
     let logs = model.evaluate(&common::digits().batch(128, false)).unwrap();
     let accuracy = logs.0["accuracy"];
+    // Training is over: every worker's and ps task's service returns.
+    model.shutdown_cluster().unwrap();
+    for task in others {
+        task.join().unwrap();
+    }
     // As many batches trained synchronously on one replica, with the same SGD: asynchronous
     // steps (a gradient may come from values a step older) land within a few points.
     let mut synchronous = Model::new(MirroredStrategy::new(1).unwrap(), common::mlp).unwrap();

@@ -196,7 +196,8 @@ impl ParameterServerStrategy {
         }
     }
 
-    /// Serves this `ps` task's shards on its address until the process ends.
+    /// Serves this `ps` task's shards on its address until the chief says training is over
+    /// ([`ParameterServerModel::shutdown_cluster`]).
     ///
     /// # Errors
     ///
@@ -211,10 +212,10 @@ impl ParameterServerStrategy {
         let address = self.own_address()?;
         let listener = task_listener(&address)?;
         tracing::info!(index, %address, "serving parameters");
-        let _running = PsServer::new(self.secret.clone()).spawn(listener)?;
-        loop {
-            std::thread::park();
-        }
+        let running = PsServer::new(self.secret.clone()).spawn(listener)?;
+        running.wait_for_shutdown();
+        tracing::info!(index, "the chief ended training");
+        Ok(())
     }
 
     pub(crate) fn own_address(&self) -> Result<String, TrainError> {

@@ -30,6 +30,8 @@ pub struct ParameterServerModel {
     variables: ShardedVariables,
     clients: Vec<PsClient>,
     compiled: Option<Compiled>,
+    /// The coordinator of the workers, made by the first `fit`.
+    coordinator: Option<ClusterCoordinator>,
     /// Steps scheduled by every `fit` so far.
     steps: u64,
 }
@@ -66,6 +68,7 @@ impl ParameterServerModel {
             variables,
             clients,
             compiled: None,
+            coordinator: None,
             steps: 0,
         })
     }
@@ -120,15 +123,13 @@ impl ParameterServerModel {
         let compiled = self.compiled.as_ref().ok_or_else(|| {
             TrainError::invalid("fit", "the model is not compiled: call compile first")
         })?;
-        let options = CoordinatorOptions {
-            secret: self.strategy.secret().cloned(),
-            connect_timeout: self.strategy.timeout(),
-            ..CoordinatorOptions::default()
-        };
-        let coordinator = ClusterCoordinator::new(
-            &self.strategy.addresses(lockstep_cluster::WORKER)?,
-            &options,
-        )?;
+        if self.coordinator.is_none() {
+            self.coordinator = Some(self.coordinate()?);
+        }
+        let coordinator = self
+            .coordinator
+            .as_ref()
+            .ok_or_else(|| TrainError::invalid("fit", "no coordinator"))?;
         let mut history = History::default();
         for epoch in 0..epochs {
             let started = std::time::Instant::now();
@@ -165,9 +166,54 @@ impl ParameterServerModel {
         if retried > 0 {
             tracing::warn!(retried, "steps ran again after their worker was lost");
         }
-        drop(coordinator);
         self.pull_weights()?;
         Ok(history)
+    }
+
+    /// A coordinator of this cluster's workers.
+    fn coordinate(&self) -> Result<ClusterCoordinator, TrainError> {
+        let options = CoordinatorOptions {
+            secret: self.strategy.secret().cloned(),
+            connect_timeout: self.strategy.timeout(),
+            ..CoordinatorOptions::default()
+        };
+        let workers = self.strategy.addresses(lockstep_cluster::WORKER)?;
+        Ok(ClusterCoordinator::new(&workers, &options)?)
+    }
+
+    /// Ends the cluster's training: every worker's and `ps` task's service ends (their
+    /// `serve_steps` and `serve_parameters` return), so every task's process can exit. The
+    /// values stay in this process's network (pulled at the end of `fit`).
+    ///
+    /// # Errors
+    ///
+    /// A `ps` task that cannot be told.
+    pub fn shutdown_cluster(mut self) -> Result<(), TrainError> {
+        let coordinator = if let Some(coordinator) = self.coordinator.take() {
+            coordinator
+        } else {
+            // No fit ran: wait until the workers are connected, to tell them.
+            let coordinator = self.coordinate()?;
+            let deadline = std::time::Instant::now() + self.strategy.timeout();
+            while coordinator.connected() < self.strategy.num_workers()
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            coordinator
+        };
+        let told = coordinator.shutdown_workers();
+        if told < self.strategy.num_workers() {
+            tracing::warn!(
+                told,
+                workers = self.strategy.num_workers(),
+                "not every worker could be told that training is over"
+            );
+        }
+        for client in &mut self.clients {
+            client.shutdown()?;
+        }
+        Ok(())
     }
 
     /// Reads the variables' newest values from the `ps` tasks into this process's network.

@@ -30,7 +30,7 @@ pub(crate) struct WorkerState {
     steps: u64,
 }
 
-/// Serves this worker's steps until the process ends: builds the model with `build` (as the
+/// Serves this worker's steps until the chief says training is over: builds the model with `build` (as the
 /// chief builds it), connects to every `ps` task, makes its dataset with `dataset_fn` from its
 /// [`InputContext`] (pipeline `index` of the workers), and runs each step the coordinator
 /// sends ([`TRAIN_STEP`]).
