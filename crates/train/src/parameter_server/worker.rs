@@ -10,6 +10,7 @@ use super::variables::ShardedVariables;
 use super::{ParameterServerStrategy, PsRole};
 use crate::batch::{LabeledBatch, LabeledParts};
 use crate::error::TrainError;
+use crate::kill_switch::KillSwitch;
 use crate::model::metrics_named;
 use crate::replica::Objective;
 
@@ -28,6 +29,8 @@ pub(crate) struct WorkerState {
     batches: Box<dyn Iterator<Item = Result<LabeledParts, TrainError>> + Send>,
     gradients: Vec<f32>,
     steps: u64,
+    /// `--kill worker:N@STEP` and `--slow`: after this worker's own step STEP.
+    kill_switch: KillSwitch,
 }
 
 /// Serves this worker's steps until the chief says training is over: builds the model with `build` (as the
@@ -84,6 +87,7 @@ where
         batches: Box::new(batches),
         gradients,
         steps: 0,
+        kill_switch: KillSwitch::from_env()?,
     };
     let registry = StepRegistry::new().with(TRAIN_STEP, |state: &mut WorkerState, _: &[u8]| {
         train_step(state).map_err(|e| e.to_string())
@@ -128,5 +132,8 @@ fn train_step(state: &mut WorkerState) -> Result<Vec<u8>, TrainError> {
         state.variables.push(&mut state.clients, &state.gradients)?;
     }
     state.steps += 1;
+    // A kill here lands after the gradients were pushed and before the coordinator hears
+    // of the step: the at-least-once case.
+    state.kill_switch.after_step(state.steps);
     Ok(totals.iter().flat_map(|v| v.to_le_bytes()).collect())
 }

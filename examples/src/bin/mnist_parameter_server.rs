@@ -1,0 +1,127 @@
+//! The tutorial CNN trained asynchronously under `ParameterServerStrategy`, as TensorFlow's
+//! parameter-server training tutorial: the `ps` tasks hold the variables (and apply the
+//! optimizer to them), the workers run steps on their own shards of the embedded MNIST
+//! subset, and the chief schedules `--steps-per-epoch` steps an epoch on whichever workers
+//! are free, then evaluates on the test split and ends the cluster's training.
+//!
+//! ```text
+//! $ cargo xtask run-cluster --example mnist_parameter_server --workers 2 --ps 2 --chief
+//! [chief:0] Epoch 1/3 - 124 steps - 0.8s - accuracy: 0.7975 - loss: 0.6878
+//! [chief:0] Epoch 2/3 - 124 steps - 0.6s - accuracy: 0.9556 - loss: 0.1540
+//! [chief:0] Epoch 3/3 - 124 steps - 0.7s - accuracy: 0.9701 - loss: 0.0994
+//! [chief:0] test_accuracy=0.9626 steps=372 examples=23638 examples_per_s=11343 ps_tasks=2 workers=2
+//! ```
+//!
+//! (Stdout; the chief prints. Steps are asynchronous, so the figures vary a little from run
+//! to run; times and `examples_per_s` depend on the machine.) A worker killed mid-run
+//! (`--kill worker:1@…`) has its step run on another and training goes on.
+
+use std::time::Instant;
+
+use anyhow::Context as _;
+use clap::Parser;
+use lockstep_collective::ClusterSecret;
+use lockstep_data::mnist::{Mnist, scale};
+use lockstep_data::{Dataset, InputContext};
+use lockstep_examples::{ClusterArgs, ClusterTrainingArgs};
+use lockstep_nn::{Adam, SparseCategoricalCrossentropy, models};
+use lockstep_train::{
+    ParameterServerModel, ParameterServerStrategy, PsRole, TrainError, serve_steps,
+};
+
+/// Activations of several MB are allocated every step; mimalloc keeps them mapped.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Train the tutorial CNN under `ParameterServerStrategy` across the tasks of `TF_CONFIG`
+/// (a chief, workers and `ps` tasks).
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    #[command(flatten)]
+    training: ClusterTrainingArgs,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Steps the chief schedules an epoch (default: a pass over the training subset at
+    /// `--batch-per-worker` examples a step).
+    #[arg(long)]
+    steps_per_epoch: Option<u64>,
+    /// Adam's step size.
+    #[arg(long, default_value_t = 0.001)]
+    learning_rate: f32,
+}
+
+fn loss() -> SparseCategoricalCrossentropy {
+    SparseCategoricalCrossentropy {
+        from_logits: true,
+        ..Default::default()
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    lockstep_examples::init_logging();
+    lockstep_examples::keep_freed_memory_mapped();
+    let args = Args::parse();
+    let cluster = args.cluster.resolve()?;
+    lockstep_examples::start_kernel_threads(args.training.threads, cluster.spec().tasks().count())?;
+    let strategy = ParameterServerStrategy::new(cluster, ClusterSecret::from_env()?)?
+        .with_timeout(args.cluster.rendezvous_timeout());
+    let seed = args.training.seed;
+    let batch = args.training.batch_per_worker;
+    let build = || models::mnist_cnn(seed);
+    match strategy.role()? {
+        PsRole::ParameterServer(_) => strategy.serve_parameters()?,
+        PsRole::Worker(_) => {
+            let dataset_fn = |context: &InputContext| -> Result<_, TrainError> {
+                Ok(Mnist::embedded()?
+                    .train
+                    .dataset()?
+                    .shard(context.num_input_pipelines, context.input_pipeline_id)?
+                    .shuffle(10_000, seed, true)
+                    .map(|(x, y)| (scale(&x), y))
+                    .batch(batch, false)
+                    .repeat(None))
+            };
+            serve_steps(&strategy, build, loss(), &["accuracy"], dataset_fn)?;
+        }
+        PsRole::Coordinator => train(&args, strategy, build)?,
+        PsRole::Evaluator => println!("an evaluator has no part in this example"),
+    }
+    Ok(())
+}
+
+/// The chief: compile, fit, evaluate, end the cluster's training.
+fn train(
+    args: &Args,
+    strategy: ParameterServerStrategy,
+    build: impl Fn() -> Result<lockstep_nn::Sequential, lockstep_nn::NnError>,
+) -> anyhow::Result<()> {
+    let (workers, ps) = (strategy.num_workers(), strategy.num_ps());
+    let mnist = Mnist::embedded()?;
+    let batch = args.training.batch_per_worker;
+    let steps_per_epoch = args
+        .steps_per_epoch
+        .unwrap_or((mnist.train.len() / batch) as u64);
+    let mut model = ParameterServerModel::new(strategy, build)?;
+    model.compile(&Adam::new(args.learning_rate), loss(), &["accuracy"])?;
+    let started = Instant::now();
+    let history = model
+        .fit(args.training.epochs, steps_per_epoch, true)
+        .context("training")?;
+    let seconds = started.elapsed().as_secs_f64();
+    let test = mnist
+        .test
+        .dataset()?
+        .map(|(x, y)| (scale(&x), y))
+        .batch(256, false);
+    let logs = model.evaluate(&test)?;
+    println!(
+        "test_accuracy={:.4} steps={} examples={} examples_per_s={:.0} ps_tasks={ps} workers={workers}",
+        logs.get("accuracy").unwrap_or(f64::NAN),
+        history.steps,
+        history.examples,
+        history.examples as f64 / seconds
+    );
+    model.shutdown_cluster()?;
+    Ok(())
+}
