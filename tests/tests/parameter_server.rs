@@ -1,6 +1,8 @@
 //! `ParameterServerStrategy` across real processes: a chief, two workers and two `ps` tasks
-//! train the tutorial CNN; a worker SIGKILLed mid-run has its step run on the other and
-//! training finishes without a restart.
+//! train the tutorial CNN; a worker killed (SIGKILL) mid-run has its step run on the other and
+//! training finishes without a restart; a `ps` task killed (SIGKILL) is an error on the chief that
+//! names it, and a restarted cluster resumes from the chief's checkpoint, also on three `ps`
+//! tasks where two saved it.
 
 #![allow(
     clippy::unwrap_used,
@@ -10,6 +12,11 @@
 use lockstep_e2e::{check_documented_output, field, task_lines, xtask};
 
 fn cluster_args<'a>(launcher: &[&'a str]) -> Vec<&'a str> {
+    cluster_args_with(launcher, "2", &["--epochs", "2", "--no-backup"])
+}
+
+/// `run-cluster` of the example with `ps` tasks, the launcher's options and the example's.
+fn cluster_args_with<'a>(launcher: &[&'a str], ps: &'a str, example: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "run-cluster",
         "--profile",
@@ -18,7 +25,7 @@ fn cluster_args<'a>(launcher: &[&'a str]) -> Vec<&'a str> {
         "--workers",
         "2",
         "--ps",
-        "2",
+        ps,
         "--chief",
     ];
     args.extend_from_slice(launcher);
@@ -28,9 +35,8 @@ fn cluster_args<'a>(launcher: &[&'a str]) -> Vec<&'a str> {
         "--",
         "--threads",
         "1",
-        "--epochs",
-        "2",
     ]);
+    args.extend_from_slice(example);
     args
 }
 
@@ -73,4 +79,112 @@ fn a_worker_killed_mid_run_has_its_step_run_on_the_other_and_training_finishes()
         logs.contains("steps ran again after their worker was lost retried=1"),
         "{logs}"
     );
+}
+
+#[test]
+fn a_ps_task_killed_mid_run_is_an_error_on_the_chief_naming_it_and_every_task_ends() {
+    let out = xtask(&cluster_args_with(
+        &["--keep-going", "--kill", "ps:0@300"],
+        "2",
+        &["--epochs", "2", "--no-backup"],
+    ))
+    .unwrap();
+    let logs = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{logs}");
+    // The chief's error names the ps task and how it was lost; the launcher ended (every
+    // worker and the other ps task were told that training is over).
+    let chief = task_lines(&out.stdout, "chief:0").join("\n")
+        + &task_lines(&out.stderr, "chief:0").join("\n");
+    assert!(
+        chief.contains("a parameter server: ps:0: connection to"),
+        "{logs}"
+    );
+    assert!(logs.contains("task ps:0 failed"), "{logs}");
+}
+
+#[test]
+fn a_cluster_restarted_after_a_ps_task_died_resumes_from_the_chiefs_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let backup = dir.path().join("backup");
+    let backup = backup.to_str().unwrap();
+    let out = xtask(&cluster_args_with(
+        &["--kill", "ps:0@600", "--restart-on-failure", "1"],
+        "2",
+        &["--epochs", "2", "--backup-dir", backup],
+    ))
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let chief = task_lines(&out.stdout, "chief:0");
+    assert!(
+        chief
+            .iter()
+            .any(|l| l == "Restored the checkpoint of epoch 1"),
+        "{chief:?}"
+    );
+    let line = result(&out.stdout);
+    assert_eq!(
+        field(&line, "steps"),
+        Some("124"),
+        "the second start trains epoch 2: {line}"
+    );
+    let accuracy: f64 = field(&line, "test_accuracy").unwrap().parse().unwrap();
+    assert!(accuracy > 0.92, "{line}");
+    assert!(
+        !std::path::Path::new(backup).exists(),
+        "a completed run deletes its checkpoints"
+    );
+}
+
+#[test]
+fn shards_checkpointed_by_two_ps_tasks_restore_onto_three() {
+    let dir = tempfile::tempdir().unwrap();
+    let backup = dir.path().join("backup");
+    let backup = backup.to_str().unwrap();
+    let first = xtask(&cluster_args_with(
+        &[],
+        "2",
+        &[
+            "--epochs",
+            "1",
+            "--shards",
+            "2",
+            "--keep-backup",
+            "--backup-dir",
+            backup,
+        ],
+    ))
+    .unwrap();
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let second = xtask(&cluster_args_with(
+        &[],
+        "3",
+        &["--epochs", "2", "--shards", "3", "--backup-dir", backup],
+    ))
+    .unwrap();
+    assert!(
+        second.status.success(),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    let chief = task_lines(&second.stdout, "chief:0");
+    assert!(
+        chief
+            .iter()
+            .any(|l| l == "Restored the checkpoint of epoch 1"),
+        "{chief:?}"
+    );
+    let line = result(&second.stdout);
+    assert_eq!(field(&line, "ps_tasks"), Some("3"), "{line}");
+    // One more epoch on top of the first: past where one epoch alone ends (about 0.91).
+    let accuracy: f64 = field(&line, "test_accuracy").unwrap().parse().unwrap();
+    assert!(accuracy > 0.93, "{line}");
 }

@@ -15,6 +15,7 @@
 //! since it pulled them.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use lockstep_nn::{Optimizer, OptimizerConfig};
@@ -37,6 +38,8 @@ struct Shard {
 #[derive(Default)]
 pub struct ShardStore {
     shards: RwLock<HashMap<ShardKey, Arc<Mutex<Shard>>>>,
+    /// Gradients applied since the store was made, over every shard.
+    updates: AtomicU64,
 }
 
 fn refused(key: &ShardKey, why: impl Into<String>) -> PsError {
@@ -351,7 +354,9 @@ impl ShardStore {
     pub fn push(&self, key: &ShardKey, gradient: &[f32]) -> Result<u64, PsError> {
         let shard = self.get(key)?;
         let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-        shard.push(key, gradient)
+        let iterations = shard.push(key, gradient)?;
+        self.updates.fetch_add(1, Ordering::Relaxed);
+        Ok(iterations)
     }
 
     /// Applies a gradient of some rows of a shard; returns its updates so far.
@@ -368,7 +373,14 @@ impl ShardStore {
     ) -> Result<u64, PsError> {
         let shard = self.get(key)?;
         let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-        shard.push_rows(key, rows, gradient)
+        let iterations = shard.push_rows(key, rows, gradient)?;
+        self.updates.fetch_add(1, Ordering::Relaxed);
+        Ok(iterations)
+    }
+
+    /// Gradients applied since the store was made, over every shard.
+    pub fn updates(&self) -> u64 {
+        self.updates.load(Ordering::Relaxed)
     }
 
     /// Every shard whole, ordered by key.

@@ -52,6 +52,17 @@ impl KillSwitch {
         }
     }
 
+    /// The count a `ps` task is killed at: `LOCKSTEP_KILL_AT_STEP` read as updates applied
+    /// (a parameter server has no steps of its own).
+    pub(crate) fn kill_at_updates(self) -> Option<u64> {
+        self.after_step
+    }
+
+    /// Kills the process with SIGKILL: the armed count of updates was reached.
+    pub(crate) fn kill_now(updates: u64) {
+        kill(KILL_AT_STEP, updates);
+    }
+
     /// Kills the process with SIGKILL if `step` is the one whose save is armed.
     pub(crate) fn in_save(self, step: u64) {
         if self.in_save == Some(step) {

@@ -3,7 +3,10 @@
 //! [`MultiWorkerMirroredStrategy`]), `compile`, `fit` with [`Callback`]s, `evaluate`,
 //! `predict`, and [`BackupAndRestore`] that resumes a crashed run at the step it stopped;
 //! and the [`Estimator`] of `tf.estimator` with [`train_and_evaluate`] and its evaluator task;
-//! and the [`SidecarEvaluator`] that evaluates a Keras model's checkpoints beside `fit`.
+//! and the [`SidecarEvaluator`] that evaluates a Keras model's checkpoints beside `fit`; and
+//! asynchronous training under [`ParameterServerStrategy`]: the chief's
+//! [`ParameterServerModel`] fits through the coordinator, workers [`serve_steps`], `ps` tasks
+//! serve the variables.
 //!
 //! ```
 //! use lockstep_data::{Dataset, mnist::{Mnist, scale}};
@@ -27,7 +30,8 @@
 //! invariants.
 //!
 //! Dependencies: the Lockstep crates below it (cluster, collective, data, nn, tensor,
-//! checkpoint, and cuda to count the GPUs a strategy places replicas on); `ndarray` for the batches the data pipeline yields; `indicatif` for the
+//! checkpoint, ps for the parameter servers and the coordinator, and cuda to count the GPUs a
+//! strategy places replicas on); `ndarray` for the batches the data pipeline yields; `indicatif` for the
 //! progress bar; `nix` to raise SIGKILL for the `LOCKSTEP_KILL_AT_STEP` fault injection; `serde`/`serde_json` for
 //! the trainer state in checkpoints; `prost` and `crc32c` for `TensorBoard`'s event files (no
 //! maintained crate writes them); `rayon` to run a process's single replica on a kernel pool of

@@ -14,8 +14,13 @@
 //!
 //! (Stdout; the chief prints. Steps are asynchronous, so the figures vary a little from run
 //! to run; times and `examples_per_s` depend on the machine.) A worker killed mid-run
-//! (`--kill worker:1@…`) has its step run on another and training goes on.
+//! (`--kill worker:1@STEP --keep-going`) has its step run on another and training goes on. A
+//! `ps` task killed (`--kill ps:0@UPDATES`, after it applied that many gradients) is an error
+//! on the chief that names it; with `--restart-on-failure 1` the restarted cluster resumes
+//! from the chief's checkpoint of the last finished epoch, also on another number of `ps`
+//! tasks (`--keep-backup` and `--backup-dir` carry one from run to run).
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context as _;
@@ -25,6 +30,7 @@ use lockstep_data::mnist::{Mnist, scale};
 use lockstep_data::{Dataset, InputContext};
 use lockstep_examples::{ClusterArgs, ClusterTrainingArgs};
 use lockstep_nn::{Adam, SparseCategoricalCrossentropy, models};
+use lockstep_ps::FixedShardsPartitioner;
 use lockstep_train::{
     ParameterServerModel, ParameterServerStrategy, PsRole, TrainError, serve_steps,
 };
@@ -49,6 +55,23 @@ struct Args {
     /// Adam's step size.
     #[arg(long, default_value_t = 0.001)]
     learning_rate: f32,
+    /// Where the chief keeps its checkpoint of every shard at each epoch's end, from which a
+    /// restarted cluster (of any number of `ps` tasks) resumes; deleted when training
+    /// completes. By default a directory named after the run's settings in `lockstep-<uid>`
+    /// under the system's temporary directory, which only this user may use.
+    #[arg(long)]
+    backup_dir: Option<PathBuf>,
+    /// Keep the checkpoints when training completes.
+    #[arg(long)]
+    keep_backup: bool,
+    /// Train without checkpoints.
+    #[arg(long)]
+    no_backup: bool,
+    /// Cut every variable into this many shards along its first axis
+    /// (`FixedShardsPartitioner`); by default each variable is one shard, the variables
+    /// placed on the `ps` tasks in turn.
+    #[arg(long)]
+    shards: Option<usize>,
 }
 
 fn loss() -> SparseCategoricalCrossentropy {
@@ -64,8 +87,11 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let cluster = args.cluster.resolve()?;
     lockstep_examples::start_kernel_threads(args.training.threads, cluster.spec().tasks().count())?;
-    let strategy = ParameterServerStrategy::new(cluster, ClusterSecret::from_env()?)?
+    let mut strategy = ParameterServerStrategy::new(cluster, ClusterSecret::from_env()?)?
         .with_timeout(args.cluster.rendezvous_timeout());
+    if let Some(shards) = args.shards {
+        strategy = strategy.with_partitioner(FixedShardsPartitioner::new(shards)?);
+    }
     let seed = args.training.seed;
     let batch = args.training.batch_per_worker;
     let build = || models::mnist_cnn(seed);
@@ -104,10 +130,27 @@ fn train(
         .unwrap_or((mnist.train.len() / batch) as u64);
     let mut model = ParameterServerModel::new(strategy, build)?;
     model.compile(&Adam::new(args.learning_rate), loss(), &["accuracy"])?;
+    if !args.no_backup {
+        let dir = match &args.backup_dir {
+            Some(dir) => dir.clone(),
+            None => lockstep_examples::private_state_dir()?.join(format!(
+                "mnist-ps-backup-lr{}-b{batch}-seed{}-{workers}w",
+                args.learning_rate, args.training.seed
+            )),
+        };
+        model.backup_and_restore(&dir, !args.keep_backup)?;
+    }
     let started = Instant::now();
-    let history = model
-        .fit(args.training.epochs, steps_per_epoch, true)
-        .context("training")?;
+    let history = match model.fit(args.training.epochs, steps_per_epoch, true) {
+        Ok(history) => history,
+        Err(e) => {
+            // The workers and the ps tasks that still answer end their service too.
+            if let Err(also) = model.shutdown_cluster() {
+                eprintln!("ending the cluster's training after the failure: {also}");
+            }
+            return Err(e).context("training");
+        }
+    };
     let seconds = started.elapsed().as_secs_f64();
     let test = mnist
         .test

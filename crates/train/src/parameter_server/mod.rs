@@ -15,6 +15,7 @@
 //! A step is asynchronous: a worker's gradient may come from values that others have moved
 //! since it pulled them, as in TensorFlow.
 
+mod checkpoint;
 mod model;
 mod variables;
 mod worker;
@@ -28,6 +29,7 @@ use lockstep_collective::{ClusterSecret, task_listener};
 use lockstep_ps::{Partitioner, PsClient, PsServer};
 
 use crate::error::TrainError;
+use crate::kill_switch::KillSwitch;
 
 pub use model::ParameterServerModel;
 pub use worker::{TRAIN_STEP, serve_steps};
@@ -213,6 +215,19 @@ impl ParameterServerStrategy {
         let listener = task_listener(&address)?;
         tracing::info!(index, %address, "serving parameters");
         let running = PsServer::new(self.secret.clone()).spawn(listener)?;
+        if let Some(at) = KillSwitch::from_env()?.kill_at_updates() {
+            // `--kill ps:N@COUNT`: a crash once this task has applied COUNT gradients.
+            let store = std::sync::Arc::clone(running.store());
+            std::thread::spawn(move || {
+                loop {
+                    let updates = store.updates();
+                    if updates >= at {
+                        KillSwitch::kill_now(updates);
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            });
+        }
         running.wait_for_shutdown();
         tracing::info!(index, "the chief ended training");
         Ok(())

@@ -1,13 +1,16 @@
 //! The chief's side of `ParameterServerStrategy`: a model whose variables live on the `ps`
 //! tasks, trained by `fit` through the coordinator.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use lockstep_checkpoint::{CheckpointManager, Progress};
 use lockstep_data::Dataset;
 use lockstep_nn::{ForwardContext, Loss, Network, NnError, Optimizer, PredictionMetric};
 use lockstep_ps::{ClusterCoordinator, CoordinatorOptions, PsClient};
 
-use super::variables::ShardedVariables;
+use super::checkpoint;
+use super::variables::{ShardedVariables, on_ps};
 use super::{ParameterServerStrategy, PsRole, TRAIN_STEP};
 use crate::batch::LabeledBatch;
 use crate::error::TrainError;
@@ -32,6 +35,15 @@ pub struct ParameterServerModel {
     compiled: Option<Compiled>,
     /// The coordinator of the workers, made by the first `fit`.
     coordinator: Option<ClusterCoordinator>,
+    /// Where every epoch's checkpoint of the shards goes
+    /// ([`ParameterServerModel::backup_and_restore`]).
+    backup: Option<CheckpointManager>,
+    /// The epoch the next `fit` starts at (past those a restored checkpoint finished).
+    next_epoch: u64,
+    /// Whether the newest checkpoint was looked for already.
+    looked_for_backup: bool,
+    /// Whether a completed `fit` deletes the checkpoints.
+    delete_backup: bool,
     /// Steps scheduled by every `fit` so far.
     steps: u64,
 }
@@ -69,6 +81,10 @@ impl ParameterServerModel {
             clients,
             compiled: None,
             coordinator: None,
+            backup: None,
+            next_epoch: 0,
+            looked_for_backup: false,
+            delete_backup: true,
             steps: 0,
         })
     }
@@ -106,32 +122,112 @@ impl ParameterServerModel {
         Ok(())
     }
 
-    /// Trains for `epochs` epochs of `steps_per_epoch` steps, each run by a free worker on a
-    /// batch of its own dataset; an epoch ends when all its steps have. Each epoch's logs are
-    /// the mean loss and metrics over its steps' batches. A worker lost mid-step has its step
-    /// run on another (at least once); `verbose` prints a line per epoch.
+    /// Keeps a checkpoint of every shard in `dir` at the end of each epoch (values and the
+    /// optimizer's state, joined into whole variables), and resumes from the newest one there
+    /// when the next `fit` starts: TensorFlow's `BackupAndRestore` for parameter-server
+    /// training. A cluster restarted after a `ps` task died, with any number of `ps` tasks,
+    /// goes on from the last finished epoch. With `delete_checkpoint` (Keras' default) the
+    /// checkpoints are deleted when a `fit` completes, so the next run starts afresh.
     ///
     /// # Errors
     ///
-    /// When the model is not compiled, a step fails on its worker, or a `ps` task fails.
+    /// When `dir` cannot be created.
+    pub fn backup_and_restore(
+        &mut self,
+        dir: impl Into<PathBuf>,
+        delete_checkpoint: bool,
+    ) -> Result<(), TrainError> {
+        self.backup = Some(CheckpointManager::new(dir, Some(2))?);
+        self.delete_backup = delete_checkpoint;
+        self.looked_for_backup = false;
+        Ok(())
+    }
+
+    /// Restores the newest checkpoint of [`ParameterServerModel::backup_and_restore`]'s
+    /// directory onto the `ps` tasks, if there is one; returns the epoch it finished.
+    fn restore_backup(&mut self) -> Result<Option<u64>, TrainError> {
+        let Some(manager) = &self.backup else {
+            return Ok(None);
+        };
+        let Some(saved) = manager.latest()? else {
+            return Ok(None);
+        };
+        let per_ps = checkpoint::restore(
+            &saved,
+            self.net.parameters().specs(),
+            &self.variables,
+            self.clients.len(),
+        )?;
+        for (ps, (client, shards)) in self.clients.iter_mut().zip(per_ps).enumerate() {
+            client.import(shards).map_err(|e| on_ps(ps, &e))?;
+        }
+        self.steps = saved.progress.step;
+        Ok(Some(saved.progress.epoch))
+    }
+
+    /// Saves every shard as the checkpoint of the epochs finished so far.
+    fn save_backup(&mut self, finished: u64) -> Result<(), TrainError> {
+        let Some(manager) = &self.backup else {
+            return Ok(());
+        };
+        let mut states = Vec::new();
+        for (ps, client) in self.clients.iter_mut().enumerate() {
+            states.extend(client.export().map_err(|e| on_ps(ps, &e))?);
+        }
+        let progress = Progress {
+            step: self.steps,
+            epoch: finished,
+            examples_into_epoch: 0,
+            worker_count: self.strategy.num_workers(),
+            seed: 0,
+        };
+        manager.save(&checkpoint::save(
+            self.net.parameters().specs(),
+            states,
+            progress,
+        )?)?;
+        Ok(())
+    }
+
+    /// Trains until epoch `epochs`, each of `steps_per_epoch` steps, each run by a free
+    /// worker on a batch of its own dataset; an epoch ends when all its steps have. Each
+    /// epoch's logs are the mean loss and metrics over its steps' batches. A worker lost
+    /// mid-step has its step run on another (at least once). With
+    /// [`ParameterServerModel::backup_and_restore`], the first `fit` starts after the epochs
+    /// its newest checkpoint finished, and each epoch ends with a checkpoint. `verbose` prints
+    /// a line per epoch.
+    ///
+    /// # Errors
+    ///
+    /// When the model is not compiled, a step fails on its worker (a `ps` task it cannot
+    /// reach among the causes, named), or a checkpoint cannot be read or written.
     pub fn fit(
         &mut self,
         epochs: u64,
         steps_per_epoch: u64,
         verbose: bool,
     ) -> Result<History, TrainError> {
-        let compiled = self.compiled.as_ref().ok_or_else(|| {
-            TrainError::invalid("fit", "the model is not compiled: call compile first")
-        })?;
-        if self.coordinator.is_none() {
-            self.coordinator = Some(self.coordinate()?);
+        if self.compiled.is_none() {
+            return Err(TrainError::invalid(
+                "fit",
+                "the model is not compiled: call compile first",
+            ));
         }
-        let coordinator = self
-            .coordinator
-            .as_ref()
-            .ok_or_else(|| TrainError::invalid("fit", "no coordinator"))?;
+        if !self.looked_for_backup {
+            self.looked_for_backup = true;
+            if let Some(epoch) = self.restore_backup()? {
+                if verbose {
+                    println!("Restored the checkpoint of epoch {epoch}");
+                }
+                self.next_epoch = epoch;
+            }
+        }
+        let coordinator = match self.coordinator.take() {
+            Some(coordinator) => coordinator,
+            None => self.coordinate()?,
+        };
         let mut history = History::default();
-        for epoch in 0..epochs {
+        for epoch in self.next_epoch..epochs {
             let started = std::time::Instant::now();
             let values: Vec<_> = (0..steps_per_epoch)
                 .map(|_| coordinator.schedule(TRAIN_STEP, Vec::new()))
@@ -144,7 +240,12 @@ impl ParameterServerModel {
             self.steps += steps_per_epoch;
             history.steps += steps_per_epoch;
             history.examples += totals.examples as u64;
-            let logs = Logs::from_totals(&totals, &compiled.metrics, "");
+            let metrics = self
+                .compiled
+                .as_ref()
+                .map(|c| c.metrics.as_slice())
+                .unwrap_or_default();
+            let logs = Logs::from_totals(&totals, metrics, "");
             if verbose {
                 println!(
                     "Epoch {}/{epochs} - {steps_per_epoch} steps - {:.1}s - {}",
@@ -161,12 +262,18 @@ impl ParameterServerModel {
                     .or_default()
                     .push(*value);
             }
+            self.next_epoch = epoch + 1;
+            self.save_backup(epoch + 1)?;
         }
         let retried = coordinator.retried();
         if retried > 0 {
             tracing::warn!(retried, "steps ran again after their worker was lost");
         }
+        self.coordinator = Some(coordinator);
         self.pull_weights()?;
+        if let Some(manager) = self.backup.as_ref().filter(|_| self.delete_backup) {
+            manager.delete_all()?;
+        }
         Ok(history)
     }
 
@@ -210,10 +317,14 @@ impl ParameterServerModel {
                 "not every worker could be told that training is over"
             );
         }
-        for client in &mut self.clients {
-            client.shutdown()?;
+        // Every ps task that can be told is told, a dead one's error reported after.
+        let mut first_error = None;
+        for (ps, client) in self.clients.iter_mut().enumerate() {
+            if let Err(e) = client.shutdown() {
+                first_error.get_or_insert(on_ps(ps, &e));
+            }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Reads the variables' newest values from the `ps` tasks into this process's network.

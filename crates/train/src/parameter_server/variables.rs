@@ -91,7 +91,9 @@ impl ShardedVariables {
                 optimizer: optimizer.to_owned(),
                 ..ShardState::default()
             };
-            let (created, _) = client(clients, shard.ps)?.create(state)?;
+            let (created, _) = client(clients, shard.ps)?
+                .create(state)
+                .map_err(|e| on_ps(shard.ps, &e))?;
             made += usize::from(created);
         }
         Ok(made)
@@ -104,7 +106,9 @@ impl ShardedVariables {
         values: &mut [f32],
     ) -> Result<(), TrainError> {
         for shard in &self.shards {
-            let pulled = client(clients, shard.ps)?.pull(&shard.key)?;
+            let pulled = client(clients, shard.ps)?
+                .pull(&shard.key)
+                .map_err(|e| on_ps(shard.ps, &e))?;
             let into = &mut values[shard.range.clone()];
             if pulled.len() != into.len() {
                 return Err(TrainError::invalid(
@@ -130,10 +134,17 @@ impl ShardedVariables {
         gradients: &[f32],
     ) -> Result<(), TrainError> {
         for shard in &self.shards {
-            client(clients, shard.ps)?.push(&shard.key, &gradients[shard.range.clone()])?;
+            client(clients, shard.ps)?
+                .push(&shard.key, &gradients[shard.range.clone()])
+                .map_err(|e| on_ps(shard.ps, &e))?;
         }
         Ok(())
     }
+}
+
+/// `e`, from `ps` task `ps`, as an error that names the task.
+pub(crate) fn on_ps(ps: usize, e: &lockstep_ps::PsError) -> TrainError {
+    TrainError::invalid("a parameter server", format!("ps:{ps}: {e}"))
 }
 
 fn client(clients: &mut [PsClient], ps: usize) -> Result<&mut PsClient, TrainError> {
