@@ -7,8 +7,8 @@ use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
 
 use crate::error::PsError;
 use crate::protocol::{
-    self, Create, Export, Import, Pull, PullRows, Push, PushRows, Request, RequestKind, Response,
-    ResponseKind, SERVICE, ShardKey, ShardState, Shutdown,
+    self, Create, Export, Import, Pull, PullRows, PullShards, Push, PushRows, PushShards, Request,
+    RequestKind, Response, ResponseKind, SERVICE, ShardKey, ShardState, Shutdown,
 };
 
 /// One authenticated connection to a parameter server; a request waits for its answer at most
@@ -129,6 +129,30 @@ impl PsClient {
             key: Some(key.clone()),
             rows: rows.to_vec(),
         }))
+    }
+
+    /// Every value of the shards `keys`, one after another: one round trip.
+    ///
+    /// # Errors
+    ///
+    /// As [`PsClient::create`]; an unknown shard.
+    pub fn pull_shards(&mut self, keys: &[ShardKey]) -> Result<Vec<f32>, PsError> {
+        self.values(RequestKind::PullShards(PullShards {
+            keys: keys.to_vec(),
+        }))
+    }
+
+    /// Gradients of the whole shards `keys`, one after another: one round trip.
+    ///
+    /// # Errors
+    ///
+    /// As [`PsClient::create`]; lengths that are not the shards' (nothing is applied then).
+    pub fn push_shards(&mut self, keys: &[ShardKey], gradient: Vec<f32>) -> Result<(), PsError> {
+        self.done(RequestKind::PushShards(PushShards {
+            keys: keys.to_vec(),
+            gradient,
+        }))
+        .map(drop)
     }
 
     /// A gradient of the whole shard; returns the shard's updates so far.

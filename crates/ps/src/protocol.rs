@@ -153,6 +153,27 @@ pub struct Import {
     pub shards: Vec<ShardState>,
 }
 
+/// Every value of several shards, one after another in the order named: a worker's pull of
+/// all it needs from one server in one round trip.
+#[derive(Clone, PartialEq, Message)]
+pub struct PullShards {
+    /// The shards.
+    #[prost(message, repeated, tag = "1")]
+    pub keys: Vec<ShardKey>,
+}
+
+/// Gradients of several whole shards, one after another in the order named: a worker's push
+/// to one server in one round trip. The lengths are checked before any is applied.
+#[derive(Clone, PartialEq, Message)]
+pub struct PushShards {
+    /// The shards.
+    #[prost(message, repeated, tag = "1")]
+    pub keys: Vec<ShardKey>,
+    /// Each shard's gradient, as long as the shard, in the order of `keys`.
+    #[prost(float, repeated, tag = "2")]
+    pub gradient: Vec<f32>,
+}
+
 /// Ends the server's service once it has answered: training is over (the chief sends it).
 #[derive(Clone, PartialEq, Message)]
 pub struct Shutdown {}
@@ -161,7 +182,7 @@ pub struct Shutdown {}
 #[derive(Clone, PartialEq, Message)]
 pub struct Request {
     /// The request.
-    #[prost(oneof = "RequestKind", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "RequestKind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
     pub kind: Option<RequestKind>,
 }
 
@@ -192,6 +213,12 @@ pub enum RequestKind {
     /// [`Shutdown`].
     #[prost(message, tag = "8")]
     Shutdown(Shutdown),
+    /// [`PullShards`].
+    #[prost(message, tag = "9")]
+    PullShards(PullShards),
+    /// [`PushShards`].
+    #[prost(message, tag = "10")]
+    PushShards(PushShards),
 }
 
 /// A request carried out: how many updates the shard has had since it was created (a

@@ -194,6 +194,12 @@ impl PsServer {
                 .export()
                 .map(|shards| ResponseKind::Shards(Shards { shards })),
             Some(RequestKind::Import(import)) => store.import(&import.shards).map(|()| done(0)),
+            Some(RequestKind::PullShards(pull)) => store
+                .pull_shards(&pull.keys)
+                .map(|values| ResponseKind::Values(Values { values })),
+            Some(RequestKind::PushShards(push)) => {
+                store.push_shards(&push.keys, &push.gradient).map(done)
+            }
             Some(RequestKind::Shutdown(_)) => {
                 let (flag, changed) = &*self.shut_down;
                 *flag.lock().unwrap_or_else(PoisonError::into_inner) = true;

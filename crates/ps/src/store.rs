@@ -378,6 +378,67 @@ impl ShardStore {
         Ok(iterations)
     }
 
+    /// Every value of several shards, one after another in the order of `keys`.
+    ///
+    /// # Errors
+    ///
+    /// An unknown shard.
+    pub fn pull_shards(&self, keys: &[ShardKey]) -> Result<Vec<f32>, PsError> {
+        let mut values = Vec::new();
+        for key in keys {
+            let shard = self.get(key)?;
+            let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            values.extend_from_slice(&shard.values);
+        }
+        Ok(values)
+    }
+
+    /// Applies the gradients of several whole shards, one after another in the order of
+    /// `keys`; returns how many it applied. Every shard and the total length are checked
+    /// first: a request that does not fit changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// An unknown shard, a total length that is not the shards', or an optimizer's error
+    /// (the shards before it have been updated then).
+    pub fn push_shards(&self, keys: &[ShardKey], gradient: &[f32]) -> Result<u64, PsError> {
+        let shards = keys
+            .iter()
+            .map(|key| self.get(key))
+            .collect::<Result<Vec<_>, _>>()?;
+        let lengths: Vec<usize> = shards
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .values
+                    .len()
+            })
+            .collect();
+        let total: usize = lengths.iter().sum();
+        if total != gradient.len() {
+            return Err(PsError::Request {
+                shard: keys
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                why: format!(
+                    "a gradient of {} values for shards of {total}",
+                    gradient.len()
+                ),
+            });
+        }
+        let mut at = 0;
+        for ((key, shard), len) in keys.iter().zip(&shards).zip(lengths) {
+            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            shard.push(key, &gradient[at..at + len])?;
+            self.updates.fetch_add(1, Ordering::Relaxed);
+            at += len;
+        }
+        Ok(keys.len() as u64)
+    }
+
     /// Gradients applied since the store was made, over every shard.
     pub fn updates(&self) -> u64 {
         self.updates.load(Ordering::Relaxed)

@@ -193,3 +193,30 @@ fn a_shutdown_request_is_answered_and_ends_the_service() {
     // Returns at once: the request was recorded before it was answered.
     server.wait_for_shutdown();
 }
+
+#[test]
+fn several_shards_pulled_and_pushed_in_one_request_each_move_as_alone() {
+    let server = serve(None);
+    let mut ps = PsClient::connect(server.address(), None, TIMEOUT).unwrap();
+    let (a, b) = (
+        ShardKey::new("dense/kernel", 0),
+        ShardKey::new("dense/bias", 0),
+    );
+    ps.create(shard(&a, 2, 2, 1.0)).unwrap();
+    ps.create(shard(&b, 1, 3, 1.0)).unwrap();
+    let keys = [b.clone(), a.clone()];
+    ps.push_shards(&keys, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+        .unwrap();
+    assert_eq!(ps.pull(&b).unwrap(), [-1.0, -2.0, -3.0]);
+    assert_eq!(
+        ps.pull_shards(&keys).unwrap(),
+        [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0]
+    );
+    // A gradient of the wrong total length is refused whole.
+    let e = ps.push_shards(&keys, vec![1.0; 6]).unwrap_err();
+    assert!(
+        matches!(&e, PsError::Refused { why, .. } if why.contains("6 values")),
+        "{e}"
+    );
+    assert_eq!(ps.pull(&a).unwrap(), [-4.0, -5.0, -6.0, -7.0]);
+}

@@ -29,7 +29,10 @@ use lockstep_collective::ClusterSecret;
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_data::{Dataset, InputContext};
 use lockstep_examples::{ClusterArgs, ClusterTrainingArgs};
-use lockstep_nn::{Adam, SparseCategoricalCrossentropy, models};
+use lockstep_nn::{
+    Activation, Adam, Dense, Flatten, Layer, NnError, Optimizer, Sequential, Sgd,
+    SparseCategoricalCrossentropy, models,
+};
 use lockstep_ps::FixedShardsPartitioner;
 use lockstep_train::{
     ParameterServerModel, ParameterServerStrategy, PsRole, TrainError, serve_steps,
@@ -52,7 +55,14 @@ struct Args {
     /// `--batch-per-worker` examples a step).
     #[arg(long)]
     steps_per_epoch: Option<u64>,
-    /// Adam's step size.
+    /// The model: `cnn`, the tutorial's CNN, or `mlp`, the 784 → 128 → 10 network of the
+    /// TensorFlow reference `tf_ps_strategy.py` measures.
+    #[arg(long, default_value = "cnn", value_parser = ["cnn", "mlp"])]
+    model: String,
+    /// `adam` (the default) or `sgd` (the reference's).
+    #[arg(long, default_value = "adam", value_parser = ["adam", "sgd"])]
+    optimizer: String,
+    /// The optimizer's step size.
     #[arg(long, default_value_t = 0.001)]
     learning_rate: f32,
     /// Where the chief keeps its checkpoint of every shard at each epoch's end, from which a
@@ -94,8 +104,21 @@ fn main() -> anyhow::Result<()> {
     }
     let seed = args.training.seed;
     let batch = args.training.batch_per_worker;
-    let build = || models::mnist_cnn(seed);
-    match strategy.role()? {
+    let mlp = args.model == "mlp";
+    let build = move || -> Result<Sequential, NnError> {
+        if mlp {
+            let layers: Vec<Box<dyn Layer>> = vec![
+                Box::new(Flatten),
+                Box::new(Dense::new(128).activation(Activation::Relu)),
+                Box::new(Dense::new(10)),
+            ];
+            Sequential::new(&[28, 28, 1], layers, seed)
+        } else {
+            models::mnist_cnn(seed)
+        }
+    };
+    let role = strategy.role()?;
+    match role {
         PsRole::ParameterServer(_) => strategy.serve_parameters()?,
         PsRole::Worker(_) => {
             let dataset_fn = |context: &InputContext| -> Result<_, TrainError> {
@@ -113,14 +136,25 @@ fn main() -> anyhow::Result<()> {
         PsRole::Coordinator => train(&args, strategy, build)?,
         PsRole::Evaluator => println!("an evaluator has no part in this example"),
     }
+    if let Some(mib) = peak_rss_mib() {
+        println!("peak_rss_mib={mib} role={role:?}");
+    }
     Ok(())
+}
+
+/// This process's peak resident memory in MiB (`VmHWM`), when the system tells.
+fn peak_rss_mib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
 }
 
 /// The chief: compile, fit, evaluate, end the cluster's training.
 fn train(
     args: &Args,
     strategy: ParameterServerStrategy,
-    build: impl Fn() -> Result<lockstep_nn::Sequential, lockstep_nn::NnError>,
+    build: impl Fn() -> Result<Sequential, NnError>,
 ) -> anyhow::Result<()> {
     let (workers, ps) = (strategy.num_workers(), strategy.num_ps());
     let mnist = Mnist::embedded()?;
@@ -129,7 +163,11 @@ fn train(
         .steps_per_epoch
         .unwrap_or((mnist.train.len() / batch) as u64);
     let mut model = ParameterServerModel::new(strategy, build)?;
-    model.compile(&Adam::new(args.learning_rate), loss(), &["accuracy"])?;
+    let optimizer: Box<dyn Optimizer> = match args.optimizer.as_str() {
+        "sgd" => Box::new(Sgd::new(args.learning_rate)),
+        _ => Box::new(Adam::new(args.learning_rate)),
+    };
+    model.compile(&*optimizer, loss(), &["accuracy"])?;
     if !args.no_backup {
         let dir = match &args.backup_dir {
             Some(dir) => dir.clone(),

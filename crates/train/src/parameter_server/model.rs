@@ -100,7 +100,7 @@ impl ParameterServerModel {
     /// `ps` task's failure.
     pub fn compile(
         &mut self,
-        optimizer: &impl Optimizer,
+        optimizer: &(impl Optimizer + ?Sized),
         loss: impl Loss + 'static,
         metrics: &[&str],
     ) -> Result<(), TrainError> {

@@ -99,44 +99,70 @@ impl ShardedVariables {
         Ok(made)
     }
 
-    /// Reads every shard into `values`.
+    /// Reads every shard into `values`: one request to each `ps` task.
     pub(crate) fn pull(
         &self,
         clients: &mut [PsClient],
         values: &mut [f32],
     ) -> Result<(), TrainError> {
-        for shard in &self.shards {
-            let pulled = client(clients, shard.ps)?
-                .pull(&shard.key)
-                .map_err(|e| on_ps(shard.ps, &e))?;
-            let into = &mut values[shard.range.clone()];
-            if pulled.len() != into.len() {
+        for (ps, shards) in self.by_ps(clients.len()).into_iter().enumerate() {
+            if shards.is_empty() {
+                continue;
+            }
+            let keys: Vec<ShardKey> = shards.iter().map(|s| s.key.clone()).collect();
+            let pulled = client(clients, ps)?
+                .pull_shards(&keys)
+                .map_err(|e| on_ps(ps, &e))?;
+            let wanted: usize = shards.iter().map(|s| s.range.len()).sum();
+            if pulled.len() != wanted {
                 return Err(TrainError::invalid(
                     "ParameterServerStrategy",
                     format!(
-                        "shard {} holds {} values on its parameter server, {} here: the \
+                        "ps:{ps} holds {} values of this model's shards, {wanted} here: the \
                          cluster's programs build different models",
-                        shard.key,
-                        pulled.len(),
-                        into.len()
+                        pulled.len()
                     ),
                 ));
             }
-            into.copy_from_slice(&pulled);
+            let mut at = 0;
+            for shard in shards {
+                let len = shard.range.len();
+                values[shard.range.clone()].copy_from_slice(&pulled[at..at + len]);
+                at += len;
+            }
         }
         Ok(())
     }
 
-    /// Sends every shard's part of `gradients`.
+    /// The shards on each of `num_ps` tasks, in layout order.
+    fn by_ps(&self, num_ps: usize) -> Vec<Vec<&PlacedShard>> {
+        let mut by_ps = vec![Vec::new(); num_ps];
+        for shard in &self.shards {
+            if let Some(list) = by_ps.get_mut(shard.ps) {
+                list.push(shard);
+            }
+        }
+        by_ps
+    }
+
+    /// Sends every shard's part of `gradients`: one request to each `ps` task.
     pub(crate) fn push(
         &self,
         clients: &mut [PsClient],
         gradients: &[f32],
     ) -> Result<(), TrainError> {
-        for shard in &self.shards {
-            client(clients, shard.ps)?
-                .push(&shard.key, &gradients[shard.range.clone()])
-                .map_err(|e| on_ps(shard.ps, &e))?;
+        for (ps, shards) in self.by_ps(clients.len()).into_iter().enumerate() {
+            if shards.is_empty() {
+                continue;
+            }
+            let keys: Vec<ShardKey> = shards.iter().map(|s| s.key.clone()).collect();
+            let gradient: Vec<f32> = shards
+                .iter()
+                .flat_map(|s| gradients[s.range.clone()].iter().copied())
+                .collect();
+            client(clients, ps)?
+                .push_shards(&keys, gradient)
+                .map_err(|e| on_ps(ps, &e))?;
         }
         Ok(())
     }

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Parameter-server training beside TensorFlow 2.21's ParameterServerStrategy on this machine:
+# the same cluster shape (2 workers, 1 ps), model (784 → 128 → 10 MLP), optimizer (SGD 0.01)
+# and batch (64 a step), interleaved, every run's figure printed.
+#
+# TensorFlow: benches/reference/tf_ps_reference.py, an in-process cluster of
+# tf.distribute.Server (../shared/anchors/training/tf_ps_strategy.py's shape), 20 steps of
+# warm-up (tf.function tracing, the first RPCs) then 200 timed: `warm_ex_per_s`; `ex_per_s`
+# counts the warm-up too. Its peak memory is the one process that holds every task.
+# Lockstep: `mnist_parameter_server --model mlp` under `cargo xtask run-cluster` (a process
+# per task: chief, 2 workers, 1 ps; one kernel thread each), 3 epochs of 200 steps on the
+# embedded MNIST subset: `examples_per_s` over the whole `fit`, its first steps included;
+# `peak_rss_mib` of each task.
+#
+# Usage: benches/side_by_side_ps.sh   (from the repository root)
+# Needs: PY=/path/to/python with tensorflow-cpu 2.21. REPS (default 3) repetitions.
+set -euo pipefail
+PY="${PY:-python3}"
+REPS="${REPS:-3}"
+export TF_CPP_MIN_LOG_LEVEL=2 RUST_BACKTRACE=0
+
+cargo build --release --quiet -p lockstep-examples --bin mnist_parameter_server
+
+tensorflow() {
+  "$PY" benches/reference/tf_ps_reference.py --steps 200 --warmup 20 --workers 2 --ps 1 \
+    2>/dev/null | tail -1 || echo "# FAILED: tf"
+}
+
+lockstep() {
+  cargo xtask run-cluster --example mnist_parameter_server --workers 2 --ps 1 --chief -- \
+    --model mlp --optimizer sgd --learning-rate 0.01 --epochs 3 --steps-per-epoch 200 \
+    --no-backup --threads 1 2>/dev/null |
+    awk '/examples_per_s=/ { for (i = 1; i <= NF; i++) if ($i ~ /^examples_per_s=/) rate = $i }
+         /peak_rss_mib=/ { for (i = 1; i <= NF; i++) if ($i ~ /^peak_rss_mib=/) { split($i, kv, "="); peaks = peaks sep $1 kv[2]; sep = " " } }
+         END { print "lockstep,mlp," rate ",peak_rss_mib_per_task=" peaks }'
+}
+
+for rep in $(seq 1 "$REPS"); do
+  tensorflow
+  lockstep
+done
