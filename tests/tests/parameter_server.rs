@@ -50,7 +50,7 @@ fn result(stdout: &[u8]) -> String {
 
 #[test]
 fn a_chief_two_workers_and_two_ps_tasks_train_to_the_synchronous_accuracy_and_all_exit() {
-    let out = xtask(&cluster_args(&[])).unwrap();
+    let out = xtask(&cluster_args(&["--evaluator"])).unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     check_documented_output(&out.stdout, "mnist_parameter_server").unwrap();
@@ -60,6 +60,23 @@ fn a_chief_two_workers_and_two_ps_tasks_train_to_the_synchronous_accuracy_and_al
     let accuracy: f64 = field(&line, "test_accuracy").unwrap().parse().unwrap();
     assert!(accuracy > 0.92, "{line}");
     assert_eq!(field(&line, "steps"), Some("248"), "{line}");
+    // The evaluator task evaluated the epochs' weights, the last the chief's final ones.
+    let evaluator = task_lines(&out.stdout, "evaluator:0");
+    let evaluated = evaluator
+        .iter()
+        .find(|l| l.starts_with("evaluated="))
+        .expect("the evaluator prints its result");
+    // It evaluates the newest weights each time it looks: one or both epochs.
+    assert_eq!(
+        field(evaluated, "last_checkpoint"),
+        Some("weights-2.safetensors"),
+        "{evaluated}"
+    );
+    assert_eq!(
+        field(evaluated, "test_accuracy"),
+        field(&line, "test_accuracy"),
+        "{evaluated} / {line}"
+    );
 }
 
 #[test]

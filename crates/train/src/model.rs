@@ -58,6 +58,30 @@ impl Compiled {
 }
 
 /// The metrics of `names` ([`metric_by_name`]).
+/// Writes `net`'s variables to `path` as one safetensors file whose metadata records
+/// `iterations` (the step they are of): what [`Model::save_weights`] writes and a
+/// `SidecarEvaluator` reads.
+pub(crate) fn write_weights(
+    net: &Network,
+    iterations: u64,
+    path: &std::path::Path,
+) -> Result<(), TrainError> {
+    let params = net.parameters();
+    let tensors = params
+        .specs()
+        .iter()
+        .map(|spec| {
+            NamedTensor::new(
+                spec.name.clone(),
+                spec.shape.clone(),
+                params.values()[spec.range()].to_vec(),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let metadata = BTreeMap::from([(ITERATIONS.to_owned(), iterations.to_string())]);
+    Ok(write_tensors_with_metadata(path, &tensors, &metadata)?)
+}
+
 pub(crate) fn metrics_named(names: &[&str]) -> Result<Vec<Box<dyn PredictionMetric>>, TrainError> {
     names
         .iter()
@@ -495,27 +519,10 @@ impl Model {
     ///
     /// When `path` cannot be written, naming it.
     pub fn save_weights(&self, path: impl AsRef<std::path::Path>) -> Result<(), TrainError> {
-        let params = self.network().parameters();
-        let tensors = params
-            .specs()
-            .iter()
-            .map(|spec| {
-                NamedTensor::new(
-                    spec.name.clone(),
-                    spec.shape.clone(),
-                    params.values()[spec.range()].to_vec(),
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         // The step the weights are of, as TensorFlow's weights checkpoints carry the
         // optimizer's `iterations`: an evaluator logs its figures at that step.
         let iterations = self.optimizer().map_or(0, Optimizer::iterations);
-        let metadata = BTreeMap::from([(ITERATIONS.to_owned(), iterations.to_string())]);
-        Ok(write_tensors_with_metadata(
-            path.as_ref(),
-            &tensors,
-            &metadata,
-        )?)
+        write_weights(self.network(), iterations, path.as_ref())
     }
 
     /// Loads weights that [`Model::save_weights`] wrote into every replica of this process

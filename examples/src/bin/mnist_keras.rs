@@ -104,13 +104,6 @@ struct Args {
     evaluator_timeout_secs: u64,
 }
 
-/// FNV-1a over `words`: a checksum that is the same in every process and on every run.
-fn fnv1a(words: impl Iterator<Item = u64>) -> u64 {
-    words.fold(0xcbf2_9ce4_8422_2325, |h, w| {
-        (h ^ w).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 /// Where the chief saves `ckpt-{epoch}` for the evaluator, and whether it is the default.
 fn checkpoint_dir(args: &Args, cluster: &Cluster) -> anyhow::Result<Option<(PathBuf, bool)>> {
     if let Some(dir) = &args.checkpoint_dir {
@@ -121,7 +114,7 @@ fn checkpoint_dir(args: &Args, cluster: &Cluster) -> anyhow::Result<Option<(Path
     }
     // The same for every task of a cluster and new for each start of one (its ports
     // differ): an evaluator shown an earlier run's checkpoints would report them.
-    let hash = fnv1a(format!("{:?}", cluster.spec()).bytes().map(u64::from));
+    let hash = lockstep_examples::fnv1a(format!("{:?}", cluster.spec()).bytes().map(u64::from));
     let dir = lockstep_examples::private_state_dir()?;
     Ok(Some((
         dir.join(format!("mnist-keras-checkpoints-{hash:016x}")),
@@ -219,14 +212,6 @@ fn backup(
     ))
 }
 
-/// This process's peak resident memory in MiB (`VmHWM`), when the system tells.
-fn peak_rss_mib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024)
-}
-
 fn main() -> anyhow::Result<()> {
     let process_started = Instant::now();
     lockstep_examples::init_logging();
@@ -299,7 +284,7 @@ fn main() -> anyhow::Result<()> {
         .optimizer()
         .map_or(0, lockstep_nn::Optimizer::iterations);
 
-    let checksum = fnv1a(
+    let checksum = lockstep_examples::fnv1a(
         model
             .network()
             .parameters()
@@ -315,7 +300,7 @@ fn main() -> anyhow::Result<()> {
         history.examples as f64 / elapsed,
         history.comm_wait.as_secs_f64() / history.step_time.as_secs_f64().max(f64::MIN_POSITIVE),
         clock.first_step_s(),
-        peak_rss_mib().map_or_else(|| "unknown".to_owned(), |m| m.to_string()),
+        lockstep_examples::peak_rss_mib().map_or_else(|| "unknown".to_owned(), |m| m.to_string()),
     );
     Ok(())
 }

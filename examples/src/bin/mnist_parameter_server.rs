@@ -12,7 +12,15 @@
 //! [chief:0] test_accuracy=0.9626 steps=372 examples=23638 examples_per_s=11343 ps_tasks=2 workers=2
 //! ```
 //!
-//! (Stdout; the chief prints. Steps are asynchronous, so the figures vary a little from run
+//!
+//! ```text
+//! $ cargo xtask run-cluster --example mnist_parameter_server --workers 2 --ps 2 --chief --evaluator
+//! [evaluator:0] evaluated=3 last_checkpoint=weights-3.safetensors iterations=372 test_accuracy=0.9626 test_loss=0.1278
+//! ```
+//!
+//! (Stdout; the chief prints, and an evaluator task evaluates each epoch's weights as the
+//! chief saves them, the last one the chief's final weights. Every task also prints its
+//! `peak_rss_mib`. Steps are asynchronous, so the figures vary a little from run
 //! to run; times and `examples_per_s` depend on the machine.) A worker killed mid-run
 //! (`--kill worker:1@STEP --keep-going`) has its step run on another and training goes on. A
 //! `ps` task killed (`--kill ps:0@UPDATES`, after it applied that many gradients) is an error
@@ -21,10 +29,11 @@
 //! tasks (`--keep-backup` and `--backup-dir` carry one from run to run).
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
+use lockstep_cluster::{Cluster, EVALUATOR};
 use lockstep_collective::ClusterSecret;
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_data::{Dataset, InputContext};
@@ -35,7 +44,8 @@ use lockstep_nn::{
 };
 use lockstep_ps::FixedShardsPartitioner;
 use lockstep_train::{
-    ParameterServerModel, ParameterServerStrategy, PsRole, TrainError, serve_steps,
+    Model, OneDeviceStrategy, ParameterServerModel, ParameterServerStrategy, PsRole,
+    SidecarEvaluator, TrainError, serve_steps,
 };
 
 /// Activations of several MB are allocated every step; mimalloc keeps them mapped.
@@ -77,6 +87,16 @@ struct Args {
     /// Train without checkpoints.
     #[arg(long)]
     no_backup: bool,
+    /// The chief saves each epoch's weights as `DIR/weights-{epoch}.safetensors`, and a task
+    /// of type `evaluator` evaluates each (the Keras guide's `SidecarEvaluator`). With an
+    /// evaluator in `TF_CONFIG` and no directory given, one named after the cluster's
+    /// addresses in `lockstep-<uid>` under the system's temporary directory, removed by the
+    /// evaluator when it is done.
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// The evaluator fails when the chief writes no new weights for this long.
+    #[arg(long, default_value_t = 600)]
+    evaluator_timeout_secs: u64,
     /// Cut every variable into this many shards along its first axis
     /// (`FixedShardsPartitioner`); by default each variable is one shard, the variables
     /// placed on the `ps` tasks in turn.
@@ -134,20 +154,81 @@ fn main() -> anyhow::Result<()> {
             serve_steps(&strategy, build, loss(), &["accuracy"], dataset_fn)?;
         }
         PsRole::Coordinator => train(&args, strategy, build)?,
-        PsRole::Evaluator => println!("an evaluator has no part in this example"),
+        PsRole::Evaluator => evaluate_beside(&args, strategy.cluster(), build)?,
     }
-    if let Some(mib) = peak_rss_mib() {
+    if let Some(mib) = lockstep_examples::peak_rss_mib() {
         println!("peak_rss_mib={mib} role={role:?}");
     }
     Ok(())
 }
 
-/// This process's peak resident memory in MiB (`VmHWM`), when the system tells.
-fn peak_rss_mib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024)
+/// The optimizer `args` name.
+fn optimizer(args: &Args) -> Box<dyn Optimizer> {
+    match args.optimizer.as_str() {
+        "sgd" => Box::new(Sgd::new(args.learning_rate)),
+        _ => Box::new(Adam::new(args.learning_rate)),
+    }
+}
+
+/// Where the chief saves each epoch's weights for the evaluator, and whether it is the
+/// default (the evaluator removes it when done).
+fn weights_dir(args: &Args, cluster: &Cluster) -> anyhow::Result<Option<(PathBuf, bool)>> {
+    if let Some(dir) = &args.checkpoint_dir {
+        return Ok(Some((dir.clone(), false)));
+    }
+    if !cluster.spec().has_job(EVALUATOR) {
+        return Ok(None);
+    }
+    // The same for every task of a cluster, and new for each start of one (its ports differ).
+    let hash = lockstep_examples::fnv1a(format!("{:?}", cluster.spec()).bytes().map(u64::from));
+    let dir = lockstep_examples::private_state_dir()?;
+    Ok(Some((
+        dir.join(format!("mnist-ps-weights-{hash:016x}")),
+        true,
+    )))
+}
+
+/// The evaluator task: the Keras guide's `SidecarEvaluator` over the test digits, until the
+/// last epoch's weights.
+fn evaluate_beside(
+    args: &Args,
+    cluster: &Cluster,
+    build: impl Fn() -> Result<Sequential, NnError>,
+) -> anyhow::Result<()> {
+    let Some((dir, scratch)) = weights_dir(args, cluster)? else {
+        anyhow::bail!("an evaluator needs the chief's weights: pass --checkpoint-dir");
+    };
+    let mut model = Model::new(OneDeviceStrategy::new(), build)?;
+    // It never steps: the optimizer is only what `compile` needs.
+    model.compile(Sgd::new(args.learning_rate), loss(), &["accuracy"])?;
+    let test = Mnist::embedded()?
+        .test
+        .dataset()?
+        .map(|(x, y)| (scale(&x), y));
+    let test = model.distribute_dataset(test, 256)?;
+    let evaluations = SidecarEvaluator::new(&mut model, &test, &dir)
+        .max_evaluations(args.training.epochs)
+        .timeout(Duration::from_secs(args.evaluator_timeout_secs))
+        .start()
+        .with_context(|| format!("evaluating the weights in {}", dir.display()))?;
+    let last = evaluations
+        .last()
+        .context("the evaluator ended without evaluating")?;
+    println!(
+        "evaluated={} last_checkpoint={} iterations={} test_accuracy={:.4} test_loss={:.4}",
+        evaluations.len(),
+        last.checkpoint
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        last.iterations,
+        last.logs.get("accuracy").unwrap_or(f64::NAN),
+        last.logs.get("loss").unwrap_or(f64::NAN),
+    );
+    if scratch {
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("removing the weights in {}", dir.display()))?;
+    }
+    Ok(())
 }
 
 /// The chief: compile, fit, evaluate, end the cluster's training.
@@ -157,17 +238,19 @@ fn train(
     build: impl Fn() -> Result<Sequential, NnError>,
 ) -> anyhow::Result<()> {
     let (workers, ps) = (strategy.num_workers(), strategy.num_ps());
+    let cluster = strategy.cluster().clone();
+    let strategy_cluster = &cluster;
     let mnist = Mnist::embedded()?;
     let batch = args.training.batch_per_worker;
     let steps_per_epoch = args
         .steps_per_epoch
         .unwrap_or((mnist.train.len() / batch) as u64);
     let mut model = ParameterServerModel::new(strategy, build)?;
-    let optimizer: Box<dyn Optimizer> = match args.optimizer.as_str() {
-        "sgd" => Box::new(Sgd::new(args.learning_rate)),
-        _ => Box::new(Adam::new(args.learning_rate)),
-    };
-    model.compile(&*optimizer, loss(), &["accuracy"])?;
+    let weights = weights_dir(args, strategy_cluster)?;
+    model.compile(&*optimizer(args), loss(), &["accuracy"])?;
+    if let Some((dir, _)) = weights {
+        model.model_checkpoint(format!("{}/weights-{{epoch}}.safetensors", dir.display()));
+    }
     if !args.no_backup {
         let dir = match &args.backup_dir {
             Some(dir) => dir.clone(),

@@ -17,6 +17,7 @@ pub use early_stopping::EarlyStopping;
 pub use learning_rate_scheduler::LearningRateScheduler;
 pub(crate) use list::CallbackList;
 pub use model_checkpoint::ModelCheckpoint;
+pub(crate) use model_checkpoint::format_path;
 pub use monitor::Mode;
 
 use crate::error::TrainError;

@@ -196,7 +196,7 @@ impl Callback for ModelCheckpoint {
 /// Fills `{name[:format]}` fields of `pattern`: `epoch` and `batch` are integers (format
 /// `0Nd` pads), logged values are numbers (format `.Nf` rounds); a logged value that is not
 /// there yet formats as 0, as it may appear only at an epoch's end.
-fn format_path(
+pub(crate) fn format_path(
     pattern: &str,
     epoch: u64,
     batch: Option<u64>,

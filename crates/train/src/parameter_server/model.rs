@@ -13,9 +13,10 @@ use super::checkpoint;
 use super::variables::{ShardedVariables, on_ps};
 use super::{ParameterServerStrategy, PsRole, TRAIN_STEP};
 use crate::batch::LabeledBatch;
+use crate::callbacks::format_path;
 use crate::error::TrainError;
 use crate::history::{History, Logs};
-use crate::model::metrics_named;
+use crate::model::{metrics_named, write_weights};
 use crate::replica::{Objective, StepTotals};
 
 /// What `compile` set.
@@ -44,6 +45,8 @@ pub struct ParameterServerModel {
     looked_for_backup: bool,
     /// Whether a completed `fit` deletes the checkpoints.
     delete_backup: bool,
+    /// Where each epoch's weights go ([`ParameterServerModel::model_checkpoint`]).
+    weights_pattern: Option<String>,
     /// Steps scheduled by every `fit` so far.
     steps: u64,
 }
@@ -85,6 +88,7 @@ impl ParameterServerModel {
             next_epoch: 0,
             looked_for_backup: false,
             delete_backup: true,
+            weights_pattern: None,
             steps: 0,
         })
     }
@@ -141,6 +145,23 @@ impl ParameterServerModel {
         self.delete_backup = delete_checkpoint;
         self.looked_for_backup = false;
         Ok(())
+    }
+
+    /// At each epoch's end, pulls the weights and saves them to `filepath`, a Keras pattern
+    /// whose `{epoch}` (`{epoch:02d}`, logged values too) is filled as `ModelCheckpoint` fills
+    /// it: the weights files a `SidecarEvaluator` evaluates beside training.
+    pub fn model_checkpoint(&mut self, filepath: impl Into<String>) {
+        self.weights_pattern = Some(filepath.into());
+    }
+
+    /// Saves the weights as last pulled to `path`, in `Model::save_weights`' format, with the
+    /// steps scheduled so far as their `iterations`.
+    ///
+    /// # Errors
+    ///
+    /// When the file cannot be written.
+    pub fn save_weights(&self, path: impl AsRef<std::path::Path>) -> Result<(), TrainError> {
+        write_weights(&self.net, self.steps, path.as_ref())
     }
 
     /// Restores the newest checkpoint of [`ParameterServerModel::backup_and_restore`]'s
@@ -264,6 +285,19 @@ impl ParameterServerModel {
             }
             self.next_epoch = epoch + 1;
             self.save_backup(epoch + 1)?;
+            if let Some(pattern) = self.weights_pattern.clone() {
+                self.pull_weights()?;
+                let path = PathBuf::from(format_path(&pattern, epoch + 1, None, &logs)?);
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(|e| {
+                        TrainError::invalid(
+                            "model_checkpoint",
+                            format!("creating {}: {e}", dir.display()),
+                        )
+                    })?;
+                }
+                self.save_weights(&path)?;
+            }
         }
         let retried = coordinator.retried();
         if retried > 0 {
