@@ -254,7 +254,10 @@ pub enum ServiceSide {
 /// same exchange as the collectives' handshake, bound to the service's name, so a proof made
 /// for one service or side is worth nothing for another, and a recorded exchange replays to
 /// nothing. Without a secret on both ends the exchange proves nothing, as a cluster without a
-/// secret trusts whoever reaches it; an end with a secret refuses one without.
+/// secret trusts whoever reaches it; an end with a secret refuses one without. It admits the
+/// connection; what travels after it is neither encrypted nor authenticated, as on the
+/// collectives' own connections (`docs/SECURITY.md`: run the cluster on a network you control,
+/// or under a transport that encrypts).
 ///
 /// ```
 /// use std::os::unix::net::UnixStream;

@@ -42,9 +42,7 @@ impl CudaBuffer {
                     .map_err(CudaError::driver("zeroing on the device"))?;
                 slice
             }
-            None => device
-                .stream()
-                .alloc_zeros::<f32>(len.max(1))
+            None => retry_after_release(device, || device.stream().alloc_zeros::<f32>(len.max(1)))
                 .map_err(CudaError::driver("allocating"))?,
         };
         Ok(Self {
@@ -69,8 +67,10 @@ impl CudaBuffer {
             // SAFETY: the caller queues, on this stream, a kernel or copy that writes all
             // `len` values before anything reads them; the one extra value of an empty buffer
             // is never read.
-            None => unsafe { device.stream().alloc::<f32>(len.max(1)) }
-                .map_err(CudaError::driver("allocating"))?,
+            None => retry_after_release(device, || unsafe {
+                device.stream().alloc::<f32>(len.max(1))
+            })
+            .map_err(CudaError::driver("allocating"))?,
         };
         Ok(Self {
             slice: ManuallyDrop::new(slice),
@@ -237,6 +237,21 @@ impl CudaBuffer {
     pub(crate) fn slice_mut(&mut self) -> &mut CudaSlice<f32> {
         &mut self.slice
     }
+}
+
+/// `allocate`, and once more after the device's cache freed what it kept when it fails (the
+/// kept buffers, of lengths no longer asked for, may hold the memory it needs).
+fn retry_after_release<T>(
+    device: &CudaDevice,
+    allocate: impl Fn() -> Result<T, cudarc::driver::DriverError>,
+) -> Result<T, cudarc::driver::DriverError> {
+    allocate().or_else(|e| {
+        if device.release_cached() > 0 {
+            allocate()
+        } else {
+            Err(e)
+        }
+    })
 }
 
 impl Drop for CudaBuffer {

@@ -44,4 +44,11 @@ impl BufferCache {
         self.free.entry(slice.len()).or_default().push(slice);
         None
     }
+
+    /// Hands every kept buffer back (to be freed by the caller): an allocation failed, and the
+    /// memory kept here may be what it needs.
+    pub(crate) fn release(&mut self) -> Vec<CudaSlice<f32>> {
+        self.bytes = 0;
+        self.free.drain().flat_map(|(_, slices)| slices).collect()
+    }
 }

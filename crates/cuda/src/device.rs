@@ -133,6 +133,18 @@ impl CudaDevice {
             .take(len)
     }
 
+    /// Frees every buffer kept for reuse; returns how many there were.
+    pub(crate) fn release_cached(&self) -> usize {
+        let released = self
+            .shared
+            .cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .release();
+        // Freed (driver calls) outside the lock.
+        released.len()
+    }
+
     /// Keeps a freed buffer for reuse, or frees it when the cache is full.
     pub(crate) fn keep_cached(&self, slice: CudaSlice<f32>) {
         let rejected = self

@@ -628,8 +628,16 @@ impl Drop for NcclComm {
         if self.failed.is_none()
             && let Ok(nccl) = functions()
         {
+            if self.world_size == 1 {
+                // A group of one queues its calls without waiting: let them finish (they wait
+                // for no one) before the communicator goes.
+                if let Err(e) = self.device.synchronize() {
+                    tracing::warn!(error = %e, "waiting for a one-rank collective before closing its communicator");
+                }
+            }
             // Abort rather than destroy: it never waits for the other ranks, and frees the same
-            // resources; every collective of this rank has finished (each call waits).
+            // resources; every collective of this rank has finished (each call of a group of
+            // several waits; a group of one was waited for above).
             // SAFETY: a communicator made by `init_rank_config`, not aborted before.
             unsafe { (nccl.abort)(self.comm) };
         }

@@ -31,14 +31,32 @@ use cudarc::driver::{DriverError, PinnedHostSlice, ValidAsZeroBits};
 const SLOTS: usize = 3;
 
 /// Lengths kept at once; the one used longest ago goes first.
-const LENGTHS: usize = 6;
+const LENGTHS: usize = 16;
 
 /// Uploads of more values than this use the pageable path: pinned memory is a scarce
-/// resource of the host, and a copy this large takes long enough that its wait hardly shows.
-const LARGEST: usize = 16 << 20;
+/// resource of the host, and a copy this large (16 MiB of `f32`) takes long enough that its
+/// wait hardly shows.
+const LARGEST: usize = 4 << 20;
+
+/// Values kept pinned at most, over every length (256 MiB of `f32`): past it the lengths used
+/// longest ago are freed first.
+const BUDGET: usize = 64 << 20;
 
 /// A pinned buffer and the event recorded after the copy made from it last.
-type Slot<T> = (PinnedHostSlice<T>, CudaEvent);
+struct Slot<T> {
+    pinned: PinnedHostSlice<T>,
+    copied: CudaEvent,
+}
+
+impl<T> Drop for Slot<T> {
+    fn drop(&mut self) {
+        // The last copy from it must have left before its memory goes back: cudarc's own
+        // event in the slice was never recorded (event tracking is off).
+        if let Err(e) = self.copied.synchronize() {
+            tracing::warn!(error = %e, "waiting for a pinned buffer's last copy");
+        }
+    }
+}
 
 /// One element type's pinned buffers, by length.
 pub(crate) struct Ring<T> {
@@ -95,7 +113,7 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy> Ring<T> {
             return stream.memcpy_htod(values, dst);
         }
         match self.slot(context, values.len()) {
-            Ok((pinned, copied)) => {
+            Ok(Slot { pinned, copied }) => {
                 // The copy this buffer made last has left it: it can be filled again.
                 copied.synchronize()?;
                 pinned.as_mut_slice()?.copy_from_slice(values);
@@ -124,11 +142,18 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy> Ring<T> {
             .and_then(|at| self.lengths.remove(at))
             .unwrap_or_else(|| (len, Vec::new(), 0));
         if buffers.len() < SLOTS {
+            // Within the budget: the lengths used longest ago give theirs up first.
+            let held = |lengths: &VecDeque<(usize, Vec<Slot<T>>, usize)>| -> usize {
+                lengths.iter().map(|(l, b, _)| l * b.len()).sum()
+            };
+            while held(&self.lengths) + (buffers.len() + 1) * len > BUDGET
+                && self.lengths.pop_front().is_some()
+            {}
             // SAFETY: the buffer's contents are unset until `upload` writes all `len` values,
             // before any copy reads them.
             let pinned = unsafe { context.alloc_pinned::<T>(len) }?;
             let copied = context.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
-            buffers.push((pinned, copied));
+            buffers.push(Slot { pinned, copied });
             next = buffers.len() - 1;
         } else {
             next = (next + 1) % SLOTS;

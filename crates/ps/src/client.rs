@@ -13,10 +13,14 @@ use crate::protocol::{
 
 /// One authenticated connection to a parameter server; a request waits for its answer at most
 /// the timeout it was opened with, so a server that died or stopped answering is an error,
-/// never a hang.
+/// never a hang. After a failed exchange the connection is spent: every later call returns
+/// that error (connect again).
 pub struct PsClient {
     stream: TcpStream,
     peer: String,
+    /// Set by a failed exchange: the connection may hold a late answer (after a timeout) or
+    /// half a frame, so every later call fails with this error rather than misread it.
+    broken: Option<PsError>,
 }
 
 impl PsClient {
@@ -38,6 +42,7 @@ impl PsClient {
             TcpStream::connect_timeout(&address, timeout).map_err(|e| failed("connecting", e))?;
         stream
             .set_nodelay(true)
+            .and_then(|()| crate::keepalive::keep_alive(&stream))
             .and_then(|()| stream.set_read_timeout(Some(timeout)))
             .and_then(|()| stream.set_write_timeout(Some(timeout)))
             .map_err(|e| failed("setting up", e))?;
@@ -47,7 +52,11 @@ impl PsClient {
                 why: e.to_string(),
             }
         })?;
-        Ok(Self { stream, peer })
+        Ok(Self {
+            stream,
+            peer,
+            broken: None,
+        })
     }
 
     /// The server's address.
@@ -57,15 +66,25 @@ impl PsClient {
 
     /// Sends one request and reads its answer; a refusal is [`PsError::Refused`].
     fn call(&mut self, kind: RequestKind) -> Result<ResponseKind, PsError> {
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
+        }
         let request = Request { kind: Some(kind) };
-        protocol::write_frame(&mut self.stream, &request, &self.peer)?;
-        let response =
-            protocol::read_frame::<Response>(&mut self.stream, &self.peer)?.ok_or_else(|| {
-                PsError::Connection {
+        let exchanged = protocol::write_frame(&mut self.stream, &request, &self.peer)
+            .and_then(|()| protocol::read_frame::<Response>(&mut self.stream, &self.peer))
+            .and_then(|response| {
+                response.ok_or_else(|| PsError::Connection {
                     peer: self.peer.clone(),
                     why: "closed before it answered".into(),
-                }
-            })?;
+                })
+            });
+        let response = match exchanged {
+            Ok(response) => response,
+            Err(e) => {
+                self.broken = Some(e.clone());
+                return Err(e);
+            }
+        };
         match response.kind {
             Some(ResponseKind::Refused(refusal)) => Err(PsError::Refused {
                 peer: self.peer.clone(),

@@ -9,8 +9,9 @@
 //! for another worker, and the thread keeps trying to reconnect, so a restarted worker
 //! rejoins. A step is therefore run *at least once*, as TensorFlow promises: a worker lost
 //! after it pushed gradients but before it answered has had its effect, and the step runs
-//! again elsewhere. A step that fails on its worker (its function's error) is not retried: its
-//! handle and [`ClusterCoordinator::join`] report the error.
+//! again elsewhere; a step that loses [`MAX_LOST_WORKERS_PER_STEP`] workers fails instead. A
+//! step that fails on its worker (its function's error) is not retried: its handle and
+//! [`ClusterCoordinator::join`] report the error.
 
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
@@ -100,7 +101,13 @@ struct Closure {
     step: String,
     args: Vec<u8>,
     value: RemoteValue,
+    /// Workers lost while running it.
+    lost: u32,
 }
+
+/// Workers a step may lose before it fails instead of running again: a step that ends every
+/// worker that runs it (or its connection) must not go round them for ever.
+pub const MAX_LOST_WORKERS_PER_STEP: u32 = 3;
 
 /// What the worker threads and the callers share.
 #[derive(Default)]
@@ -181,6 +188,7 @@ impl ClusterCoordinator {
             step: step.to_owned(),
             args,
             value: value.clone(),
+            lost: 0,
         };
         let mut queue = self.shared.lock();
         if queue.closed {
@@ -295,7 +303,11 @@ fn drive_worker(shared: &Shared, index: usize, address: SocketAddr, options: &Co
         let mut stream = match connect(address, options) {
             Ok(stream) => stream,
             Err(e) => {
-                tracing::debug!(worker = %peer, error = %e, "worker not reachable; trying again");
+                if matches!(&e, PsError::Connection { why, .. } if why.contains("handshake")) {
+                    tracing::warn!(worker = %peer, error = %e, "a worker refused this coordinator (another cluster secret?); trying again");
+                } else {
+                    tracing::debug!(worker = %peer, error = %e, "worker not reachable; trying again");
+                }
                 wait_unless_closed(shared, backoff);
                 backoff = (backoff * 2).min(options.retry_interval * 16);
                 continue;
@@ -336,6 +348,7 @@ fn connect(address: SocketAddr, options: &CoordinatorOptions) -> Result<TcpStrea
         .map_err(|e| failed("connecting", e))?;
     stream
         .set_nodelay(true)
+        .and_then(|()| crate::keepalive::keep_alive(&stream))
         .and_then(|()| stream.set_read_timeout(Some(options.connect_timeout)))
         .and_then(|()| stream.set_write_timeout(Some(options.connect_timeout)))
         .map_err(|e| failed("setting up", e))?;
@@ -349,7 +362,8 @@ fn connect(address: SocketAddr, options: &CoordinatorOptions) -> Result<TcpStrea
         peer: peer.clone(),
         why: e.to_string(),
     })?;
-    // A step takes as long as it takes: a lost worker shows as the connection's end.
+    // A step takes as long as it takes: a lost worker shows as the connection's end, or,
+    // for a host that vanished, as keepalive's error.
     stream
         .set_read_timeout(None)
         .map_err(|e| failed("setting up", e))?;
@@ -386,8 +400,12 @@ fn run_steps(shared: &Shared, stream: &mut TcpStream, peer: &str) -> Option<PsEr
             step: closure.step.clone(),
             args: closure.args.clone(),
         };
+        let mut sent = false;
         let answer = protocol::write_frame(stream, &run, peer)
-            .and_then(|()| protocol::read_frame::<StepOutcome>(stream, peer))
+            .and_then(|()| {
+                sent = true;
+                protocol::read_frame::<StepOutcome>(stream, peer)
+            })
             .and_then(|outcome| {
                 outcome
                     .filter(|o| o.id == closure.id)
@@ -412,11 +430,38 @@ fn run_steps(shared: &Shared, stream: &mut TcpStream, peer: &str) -> Option<PsEr
                 }
                 closure.value.set(Err(e));
             }
+            // This side could not even write the request: the step fails, the worker stays.
+            Err(e @ PsError::Wire { .. }) if !sent => {
+                let e = PsError::Step {
+                    step: closure.step.clone(),
+                    worker: peer.to_owned(),
+                    why: format!("it could not be sent: {e}"),
+                };
+                if queue.error.is_none() {
+                    queue.error = Some(e.clone());
+                }
+                closure.value.set(Err(e));
+            }
             Err(e) => {
+                let mut closure = closure;
+                closure.lost += 1;
                 if queue.closed {
                     closure
                         .value
                         .set(Err(PsError::Cancelled { step: closure.step }));
+                } else if closure.lost >= MAX_LOST_WORKERS_PER_STEP {
+                    let failed = PsError::Step {
+                        step: closure.step.clone(),
+                        worker: peer.to_owned(),
+                        why: format!(
+                            "{} workers were lost while running it, the last with: {e}",
+                            closure.lost
+                        ),
+                    };
+                    if queue.error.is_none() {
+                        queue.error = Some(failed.clone());
+                    }
+                    closure.value.set(Err(failed));
                 } else {
                     queue.retried += 1;
                     queue.pending.push_front(closure);

@@ -60,12 +60,13 @@
 //! service of a cluster); `lockstep-nn` for the optimizers a server applies (the update rules
 //! of synchronous training, unchanged); `prost` for the messages (Protocol Buffers, as the
 //! rest of Lockstep's wire formats); `serde_json` for an optimizer's settings in Keras' form;
-//! `thiserror` for the errors; `tracing` for the connections a server refuses or closes and
+//! `nix` for TCP keepalive (std has no setter); `thiserror` for the errors; `tracing` for the connections a server refuses or closes and
 //! the workers a coordinator loses.
 
 mod client;
 pub mod coordinator;
 mod error;
+pub mod keepalive;
 mod partitioner;
 mod placement;
 pub mod protocol;

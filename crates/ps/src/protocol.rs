@@ -18,8 +18,9 @@ use crate::error::PsError;
 /// a client of another version fails the handshake instead of misreading messages.
 pub const SERVICE: &str = "lockstep-ps/1";
 
-/// The largest frame read or written: 1 GiB (a shard of 256 M values; a larger variable takes
-/// more shards).
+/// The largest frame read or written: 1 GiB. It bounds each message whole: a pull of several
+/// shards, or an export of every shard with its optimizer's slots, must fit in it (a server
+/// refuses, naming the size, an answer that would not).
 pub const MAX_FRAME: usize = 1 << 30;
 
 /// A shard: a variable's name and the shard's index among its shards.
@@ -341,7 +342,7 @@ pub fn write_frame(
     if len > MAX_FRAME {
         return Err(PsError::Wire {
             peer: peer.to_owned(),
-            why: format!("a message of {len} bytes, over the limit of {MAX_FRAME}"),
+            why: format!("a message of {len} bytes for it, over the limit of {MAX_FRAME}"),
         });
     }
     let mut bytes = Vec::with_capacity(4 + len);

@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
+use prost::Message as _;
 
 use crate::error::PsError;
 use crate::protocol::{
@@ -131,7 +132,19 @@ impl PsServer {
                     return;
                 }
             };
-            let response = self.answer(request);
+            let mut response = self.answer(request);
+            if response.encoded_len() > protocol::MAX_FRAME {
+                response = Response {
+                    kind: Some(ResponseKind::Refused(Refusal {
+                        why: format!(
+                            "the answer of {} bytes is over the frame limit of {}: ask for fewer \
+                             shards at a time",
+                            response.encoded_len(),
+                            protocol::MAX_FRAME
+                        ),
+                    })),
+                };
+            }
             if let Err(e) = protocol::write_frame(&mut stream, &response, &peer) {
                 tracing::warn!(%from, error = %e, "a parameter-server answer was not delivered");
                 return;

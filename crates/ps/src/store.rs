@@ -172,7 +172,7 @@ impl Shard {
             .into_iter()
             .map(|(name, values)| (name.to_owned(), values.to_vec()))
             .collect();
-        self.iterations += 1;
+        self.iterations = self.iterations.saturating_add(1);
         Ok(self.iterations)
     }
 
@@ -235,7 +235,7 @@ impl Shard {
             scatter(&mut slot.1, summed.keys(), cols, updated);
         }
         scatter(&mut self.values, summed.keys(), cols, &values);
-        self.iterations += 1;
+        self.iterations = self.iterations.saturating_add(1);
         Ok(self.iterations)
     }
 
@@ -338,9 +338,23 @@ impl ShardStore {
         let shard = self.get(key)?;
         let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
         let cols = shard.cols;
-        let mut out = Vec::with_capacity(rows.len() * cols);
-        for &row in rows {
-            let row = shard.row(key, row)?;
+        let rows = rows
+            .iter()
+            .map(|&row| shard.row(key, row))
+            .collect::<Result<Vec<_>, _>>()?;
+        // The answer must fit one frame: checked before anything is allocated for it.
+        let len = rows
+            .len()
+            .checked_mul(cols)
+            .filter(|&len| len <= crate::protocol::MAX_FRAME / size_of::<f32>())
+            .ok_or_else(|| {
+                refused(
+                    key,
+                    format!("{} rows of {cols} values: over one frame", rows.len()),
+                )
+            })?;
+        let mut out = Vec::with_capacity(len);
+        for row in rows {
             out.extend_from_slice(&shard.values[row * cols..(row + 1) * cols]);
         }
         Ok(out)

@@ -16,6 +16,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
+use prost::Message as _;
 
 use crate::error::PsError;
 use crate::protocol::{self, RunStep, SHUTDOWN_STEP, STEP_SERVICE, StepOutcome, StepResult};
@@ -106,11 +107,10 @@ impl<S: Send + 'static> StepServer<S> {
         while !stop.load(Ordering::Relaxed) {
             match listener.accept() {
                 Ok((stream, from)) => {
-                    if let Ok(copy) = stream.try_clone() {
-                        *serving.lock().unwrap_or_else(PoisonError::into_inner) = Some(copy);
-                    }
-                    let served = self.serve_coordinator(stream, from, state, stop);
-                    *serving.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                    let served = {
+                        let _recorded = Serving::record(serving, &stream);
+                        self.serve_coordinator(stream, from, state, stop)
+                    };
                     match served {
                         Ok(Ended::ShutDown) => {
                             tracing::info!(%from, "the coordinator ended training");
@@ -185,13 +185,40 @@ impl<S: Send + 'static> StepServer<S> {
                     self.registry.names().collect::<Vec<_>>()
                 )),
             };
-            let outcome = StepOutcome {
+            let mut outcome = StepOutcome {
                 id: run.id,
                 result: Some(result),
             };
+            if outcome.encoded_len() > protocol::MAX_FRAME {
+                outcome.result = Some(StepResult::Failed(format!(
+                    "its output of {} bytes is over the frame limit of {}",
+                    outcome.encoded_len(),
+                    protocol::MAX_FRAME
+                )));
+            }
             protocol::write_frame(&mut stream, &outcome, &peer)?;
         }
         Ok(Ended::Closed)
+    }
+}
+
+/// The coordinator's connection as [`RunningWorker::kill`] may cut it, recorded while it is
+/// served and forgotten when that ends, a panicking step included: the copy must not keep
+/// the connection open once the server is done with it.
+struct Serving<'a>(&'a Mutex<Option<TcpStream>>);
+
+impl<'a> Serving<'a> {
+    fn record(slot: &'a Mutex<Option<TcpStream>>, stream: &TcpStream) -> Self {
+        if let Ok(copy) = stream.try_clone() {
+            *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(copy);
+        }
+        Self(slot)
+    }
+}
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 }
 

@@ -3,7 +3,8 @@
 
 #![allow(
     clippy::unwrap_used,
-    reason = "a test that meets an error must fail loudly"
+    clippy::panic,
+    reason = "a test that meets an error must fail loudly; one step panics on purpose"
 )]
 
 use std::net::{SocketAddr, TcpListener};
@@ -38,6 +39,12 @@ fn registry(step_time: Duration) -> StepRegistry<Worker> {
         .with("fail", |_: &mut Worker, _: &[u8]| {
             Err("the batch was empty".to_owned())
         })
+        .with(
+            "crash",
+            |_: &mut Worker, _: &[u8]| -> Result<Vec<u8>, String> {
+                panic!("this step takes its worker down")
+            },
+        )
 }
 
 fn worker(
@@ -252,4 +259,28 @@ fn shutting_the_workers_down_ends_each_service_after_the_steps_scheduled() {
     for (_, thread, _) in serving {
         thread.join().unwrap();
     }
+}
+
+#[test]
+fn a_step_that_takes_down_every_worker_running_it_fails_instead_of_going_round_for_ever() {
+    let (tx, _rx) = channel();
+    let workers: Vec<_> = (0..4)
+        .map(|_| worker("w", "127.0.0.1:0", Duration::ZERO, None, tx.clone()))
+        .collect();
+    let addresses: Vec<SocketAddr> = workers.iter().map(|(w, _)| w.address()).collect();
+    let coordinator = ClusterCoordinator::new(&addresses, &options(None)).unwrap();
+    let crash = coordinator.schedule("crash", Vec::new());
+    let e = coordinator.join().unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("3 workers were lost while running it"),
+        "{e}"
+    );
+    assert!(matches!(crash.fetch(), Err(PsError::Step { .. })));
+    assert_eq!(coordinator.retried(), 2);
+    // The worker it did not reach still runs steps.
+    assert_eq!(
+        read(&coordinator.schedule("square", square(6)).fetch().unwrap()),
+        36
+    );
 }

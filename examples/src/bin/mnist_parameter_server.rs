@@ -115,6 +115,14 @@ fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
     lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
+    if args.training.batch_per_worker == 0 {
+        anyhow::bail!("--batch-per-worker must be at least 1");
+    }
+    if args.training.global_batch.is_some() {
+        anyhow::bail!(
+            "under ParameterServerStrategy each step is one worker's batch: use --batch-per-worker"
+        );
+    }
     let cluster = args.cluster.resolve()?;
     lockstep_examples::start_kernel_threads(args.training.threads, cluster.spec().tasks().count())?;
     let mut strategy = ParameterServerStrategy::new(cluster, ClusterSecret::from_env()?)?
@@ -255,8 +263,8 @@ fn train(
         let dir = match &args.backup_dir {
             Some(dir) => dir.clone(),
             None => lockstep_examples::private_state_dir()?.join(format!(
-                "mnist-ps-backup-lr{}-b{batch}-seed{}-{workers}w",
-                args.learning_rate, args.training.seed
+                "mnist-ps-backup-{}-{}-lr{}-b{batch}-seed{}-{workers}w",
+                args.model, args.optimizer, args.learning_rate, args.training.seed
             )),
         };
         model.backup_and_restore(&dir, !args.keep_backup)?;

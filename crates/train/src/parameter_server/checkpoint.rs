@@ -103,17 +103,18 @@ fn broken(variable: &str, e: impl std::fmt::Display) -> TrainError {
     )
 }
 
-/// Every shard of `layout` from `checkpoint`, for each `ps` task (`num_ps` of them).
+/// Every shard of `layout` from `checkpoint`, for each `ps` task (`num_ps` of them), for a
+/// model compiled with `optimizer` (Keras' config as JSON).
 ///
 /// # Errors
 ///
-/// A checkpoint that lacks a variable of the model, holds one of another shape, or was not
-/// written by a parameter-server chief.
+/// A checkpoint that lacks a variable of the model, holds one of another shape, was trained
+/// with another optimizer, or was not written by a parameter-server chief.
 pub(crate) fn restore(
     checkpoint: &Checkpoint,
     specs: &[ParamSpec],
     layout: &ShardedVariables,
-    num_ps: usize,
+    (num_ps, optimizer): (usize, &str),
 ) -> Result<Vec<Vec<ShardState>>, TrainError> {
     let meta: Meta = serde_json::from_value(checkpoint.meta.clone()).map_err(|e| {
         TrainError::invalid(
@@ -121,6 +122,17 @@ pub(crate) fn restore(
             format!("its meta is not a parameter-server chief's: {e}"),
         )
     })?;
+    // The optimizer's state means nothing to another optimizer: refuse rather than switch.
+    let settings = |json: &str| serde_json::from_str::<serde_json::Value>(json).ok();
+    if settings(&meta.optimizer) != settings(optimizer) {
+        return Err(TrainError::invalid(
+            "parameter-server checkpoint",
+            format!(
+                "it was trained with the optimizer {}, and the model is compiled with {optimizer}",
+                meta.optimizer
+            ),
+        ));
+    }
     let mut per_ps: Vec<Vec<ShardState>> = vec![Vec::new(); num_ps];
     let slots = checkpoint.file("optimizer")?;
     for spec in specs {
@@ -208,10 +220,14 @@ mod tests {
         ]
     }
 
+    fn adam() -> String {
+        serde_json::to_string(&lockstep_nn::Adam::default().config()).unwrap()
+    }
+
     /// Stores holding `layout`'s shards of `values`, trained a little with Adam.
     fn trained(layout: &ShardedVariables, num_ps: usize, values: &[f32]) -> Vec<ShardStore> {
         let stores: Vec<ShardStore> = (0..num_ps).map(|_| ShardStore::new()).collect();
-        let adam = serde_json::to_string(&lockstep_nn::Adam::default().config()).unwrap();
+        let adam = adam();
         for shard in &layout.shards {
             stores[shard.ps]
                 .create(&ShardState {
@@ -263,7 +279,7 @@ mod tests {
 
         let three = FixedShardsPartitioner::new(3).unwrap();
         let new_layout = ShardedVariables::lay_out(&specs, 3, Some(&three)).unwrap();
-        let per_ps = restore(&checkpoint, &specs, &new_layout, 3).unwrap();
+        let per_ps = restore(&checkpoint, &specs, &new_layout, (3, &adam())).unwrap();
         let restored: Vec<ShardStore> = per_ps
             .iter()
             .map(|states| {
@@ -288,7 +304,7 @@ mod tests {
         let stores = trained(&layout, 2, &values);
         let exported: Vec<ShardState> = stores.iter().flat_map(|s| s.export().unwrap()).collect();
         let checkpoint = save(&specs, exported.clone(), progress()).unwrap();
-        let per_ps = restore(&checkpoint, &specs, &layout, 2).unwrap();
+        let per_ps = restore(&checkpoint, &specs, &layout, (2, &adam())).unwrap();
         let mut restored: Vec<ShardState> = per_ps.into_iter().flatten().collect();
         restored.sort_by(|a, b| a.key.cmp(&b.key));
         let mut original = exported;
@@ -304,7 +320,10 @@ mod tests {
         let checkpoint = save(&specs, stores[0].export().unwrap(), progress()).unwrap();
         let mut other = specs.clone();
         other[1].shape = vec![4];
-        let e = restore(&checkpoint, &other, &layout, 1).unwrap_err();
+        let e = restore(&checkpoint, &other, &layout, (1, &adam())).unwrap_err();
         assert!(e.to_string().contains("dense/bias"), "{e}");
+        let sgd = serde_json::to_string(&lockstep_nn::Sgd::new(0.1).config()).unwrap();
+        let e = restore(&checkpoint, &specs, &layout, (1, &sgd)).unwrap_err();
+        assert!(e.to_string().contains("compiled with"), "{e}");
     }
 }

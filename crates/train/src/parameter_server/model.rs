@@ -34,6 +34,8 @@ pub struct ParameterServerModel {
     variables: ShardedVariables,
     clients: Vec<PsClient>,
     compiled: Option<Compiled>,
+    /// The optimizer's settings `compile` put on the shards (Keras' config as JSON).
+    optimizer: String,
     /// The coordinator of the workers, made by the first `fit`.
     coordinator: Option<ClusterCoordinator>,
     /// Where every epoch's checkpoint of the shards goes
@@ -83,6 +85,7 @@ impl ParameterServerModel {
             variables,
             clients,
             compiled: None,
+            optimizer: String::new(),
             coordinator: None,
             backup: None,
             next_epoch: 0,
@@ -119,6 +122,7 @@ impl ParameterServerModel {
             shards = self.variables.shards.len(),
             "variables placed on the parameter servers"
         );
+        self.optimizer = config;
         self.compiled = Some(Compiled {
             loss: Arc::new(loss),
             metrics,
@@ -177,7 +181,7 @@ impl ParameterServerModel {
             &saved,
             self.net.parameters().specs(),
             &self.variables,
-            self.clients.len(),
+            (self.clients.len(), &self.optimizer),
         )?;
         for (ps, (client, shards)) in self.clients.iter_mut().zip(per_ps).enumerate() {
             client.import(shards).map_err(|e| on_ps(ps, &e))?;
