@@ -94,11 +94,16 @@ fn two_workers_and_two_ps_tasks_train_the_mlp_to_the_accuracy_of_synchronous_tra
     model
         .compile(&Sgd::new(0.05), common::loss(), &["accuracy"])
         .unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    model.tensorboard(logs.path());
     let history = model.fit(4, 40, false).unwrap();
     assert_eq!(history.steps, 160);
     assert_eq!(history.examples, 160 * 32);
     let losses = &history.history["loss"];
     assert!(losses[3] < losses[0], "the loss falls: {losses:?}");
+    // One event of the epoch's scalars per epoch, at the epoch's index (the helper sees the
+    // steps written: epoch 0's is protobuf's default, left out).
+    assert_eq!(common::event_steps(&logs.path().join("train")), [1, 2, 3]);
     let logs = model.evaluate(&common::digits().batch(128, false)).unwrap();
     let accuracy = logs.0["accuracy"];
     // Training is over: every worker's and ps task's service returns.

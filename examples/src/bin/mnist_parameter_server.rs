@@ -94,6 +94,9 @@ struct Args {
     /// evaluator when it is done.
     #[arg(long, value_name = "DIR")]
     checkpoint_dir: Option<PathBuf>,
+    /// The chief writes each epoch's logs here as TensorBoard scalars (`train/`).
+    #[arg(long)]
+    tensorboard_dir: Option<PathBuf>,
     /// The evaluator fails when the chief writes no new weights for this long.
     #[arg(long, default_value_t = 600)]
     evaluator_timeout_secs: u64,
@@ -256,6 +259,9 @@ fn train(
     let mut model = ParameterServerModel::new(strategy, build)?;
     let weights = weights_dir(args, strategy_cluster)?;
     model.compile(&*optimizer(args), loss(), &["accuracy"])?;
+    if let Some(dir) = &args.tensorboard_dir {
+        model.tensorboard(dir);
+    }
     if let Some((dir, _)) = weights {
         model.model_checkpoint(format!("{}/weights-{{epoch}}.safetensors", dir.display()));
     }

@@ -18,6 +18,7 @@ use crate::error::TrainError;
 use crate::history::{History, Logs};
 use crate::model::{metrics_named, write_weights};
 use crate::replica::{Objective, StepTotals};
+use crate::tensorboard::EventWriter;
 
 /// What `compile` set.
 struct Compiled {
@@ -49,6 +50,9 @@ pub struct ParameterServerModel {
     delete_backup: bool,
     /// Where each epoch's weights go ([`ParameterServerModel::model_checkpoint`]).
     weights_pattern: Option<String>,
+    /// Where each epoch's logs go as `TensorBoard` scalars
+    /// ([`ParameterServerModel::tensorboard`]).
+    tensorboard: Option<PathBuf>,
     /// Steps scheduled by every `fit` so far.
     steps: u64,
 }
@@ -92,6 +96,7 @@ impl ParameterServerModel {
             looked_for_backup: false,
             delete_backup: true,
             weights_pattern: None,
+            tensorboard: None,
             steps: 0,
         })
     }
@@ -156,6 +161,12 @@ impl ParameterServerModel {
     /// it: the weights files a `SidecarEvaluator` evaluates beside training.
     pub fn model_checkpoint(&mut self, filepath: impl Into<String>) {
         self.weights_pattern = Some(filepath.into());
+    }
+
+    /// Writes each epoch's logs as `TensorBoard` scalars `epoch_<name>` at the epoch's index
+    /// in `log_dir/train`, as Keras' `TensorBoard` callback does.
+    pub fn tensorboard(&mut self, log_dir: impl Into<PathBuf>) {
+        self.tensorboard = Some(log_dir.into());
     }
 
     /// Saves the weights as last pulled to `path`, in `Model::save_weights`' format, with the
@@ -252,6 +263,11 @@ impl ParameterServerModel {
             None => self.coordinate()?,
         };
         let mut history = History::default();
+        let mut events = self
+            .tensorboard
+            .as_ref()
+            .map(|dir| EventWriter::create(&dir.join("train")))
+            .transpose()?;
         for epoch in self.next_epoch..epochs {
             let started = std::time::Instant::now();
             let values: Vec<_> = (0..steps_per_epoch)
@@ -286,6 +302,15 @@ impl ParameterServerModel {
                     .entry(name.clone())
                     .or_default()
                     .push(*value);
+            }
+            if let Some(events) = &mut events {
+                let scalars: Vec<(String, f64)> = logs
+                    .0
+                    .iter()
+                    .map(|(name, value)| (format!("epoch_{name}"), *value))
+                    .collect();
+                events.scalars(epoch, &scalars)?;
+                events.flush()?;
             }
             self.next_epoch = epoch + 1;
             self.save_backup(epoch + 1)?;
