@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Parameter-server training beside TensorFlow 2.21's ParameterServerStrategy on this machine:
-# the same cluster shape (2 workers, 1 ps), model (784 → 128 → 10 MLP), optimizer (SGD 0.01)
-# and batch (64 a step), interleaved, every run's figure printed.
+# the same cluster shape (2 workers, 1 ps), model (MODELS: the 784 → 128 → 10 MLP of the
+# anchor, and the multi-worker tutorial's CNN), optimizer (SGD 0.01) and batch (64 a step),
+# interleaved, every run's figure printed.
 #
 # TensorFlow: benches/reference/tf_ps_reference.py, an in-process cluster of
 # tf.distribute.Server (../shared/anchors/training/tf_ps_strategy.py's shape), 20 steps of
@@ -13,29 +14,33 @@
 # `peak_rss_mib` of each task.
 #
 # Usage: benches/side_by_side_ps.sh   (from the repository root)
-# Needs: PY=/path/to/python with tensorflow-cpu 2.21. REPS (default 3) repetitions.
+# Needs: PY=/path/to/python with tensorflow-cpu 2.21. REPS (default 3) repetitions; MODELS
+# (default "mlp cnn").
 set -euo pipefail
 PY="${PY:-python3}"
 REPS="${REPS:-3}"
+MODELS="${MODELS:-mlp cnn}"
 export TF_CPP_MIN_LOG_LEVEL=2 RUST_BACKTRACE=0
 
 cargo build --release --quiet -p lockstep-examples --bin mnist_parameter_server
 
-tensorflow() {
-  "$PY" benches/reference/tf_ps_reference.py --steps 200 --warmup 20 --workers 2 --ps 1 \
-    2>/dev/null | tail -1 || echo "# FAILED: tf"
+tensorflow() { # model
+  "$PY" benches/reference/tf_ps_reference.py --model "$1" --steps 200 --warmup 20 --workers 2 \
+    --ps 1 2>/dev/null | tail -1 || echo "# FAILED: tf $1"
 }
 
-lockstep() {
+lockstep() { # model
   cargo xtask run-cluster --example mnist_parameter_server --workers 2 --ps 1 --chief -- \
-    --model mlp --optimizer sgd --learning-rate 0.01 --epochs 3 --steps-per-epoch 200 \
+    --model "$1" --optimizer sgd --learning-rate 0.01 --epochs 3 --steps-per-epoch 200 \
     --no-backup --threads 1 2>/dev/null |
     awk '/examples_per_s=/ { for (i = 1; i <= NF; i++) if ($i ~ /^examples_per_s=/) rate = $i }
          /peak_rss_mib=/ { for (i = 1; i <= NF; i++) if ($i ~ /^peak_rss_mib=/) { split($i, kv, "="); peaks = peaks sep $1 kv[2]; sep = " " } }
-         END { print "lockstep,mlp," rate ",peak_rss_mib_per_task=" peaks }'
+         END { print "lockstep,'"$1"'," rate ",peak_rss_mib_per_task=" peaks }'
 }
 
 for rep in $(seq 1 "$REPS"); do
-  tensorflow
-  lockstep
+  for model in $MODELS; do
+    tensorflow "$model"
+    lockstep "$model"
+  done
 done

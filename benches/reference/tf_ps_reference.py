@@ -1,12 +1,13 @@
 """TensorFlow 2.21's ParameterServerStrategy + ClusterCoordinator on this machine, for
 benches/side_by_side_ps.sh: the shape of ../shared/anchors/training/tf_ps_strategy.py (an
-in-process cluster of tf.distribute.Server: 2 workers and 1 ps; a 784-128-10 MLP, SGD 0.01,
-batch 64, random inputs) with its measurement split: WARMUP steps scheduled and joined first
-(tf.function tracing, the first RPCs), then STEPS steps timed from the first schedule to the
-join. Prints one line: `tf,mlp,ex_per_s=…,warm_ex_per_s=…,peak_rss_mib=…` (the whole
-in-process cluster's peak memory: every task lives in this one process).
+in-process cluster of tf.distribute.Server: 2 workers and 1 ps; SGD 0.01, batch 64, random
+inputs) with its measurement split: WARMUP steps scheduled and joined first (tf.function
+tracing, the first RPCs), then STEPS steps timed from the first schedule to the join. The
+model: `mlp`, the anchor's 784-128-10, or `cnn`, the multi-worker tutorial's CNN (Lockstep's
+`models::mnist_cnn`). Prints one line: `tf,MODEL,ex_per_s=…,warm_ex_per_s=…,peak_rss_mib=…`
+(the whole in-process cluster's peak memory: every task lives in this one process).
 
-Usage: python tf_ps_reference.py [--steps 200] [--warmup 20] [--workers 2] [--ps 1]
+Usage: python tf_ps_reference.py [--model mlp|cnn] [--steps 200] [--warmup 20] [--workers 2] [--ps 1]
 """
 import argparse, os, resource, socket, time
 os.environ["GRPC_FAIL_FAST"] = "use_caller"
@@ -19,6 +20,7 @@ parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--warmup", type=int, default=20)
 parser.add_argument("--workers", type=int, default=2)
 parser.add_argument("--ps", type=int, default=1)
+parser.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
 args = parser.parse_args()
 
 
@@ -37,7 +39,8 @@ for i in range(args.ps):
 resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
 strategy = tf.distribute.ParameterServerStrategy(resolver)
 coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-x = np.random.rand(8000, 784).astype("float32"); y = np.random.randint(0, 10, 8000)
+shape = (784,) if args.model == "mlp" else (28, 28, 1)
+x = np.random.rand(8000, *shape).astype("float32"); y = np.random.randint(0, 10, 8000)
 
 
 def dataset_fn():
@@ -45,8 +48,15 @@ def dataset_fn():
 
 
 with strategy.scope():
-    model = tf.keras.Sequential([tf.keras.layers.Dense(128, activation="relu"), tf.keras.layers.Dense(10)])
-    model.build((None, 784))
+    if args.model == "mlp":
+        layers = [tf.keras.layers.Dense(128, activation="relu"), tf.keras.layers.Dense(10)]
+    else:
+        layers = [tf.keras.layers.Conv2D(32, 3, activation="relu"), tf.keras.layers.MaxPooling2D(),
+                  tf.keras.layers.Conv2D(64, 3, activation="relu"), tf.keras.layers.MaxPooling2D(),
+                  tf.keras.layers.Flatten(), tf.keras.layers.Dense(128, activation="relu"),
+                  tf.keras.layers.Dense(10)]
+    model = tf.keras.Sequential(layers)
+    model.build((None, *shape))
     optimizer = tf.keras.optimizers.SGD(0.01)
 iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
@@ -73,5 +83,5 @@ for _ in range(args.steps):
 coordinator.join()
 done = time.time()
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-print(f"tf,mlp,ex_per_s={(args.warmup + args.steps) * 64 / (done - started):.0f},"
+print(f"tf,{args.model},ex_per_s={(args.warmup + args.steps) * 64 / (done - started):.0f},"
       f"warm_ex_per_s={args.steps * 64 / (done - warm):.0f},peak_rss_mib={peak}")
