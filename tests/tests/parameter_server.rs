@@ -1,8 +1,8 @@
 //! `ParameterServerStrategy` across real processes: a chief, two workers and two `ps` tasks
 //! train the tutorial CNN; a worker killed (SIGKILL) mid-run has its step run on the other and
 //! training finishes without a restart; a `ps` task killed (SIGKILL) is an error on the chief that
-//! names it, and a restarted cluster resumes from the chief's checkpoint, also on three `ps`
-//! tasks where two saved it.
+//! names it, and a restarted cluster resumes from the chief's checkpoint (after a `ps` task
+//! or the chief died), also on three `ps` tasks where two saved it.
 
 #![allow(
     clippy::unwrap_used,
@@ -123,19 +123,22 @@ fn a_ps_task_killed_mid_run_is_an_error_on_the_chief_naming_it_and_every_task_en
     assert!(logs.contains("task ps:0 failed"), "{logs}");
 }
 
-#[test]
-fn a_cluster_restarted_after_a_ps_task_died_resumes_from_the_chiefs_checkpoint() {
+/// Trains 2 epochs with `kill` (a task killed in the second), restarting the cluster once;
+/// checks that the second start resumed from the chief's checkpoint of epoch 1 and trained
+/// epoch 2 only, and that the completed run deleted its checkpoints.
+fn restarted_after(kill: &str, task: &str) {
     let dir = tempfile::tempdir().unwrap();
     let backup = dir.path().join("backup");
     let backup = backup.to_str().unwrap();
     let out = xtask(&cluster_args_with(
-        &["--kill", "ps:0@600", "--restart-on-failure", "1"],
+        &["--kill", kill, "--restart-on-failure", "1"],
         "2",
         &["--epochs", "2", "--backup-dir", backup],
     ))
     .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("task {task} failed")), "{stderr}");
     let chief = task_lines(&out.stdout, "chief:0");
     assert!(
         chief
@@ -155,6 +158,18 @@ fn a_cluster_restarted_after_a_ps_task_died_resumes_from_the_chiefs_checkpoint()
         !std::path::Path::new(backup).exists(),
         "a completed run deletes its checkpoints"
     );
+}
+
+#[test]
+fn a_cluster_restarted_after_a_ps_task_died_resumes_from_the_chiefs_checkpoint() {
+    // ps:0 applies 4 shards' gradients a step: 600 falls in the second epoch of 124 steps.
+    restarted_after("ps:0@600", "ps:0");
+}
+
+#[test]
+fn a_cluster_restarted_after_the_chief_died_mid_epoch_resumes_from_its_checkpoint() {
+    // Step 150 falls in the second epoch (124 steps each).
+    restarted_after("chief:0@150", "chief:0");
 }
 
 #[test]

@@ -129,6 +129,8 @@ struct Queue {
 struct Shared {
     queue: Mutex<Queue>,
     changed: Condvar,
+    /// Steps that have finished (with an output or a failure) since the coordinator was made.
+    finished: Arc<AtomicU64>,
     /// Each worker's connection, to cut at shutdown.
     connections: Mutex<Vec<Option<TcpStream>>>,
 }
@@ -157,6 +159,7 @@ impl ClusterCoordinator {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             changed: Condvar::new(),
+            finished: Arc::new(AtomicU64::new(0)),
             connections: Mutex::new(workers.iter().map(|_| None).collect()),
         });
         let threads = workers
@@ -223,6 +226,12 @@ impl ClusterCoordinator {
     pub fn done(&self) -> bool {
         let queue = self.shared.lock();
         queue.pending.is_empty() && queue.in_flight == 0
+    }
+
+    /// A counter of the steps that have finished (with an output or a failure) since this
+    /// coordinator was made, readable from any thread while `join` waits.
+    pub fn finished_steps(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.shared.finished)
     }
 
     /// Workers connected now.
@@ -374,27 +383,7 @@ fn connect(address: SocketAddr, options: &CoordinatorOptions) -> Result<TcpStrea
 /// the connection fails (the error; the step it held is back in the queue).
 fn run_steps(shared: &Shared, stream: &mut TcpStream, peer: &str) -> Option<PsError> {
     loop {
-        let closure = {
-            let mut queue = shared.lock();
-            loop {
-                if queue.closed {
-                    if queue.shutting_down {
-                        drop(queue);
-                        let told = tell_shutdown(stream, peer);
-                        shared.lock().told += usize::from(told);
-                    }
-                    return None;
-                }
-                if let Some(closure) = queue.pending.pop_front() {
-                    queue.in_flight += 1;
-                    break closure;
-                }
-                queue = shared
-                    .changed
-                    .wait(queue)
-                    .unwrap_or_else(PoisonError::into_inner);
-            }
-        };
+        let closure = next_step(shared, stream, peer)?;
         let run = RunStep {
             id: closure.id,
             step: closure.step.clone(),
@@ -417,6 +406,9 @@ fn run_steps(shared: &Shared, stream: &mut TcpStream, peer: &str) -> Option<PsEr
             });
         let mut queue = shared.lock();
         queue.in_flight -= 1;
+        if answer.is_ok() {
+            shared.finished.fetch_add(1, Ordering::Relaxed);
+        }
         match answer {
             Ok(StepResult::Output(output)) => closure.value.set(Ok(output)),
             Ok(StepResult::Failed(why)) => {
@@ -471,6 +463,30 @@ fn run_steps(shared: &Shared, stream: &mut TcpStream, peer: &str) -> Option<PsEr
             }
         }
         shared.changed.notify_all();
+    }
+}
+
+/// The queue's next step for this worker, counted in flight; `None` once the coordinator
+/// closes (after telling the worker that training is over, when it is shutting down).
+fn next_step(shared: &Shared, stream: &mut TcpStream, peer: &str) -> Option<Closure> {
+    let mut queue = shared.lock();
+    loop {
+        if queue.closed {
+            if queue.shutting_down {
+                drop(queue);
+                let told = tell_shutdown(stream, peer);
+                shared.lock().told += usize::from(told);
+            }
+            return None;
+        }
+        if let Some(closure) = queue.pending.pop_front() {
+            queue.in_flight += 1;
+            return Some(closure);
+        }
+        queue = shared
+            .changed
+            .wait(queue)
+            .unwrap_or_else(PoisonError::into_inner);
     }
 }
 

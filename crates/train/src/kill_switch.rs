@@ -52,13 +52,14 @@ impl KillSwitch {
         }
     }
 
-    /// The count a `ps` task is killed at: `LOCKSTEP_KILL_AT_STEP` read as updates applied
-    /// (a parameter server has no steps of its own).
+    /// The count a parameter-server task is killed at: `LOCKSTEP_KILL_AT_STEP` read as the
+    /// updates a `ps` task has applied (it has no steps of its own), or the steps a
+    /// parameter-server chief has seen finish.
     pub(crate) fn kill_at_updates(self) -> Option<u64> {
         self.after_step
     }
 
-    /// Kills the process with SIGKILL: the armed count of updates was reached.
+    /// Kills the process with SIGKILL: the armed count was reached.
     pub(crate) fn kill_now(updates: u64) {
         kill(KILL_AT_STEP, updates);
     }

@@ -26,7 +26,8 @@
 //! `ps` task killed (`--kill ps:0@UPDATES`, after it applied that many gradients) is an error
 //! on the chief that names it; with `--restart-on-failure 1` the restarted cluster resumes
 //! from the chief's checkpoint of the last finished epoch, also on another number of `ps`
-//! tasks (`--keep-backup` and `--backup-dir` carry one from run to run).
+//! tasks (`--keep-backup` and `--backup-dir` carry one from run to run). So does a cluster
+//! whose chief was killed (`--kill chief:0@STEPS`, once that many steps have finished).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -94,7 +95,7 @@ struct Args {
     /// evaluator when it is done.
     #[arg(long, value_name = "DIR")]
     checkpoint_dir: Option<PathBuf>,
-    /// The chief writes each epoch's logs here as TensorBoard scalars (`train/`).
+    /// The chief writes each epoch's logs here as `TensorBoard` scalars (`train/`).
     #[arg(long)]
     tensorboard_dir: Option<PathBuf>,
     /// The evaluator fails when the chief writes no new weights for this long.

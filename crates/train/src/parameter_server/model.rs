@@ -16,6 +16,7 @@ use crate::batch::LabeledBatch;
 use crate::callbacks::format_path;
 use crate::error::TrainError;
 use crate::history::{History, Logs};
+use crate::kill_switch::KillSwitch;
 use crate::model::{metrics_named, write_weights};
 use crate::replica::{Objective, StepTotals};
 use crate::tensorboard::EventWriter;
@@ -262,6 +263,7 @@ impl ParameterServerModel {
             Some(coordinator) => coordinator,
             None => self.coordinate()?,
         };
+        arm_kill_switch(&coordinator, self.steps)?;
         let mut history = History::default();
         let mut events = self
             .tensorboard
@@ -437,6 +439,29 @@ impl ParameterServerModel {
     pub fn steps(&self) -> u64 {
         self.steps
     }
+}
+
+/// `--kill chief:0@N`: a watcher that SIGKILLs this process once N steps have finished,
+/// counting `before` (those of earlier `fit`s or a restored checkpoint), wherever that falls
+/// in an epoch. Armed once per process.
+fn arm_kill_switch(coordinator: &ClusterCoordinator, before: u64) -> Result<(), TrainError> {
+    static ARMED: std::sync::Once = std::sync::Once::new();
+    let Some(at) = KillSwitch::from_env()?.kill_at_updates() else {
+        return Ok(());
+    };
+    let finished = coordinator.finished_steps();
+    ARMED.call_once(|| {
+        std::thread::spawn(move || {
+            loop {
+                let steps = before + finished.load(std::sync::atomic::Ordering::Relaxed);
+                if steps >= at {
+                    KillSwitch::kill_now(steps);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        });
+    });
+    Ok(())
 }
 
 /// A step's totals from the bytes [`TRAIN_STEP`] answers.
