@@ -55,8 +55,8 @@ fn a_chief_two_workers_and_two_ps_tasks_train_to_the_synchronous_accuracy_and_al
     assert!(out.status.success(), "{stderr}");
     check_documented_output(&out.stdout, "mnist_parameter_server").unwrap();
     let line = result(&out.stdout);
-    // Two epochs of mnist_keras (synchronous, the same CNN, Adam and batch) reach about 0.95
-    // on the test digits.
+    // Two epochs of mnist_keras (synchronous: the same CNN, Adam and examples) reach 0.946 on
+    // the test digits; asynchronous steps land in that band.
     let accuracy: f64 = field(&line, "test_accuracy").unwrap().parse().unwrap();
     assert!(accuracy > 0.92, "{line}");
     assert_eq!(field(&line, "steps"), Some("248"), "{line}");
