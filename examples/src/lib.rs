@@ -1,6 +1,7 @@
 //! What the example binaries share: the set-up every training program does, from
 //! `lockstep-task` (logs, kernel threads, the cluster and its flags, a private state
-//! directory) and `lockstep-train`'s step clock, and the examples' own allocator setting.
+//! directory) and `lockstep-train`'s step clock, the examples' own allocator setting, and the
+//! lines several examples print alike.
 //!
 //! Each binary is a thin `main` over the library crates.
 
@@ -26,6 +27,22 @@ pub fn keep_freed_memory_mapped() {
     unsafe {
         libmimalloc_sys::mi_option_set(MIMALLOC_PURGE_DELAY, -1);
     }
+}
+
+/// The line an evaluator task prints when it is done: how many checkpoints it evaluated, and
+/// the last one's name, step and test figures; `None` when it evaluated none.
+pub fn evaluation_summary(evaluations: &[lockstep_train::Evaluation]) -> Option<String> {
+    let last = evaluations.last()?;
+    Some(format!(
+        "evaluated={} last_checkpoint={} iterations={} test_accuracy={:.4} test_loss={:.4}",
+        evaluations.len(),
+        last.checkpoint
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        last.iterations,
+        last.logs.get("accuracy").unwrap_or(f64::NAN),
+        last.logs.get("loss").unwrap_or(f64::NAN),
+    ))
 }
 
 /// This process's peak resident memory in MiB (`VmHWM`), when the system tells.

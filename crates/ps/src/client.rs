@@ -3,7 +3,7 @@
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
+use lockstep_collective::ClusterSecret;
 
 use crate::error::PsError;
 use crate::protocol::{
@@ -36,22 +36,8 @@ impl PsClient {
         secret: Option<&ClusterSecret>,
         timeout: Duration,
     ) -> Result<Self, PsError> {
+        let stream = crate::connection::dial(address, secret, SERVICE, timeout)?;
         let peer = address.to_string();
-        let failed = |doing: &str, e: std::io::Error| protocol::connection(&peer, doing, &e);
-        let mut stream =
-            TcpStream::connect_timeout(&address, timeout).map_err(|e| failed("connecting", e))?;
-        stream
-            .set_nodelay(true)
-            .and_then(|()| crate::keepalive::keep_alive(&stream))
-            .and_then(|()| stream.set_read_timeout(Some(timeout)))
-            .and_then(|()| stream.set_write_timeout(Some(timeout)))
-            .map_err(|e| failed("setting up", e))?;
-        authenticate_stream(&mut stream, secret, SERVICE, ServiceSide::Dialler).map_err(|e| {
-            PsError::Connection {
-                peer: peer.clone(),
-                why: e.to_string(),
-            }
-        })?;
         Ok(Self {
             stream,
             peer,

@@ -20,7 +20,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
+use lockstep_collective::ClusterSecret;
 
 use crate::error::PsError;
 use crate::protocol::{self, RunStep, SHUTDOWN_STEP, STEP_SERVICE, StepOutcome, StepResult};
@@ -351,31 +351,17 @@ fn wait_unless_closed(shared: &Shared, wait: Duration) {
 }
 
 fn connect(address: SocketAddr, options: &CoordinatorOptions) -> Result<TcpStream, PsError> {
-    let peer = address.to_string();
-    let failed = |doing: &str, e: std::io::Error| protocol::connection(&peer, doing, &e);
-    let mut stream = TcpStream::connect_timeout(&address, options.connect_timeout)
-        .map_err(|e| failed("connecting", e))?;
-    stream
-        .set_nodelay(true)
-        .and_then(|()| crate::keepalive::keep_alive(&stream))
-        .and_then(|()| stream.set_read_timeout(Some(options.connect_timeout)))
-        .and_then(|()| stream.set_write_timeout(Some(options.connect_timeout)))
-        .map_err(|e| failed("setting up", e))?;
-    authenticate_stream(
-        &mut stream,
+    let stream = crate::connection::dial(
+        address,
         options.secret.as_ref(),
         STEP_SERVICE,
-        ServiceSide::Dialler,
-    )
-    .map_err(|e| PsError::Connection {
-        peer: peer.clone(),
-        why: e.to_string(),
-    })?;
+        options.connect_timeout,
+    )?;
     // A step takes as long as it takes: a lost worker shows as the connection's end, or,
     // for a host that vanished, as keepalive's error.
     stream
         .set_read_timeout(None)
-        .map_err(|e| failed("setting up", e))?;
+        .map_err(|e| protocol::connection(&address.to_string(), "setting up", &e))?;
     Ok(stream)
 }
 

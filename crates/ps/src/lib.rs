@@ -64,6 +64,7 @@
 //! the workers a coordinator loses.
 
 mod client;
+mod connection;
 pub mod coordinator;
 mod error;
 pub mod keepalive;
@@ -76,6 +77,7 @@ mod store;
 mod worker;
 
 pub use client::PsClient;
+pub use connection::HANDSHAKE_TIMEOUT;
 pub use coordinator::{ClusterCoordinator, CoordinatorOptions, RemoteValue};
 pub use error::PsError;
 pub use partitioner::{
@@ -83,7 +85,7 @@ pub use partitioner::{
 };
 pub use placement::RoundRobin;
 pub use protocol::{ShardKey, ShardState};
-pub use server::{HANDSHAKE_TIMEOUT, PsServer, RunningServer};
+pub use server::{PsServer, RunningServer};
 pub use steps::{StepFn, StepRegistry};
 pub use store::ShardStore;
 pub use worker::{RunningWorker, StepServer};

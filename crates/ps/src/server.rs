@@ -2,7 +2,7 @@
 //!
 //! Each connection first proves the cluster secret both ways
 //! (`lockstep_collective::authenticate_stream`, bound to [`SERVICE`]), within
-//! [`HANDSHAKE_TIMEOUT`]; then it may stay open and idle as long as its client likes (a
+//! [`crate::HANDSHAKE_TIMEOUT`]; then it may stay open and idle as long as its client likes (a
 //! worker between steps). A request the store refuses is answered with the reason and the
 //! connection goes on; bytes that are not a frame of the protocol end that connection (there
 //! is no way to find the next frame), and never the server or another connection.
@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
+use lockstep_collective::ClusterSecret;
 use prost::Message as _;
 
 use crate::error::PsError;
@@ -22,9 +22,6 @@ use crate::protocol::{
     self, Done, Refusal, Request, RequestKind, Response, ResponseKind, SERVICE, Shards, Values,
 };
 use crate::store::ShardStore;
-
-/// How long a new connection has to prove the cluster secret.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often a server that was asked to stop looks up from waiting for connections.
 const ACCEPT_POLL: Duration = Duration::from_millis(20);
@@ -119,7 +116,8 @@ impl PsServer {
     /// One connection: the handshake, then requests until the client closes it.
     fn serve_connection(&self, mut stream: TcpStream, from: SocketAddr) {
         let peer = from.to_string();
-        if let Err(e) = self.open(&mut stream) {
+        if let Err(e) = crate::connection::accept(&mut stream, &peer, self.secret.as_ref(), SERVICE)
+        {
             tracing::warn!(%from, error = %e, "refused a parameter-server connection");
             return;
         }
@@ -150,29 +148,6 @@ impl PsServer {
                 return;
             }
         }
-    }
-
-    /// The handshake, under [`HANDSHAKE_TIMEOUT`]; then no deadline on reads.
-    fn open(&self, stream: &mut TcpStream) -> Result<(), PsError> {
-        let peer = stream
-            .peer_addr()
-            .map_or_else(|_| "a client".to_owned(), |a| a.to_string());
-        let setup = |e: io::Error| protocol::connection(&peer, "setting up", &e);
-        stream.set_nonblocking(false).map_err(setup)?;
-        stream.set_nodelay(true).map_err(setup)?;
-        stream
-            .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
-            .map_err(setup)?;
-        stream
-            .set_write_timeout(Some(HANDSHAKE_TIMEOUT))
-            .map_err(setup)?;
-        authenticate_stream(stream, self.secret.as_ref(), SERVICE, ServiceSide::Acceptor).map_err(
-            |e| PsError::Connection {
-                peer: peer.clone(),
-                why: e.to_string(),
-            },
-        )?;
-        stream.set_read_timeout(None).map_err(setup)
     }
 
     /// The store's answer to `request`.

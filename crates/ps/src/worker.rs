@@ -15,12 +15,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
+use lockstep_collective::ClusterSecret;
 use prost::Message as _;
 
 use crate::error::PsError;
 use crate::protocol::{self, RunStep, SHUTDOWN_STEP, STEP_SERVICE, StepOutcome, StepResult};
-use crate::server::HANDSHAKE_TIMEOUT;
 use crate::steps::StepRegistry;
 
 /// How often a worker asked to stop looks up from waiting for its coordinator.
@@ -142,26 +141,7 @@ impl<S: Send + 'static> StepServer<S> {
         stop: &AtomicBool,
     ) -> Result<Ended, PsError> {
         let peer = from.to_string();
-        let setup = |e: io::Error| protocol::connection(&peer, "setting up", &e);
-        stream.set_nonblocking(false).map_err(setup)?;
-        stream.set_nodelay(true).map_err(setup)?;
-        stream
-            .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
-            .map_err(setup)?;
-        stream
-            .set_write_timeout(Some(HANDSHAKE_TIMEOUT))
-            .map_err(setup)?;
-        authenticate_stream(
-            &mut stream,
-            self.secret.as_ref(),
-            STEP_SERVICE,
-            ServiceSide::Acceptor,
-        )
-        .map_err(|e| PsError::Connection {
-            peer: peer.clone(),
-            why: e.to_string(),
-        })?;
-        stream.set_read_timeout(None).map_err(setup)?;
+        crate::connection::accept(&mut stream, &peer, self.secret.as_ref(), STEP_SERVICE)?;
         while !stop.load(Ordering::Relaxed) {
             let Some(run) = protocol::read_frame::<RunStep>(&mut stream, &peer)? else {
                 return Ok(Ended::Closed);

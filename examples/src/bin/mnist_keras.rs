@@ -164,19 +164,9 @@ fn run_evaluator(args: &Args, cluster: &Cluster) -> anyhow::Result<()> {
     let evaluations = sidecar
         .start()
         .with_context(|| format!("evaluating the checkpoints in {}", dir.display()))?;
-    let last = evaluations
-        .last()
+    let summary = lockstep_examples::evaluation_summary(&evaluations)
         .context("the evaluator ended without evaluating")?;
-    println!(
-        "evaluated={} last_checkpoint={} iterations={} test_accuracy={:.4} test_loss={:.4}",
-        evaluations.len(),
-        last.checkpoint
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
-        last.iterations,
-        last.logs.get("accuracy").unwrap_or(f64::NAN),
-        last.logs.get("loss").unwrap_or(f64::NAN),
-    );
+    println!("{summary}");
     if scratch {
         std::fs::remove_dir_all(&dir)
             .with_context(|| format!("removing the checkpoints in {}", dir.display()))?;

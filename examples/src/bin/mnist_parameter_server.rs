@@ -223,19 +223,9 @@ fn evaluate_beside(
         .timeout(Duration::from_secs(args.evaluator_timeout_secs))
         .start()
         .with_context(|| format!("evaluating the weights in {}", dir.display()))?;
-    let last = evaluations
-        .last()
+    let summary = lockstep_examples::evaluation_summary(&evaluations)
         .context("the evaluator ended without evaluating")?;
-    println!(
-        "evaluated={} last_checkpoint={} iterations={} test_accuracy={:.4} test_loss={:.4}",
-        evaluations.len(),
-        last.checkpoint
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
-        last.iterations,
-        last.logs.get("accuracy").unwrap_or(f64::NAN),
-        last.logs.get("loss").unwrap_or(f64::NAN),
-    );
+    println!("{summary}");
     if scratch {
         std::fs::remove_dir_all(&dir)
             .with_context(|| format!("removing the weights in {}", dir.display()))?;

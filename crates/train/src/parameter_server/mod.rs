@@ -26,7 +26,10 @@ use std::time::{Duration, Instant};
 
 use lockstep_cluster::{CHIEF, Cluster, EVALUATOR, PS, WORKER};
 use lockstep_collective::{ClusterSecret, task_listener};
+use lockstep_nn::{Network, NnError};
 use lockstep_ps::{Partitioner, PsClient, PsServer};
+
+use self::variables::ShardedVariables;
 
 use crate::error::TrainError;
 use crate::kill_switch::KillSwitch;
@@ -173,6 +176,19 @@ impl ParameterServerStrategy {
                     })
             })
             .collect()
+    }
+
+    /// The model `build` makes (the same on every task), its variables' shards on the `ps`
+    /// tasks, and a connection to each `ps` task: what the chief and every worker start from.
+    pub(crate) fn build_sharded<N: Into<Network>>(
+        &self,
+        build: impl Fn() -> Result<N, NnError>,
+    ) -> Result<(Network, ShardedVariables, Vec<PsClient>), TrainError> {
+        let net: Network = build()?.into();
+        let variables =
+            ShardedVariables::lay_out(net.parameters().specs(), self.num_ps(), self.partitioner())?;
+        let clients = self.connect_ps()?;
+        Ok((net, variables, clients))
     }
 
     /// Connections to every `ps` task, in order, each tried until it answers or the timeout

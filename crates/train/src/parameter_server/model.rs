@@ -77,13 +77,7 @@ impl ParameterServerModel {
                  and ps tasks serve_parameters",
             ));
         }
-        let net: Network = build()?.into();
-        let variables = ShardedVariables::lay_out(
-            net.parameters().specs(),
-            strategy.num_ps(),
-            strategy.partitioner(),
-        )?;
-        let clients = strategy.connect_ps()?;
+        let (net, variables, clients) = strategy.build_sharded(build)?;
         Ok(Self {
             strategy,
             net,

@@ -64,13 +64,7 @@ where
     let address = strategy.own_address()?;
     // Listen first: the coordinator may try this worker while it connects to the ps tasks.
     let listener = lockstep_collective::task_listener(&address)?;
-    let net: Network = build()?.into();
-    let variables = ShardedVariables::lay_out(
-        net.parameters().specs(),
-        strategy.num_ps(),
-        strategy.partitioner(),
-    )?;
-    let clients = strategy.connect_ps()?;
+    let (net, variables, clients) = strategy.build_sharded(build)?;
     let context = InputContext::new(strategy.num_workers(), index, strategy.num_workers())?;
     let dataset = dataset_fn(&context)?;
     let batches = dataset.iter()?.map(|item| {
