@@ -88,7 +88,7 @@ pub use metrics::{
     METRIC_NAMES, Mean, Metric, PredictionMetric, SparseCategoricalAccuracy, metric_by_name,
 };
 pub use model::{Sequential, SequentialConfig};
-pub use network::{Forward, Network};
+pub use network::{Forward, Network, RowLookup};
 pub use optimizers::{
     Adagrad, Adam, AdamW, GradientClipping, LearningRateSchedule, Optimizer, OptimizerConfig,
     OptimizerSettings, RmsProp, Sgd, apply_clipped, apply_update,

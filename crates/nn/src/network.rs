@@ -81,6 +81,27 @@ pub struct Forward {
     observations: Vec<(usize, Tensor)>,
     /// The examples in the batch, which weigh the observations.
     examples: usize,
+    /// Variables replaced for this pass by some of their rows
+    /// ([`Network::forward_with_rows`]): their gradients are not the variables' shape.
+    replaced: Vec<usize>,
+}
+
+impl Forward {
+    /// The tensor that stood for variable `index` in this pass (its gradient is
+    /// `gradients.get(tensor)`), or `None` past the variables.
+    pub fn variable(&self, index: usize) -> Option<&Tensor> {
+        self.variables.get(index)
+    }
+}
+
+/// A table variable looked up by the ids one of the model's inputs holds, that input read by
+/// nothing else ([`Network::row_lookups`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowLookup {
+    /// The table's variable index (as [`Parameters::specs`]).
+    pub variable: usize,
+    /// The input that holds the ids.
+    pub input: usize,
 }
 
 /// Writes the observation of variable `index` in `forward`, times its examples, into `slot`.
@@ -500,6 +521,16 @@ impl Network {
         ctx: ForwardContext<'_>,
     ) -> Result<Forward, NnError> {
         let variables = self.on_device(self.params.tensors()?)?;
+        self.forward_on(xs, variables, ctx)
+    }
+
+    /// A forward pass of `xs` on `variables`, recording what layers observe.
+    fn forward_on(
+        &self,
+        xs: &[Tensor],
+        variables: Vec<Tensor>,
+        ctx: ForwardContext<'_>,
+    ) -> Result<Forward, NnError> {
         let xs = self.inputs_on_device(xs)?;
         let sink = ObservationSink::default();
         let outputs = self.run_inputs(&xs, &variables, ctx.observing(&sink))?;
@@ -513,7 +544,88 @@ impl Network {
                 .and_then(|x| x.shape().first())
                 .copied()
                 .unwrap_or(0),
+            replaced: Vec::new(),
         })
+    }
+
+    /// The embedding tables that read their ids straight from one of the model's inputs,
+    /// that input read by no other layer: a pass may then take only the rows a batch names
+    /// ([`Network::forward_with_rows`]).
+    pub fn row_lookups(&self) -> Vec<RowLookup> {
+        let mut readers = vec![0_usize; self.inputs.len()];
+        for source in self
+            .nodes
+            .iter()
+            .flat_map(|n| &n.inputs)
+            .chain(&self.outputs)
+        {
+            if let Source::Input(i) = *source {
+                readers[i] += 1;
+            }
+        }
+        self.nodes
+            .iter()
+            .filter(|node| node.layer.looks_up_rows() && node.params.len() == 1)
+            .filter_map(|node| match node.inputs[..] {
+                [Source::Input(input)] if readers[input] == 1 => Some(RowLookup {
+                    variable: node.params.start,
+                    input,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// [`Network::forward_inputs`] with some table variables replaced, for this pass, by a
+    /// table of some of their rows: `rows` holds `(variable, table)` pairs, each variable one
+    /// of [`Network::row_lookups`], each `table` `[k, width]` with the variable's width, and
+    /// the input that variable's layer reads holds ids renumbered into that table. The output
+    /// is the full model's on the original ids; a replaced variable's slot in
+    /// [`Network::gradients`] is left as it was, and its gradient, `[k, width]`, is
+    /// `gradients.get(forward.variable(index))`. A worker whose tables live on parameter
+    /// servers fetches and sends back only a batch's rows this way.
+    ///
+    /// # Errors
+    ///
+    /// A variable that is not a row lookup, a table of another width, and
+    /// [`Network::forward_inputs`]' errors.
+    pub fn forward_with_rows(
+        &self,
+        xs: &[Tensor],
+        ctx: ForwardContext<'_>,
+        rows: Vec<(usize, Tensor)>,
+    ) -> Result<Forward, NnError> {
+        let lookups = self.row_lookups();
+        let specs = self.params.specs();
+        let mut replaced = Vec::with_capacity(rows.len());
+        for (variable, table) in &rows {
+            let spec = specs
+                .get(*variable)
+                .filter(|_| lookups.iter().any(|l| l.variable == *variable));
+            let Some(spec) = spec else {
+                return Err(NnError::InvalidConfig {
+                    layer: "forward_with_rows".into(),
+                    why: format!(
+                        "variable {variable} is not an embedding table read from an input"
+                    ),
+                });
+            };
+            if table.shape().len() != 2 || table.shape()[1..] != spec.shape[1..] {
+                return Err(NnError::InvalidConfig {
+                    layer: spec.name.clone(),
+                    why: format!(
+                        "a table of shape {:?} for a variable of shape {:?}",
+                        table.shape(),
+                        spec.shape
+                    ),
+                });
+            }
+            replaced.push(*variable);
+        }
+        let variables = self.on_device(self.params.tensors_replacing(rows)?)?;
+        let mut forward = self.forward_on(xs, variables, ctx)?;
+        forward.replaced = replaced;
+        Ok(forward)
     }
 
     /// Inference: no gradients recorded, dropout off; the (first) output.
@@ -591,6 +703,9 @@ impl Network {
             .enumerate()
         {
             let slot = &mut out[spec.range()];
+            if forward.replaced.contains(&index) {
+                continue;
+            }
             if !spec.is_trainable() {
                 observation(forward, index, slot)?;
                 continue;
@@ -638,7 +753,10 @@ impl Network {
         let mut done = vec![false; specs.len()];
         let mut trainable = HashMap::new();
         for (index, (spec, variable)) in specs.iter().zip(&forward.variables).enumerate() {
-            if spec.is_trainable() {
+            if forward.replaced.contains(&index) {
+                done[index] = true;
+                ready(out, index);
+            } else if spec.is_trainable() {
                 trainable.insert(variable.id(), index);
             } else {
                 observation(forward, index, &mut out[spec.range()])?;

@@ -181,16 +181,47 @@ impl Parameters {
     ///
     /// Only if a variable's values no longer fill its shape.
     pub fn tensors(&self) -> Result<Vec<Tensor>, NnError> {
+        self.tensors_replacing(Vec::new())
+    }
+
+    /// [`Parameters::tensors`] with the variables `replacing` names (`(index, tensor)`)
+    /// replaced by their tensor as a trainable parameter: their values are not copied.
+    ///
+    /// # Errors
+    ///
+    /// As [`Parameters::tensors`]; an index past the variables.
+    pub fn tensors_replacing(
+        &self,
+        replacing: Vec<(usize, Tensor)>,
+    ) -> Result<Vec<Tensor>, NnError> {
+        let mut replacing: Vec<Option<Tensor>> = {
+            let mut slots = vec![None; self.specs.len()];
+            for (index, tensor) in replacing {
+                let slot = slots.get_mut(index).ok_or_else(|| NnError::InvalidConfig {
+                    layer: "parameters".into(),
+                    why: format!("variable {index} of {}", self.specs.len()),
+                })?;
+                *slot = Some(tensor);
+            }
+            slots
+        };
         self.specs
             .iter()
-            .map(|s| {
-                // Copied in parallel: a dense kernel of a few hundred thousand values copied on
-                // one thread left the other idle at the start of every training step.
-                let values = self.values[s.range()].par_iter().copied().collect();
-                let tensor = if s.is_trainable() {
-                    Tensor::parameter(values, &s.shape)
+            .zip(&mut replacing)
+            .map(|(s, replaced)| {
+                let tensor = if let Some(t) = replaced.take() {
+                    t.to_vec()
+                        .and_then(|values| Tensor::parameter(values, t.shape()))
                 } else {
-                    Tensor::from_vec(values, &s.shape)
+                    // Copied in parallel: a dense kernel of a few hundred thousand values
+                    // copied on one thread left the other idle at the start of every
+                    // training step.
+                    let values = self.values[s.range()].par_iter().copied().collect();
+                    if s.is_trainable() {
+                        Tensor::parameter(values, &s.shape)
+                    } else {
+                        Tensor::from_vec(values, &s.shape)
+                    }
                 };
                 tensor.map_err(|source| NnError::Tensor {
                     layer: s.name.clone(),

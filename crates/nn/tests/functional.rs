@@ -9,11 +9,12 @@
 )]
 
 use lockstep_nn::{
-    Activation, Add, Concatenate, Conv2D, Dense, Flatten, ForwardContext, Input, Layer, LayerCall,
-    MaxPooling2D, ModelConfig, Multiply, Network, NnError, Optimizer, Reduction, Sequential, Sgd,
-    SparseCategoricalCrossentropy,
+    Activation, Add, Concatenate, Conv2D, Dense, Embedding, Flatten, ForwardContext, Input, Layer,
+    LayerCall, MaxPooling2D, ModelConfig, Multiply, Network, NnError, Optimizer, Reduction,
+    RowLookup, Sequential, Sgd, SparseCategoricalCrossentropy,
 };
 use lockstep_tensor::Tensor;
+use lockstep_tensor::ops;
 
 fn batch(rows: usize, cols: usize, seed: usize) -> Tensor {
     let values = (0..rows * cols)
@@ -265,4 +266,84 @@ fn a_graph_that_cannot_be_a_model_is_an_error_that_says_why() {
     let y = Dense::new(2).named("twin").call(&x).unwrap();
     let err = Network::new(&[&a], &[&y], 0).err().unwrap();
     assert!(err.to_string().contains("two layers"), "{err}");
+}
+
+/// Ids in `input` (read only by an embedding) and in `shared` (read by an embedding and a
+/// dense layer): only the first's table is a row lookup.
+fn two_tables() -> Network {
+    let ids = Input::new(&[3]);
+    let shared = Input::new(&[3]);
+    let a = Flatten
+        .call(&Embedding::new(50, 4).call(&ids).unwrap())
+        .unwrap();
+    let b = Flatten
+        .call(&Embedding::new(50, 4).call(&shared).unwrap())
+        .unwrap();
+    let c = Dense::new(4).call(&shared).unwrap();
+    let joined = Concatenate.call_on(&[&a, &b, &c]).unwrap();
+    let out = Dense::new(1).call(&joined).unwrap();
+    Network::new(&[&ids, &shared], &[&out], 3).unwrap()
+}
+
+#[test]
+fn a_pass_on_the_rows_a_batch_names_matches_the_pass_on_the_whole_table() {
+    let model = two_tables();
+    assert_eq!(
+        model.row_lookups(),
+        [RowLookup {
+            variable: 0,
+            input: 0
+        }]
+    );
+    let ids = Tensor::from_vec(vec![4.0, 49.0, 4.0, 7.0, 4.0, 0.0], &[2, 3]).unwrap();
+    let shared = Tensor::from_vec(vec![1.0, 2.0, 3.0, 3.0, 2.0, 1.0], &[2, 3]).unwrap();
+    let loss = |forward: &lockstep_nn::Forward| ops::sum(&forward.output, &[0, 1], false).unwrap();
+    let full = model
+        .forward_inputs(&[ids, shared.clone()], ForwardContext::training(0, 0))
+        .unwrap();
+    let full_grads = loss(&full).backward().unwrap();
+    let mut full_out = vec![0.0; model.parameters().len()];
+    model.gradients(&full, &full_grads, &mut full_out).unwrap();
+
+    // Rows 0, 4, 7 and 49, renumbered 0..4.
+    let used = [0, 4, 7, 49];
+    let table = &model.parameters().values()[..50 * 4];
+    let compact: Vec<f32> = used
+        .iter()
+        .flat_map(|&r| table[r * 4..r * 4 + 4].iter().copied())
+        .collect();
+    let renumbered = Tensor::from_vec(vec![1.0, 3.0, 1.0, 2.0, 1.0, 0.0], &[2, 3]).unwrap();
+    let rows = vec![(0, Tensor::from_vec(compact, &[4, 4]).unwrap())];
+    let part = model
+        .forward_with_rows(&[renumbered, shared], ForwardContext::training(0, 0), rows)
+        .unwrap();
+    assert_eq!(part.output.to_vec().unwrap(), full.output.to_vec().unwrap());
+    let part_grads = loss(&part).backward().unwrap();
+    let mut part_out = vec![f32::NAN; model.parameters().len()];
+    model.gradients(&part, &part_grads, &mut part_out).unwrap();
+    // The table's slot is left as it was; every other variable's gradient is the same.
+    assert!(part_out[..200].iter().all(|g| g.is_nan()));
+    assert_eq!(part_out[200..], full_out[200..]);
+    let table_gradient = part_grads.get(part.variable(0).unwrap()).unwrap();
+    let expected: Vec<f32> = used
+        .iter()
+        .flat_map(|&r| full_out[r * 4..r * 4 + 4].iter().copied())
+        .collect();
+    assert_eq!(table_gradient.to_vec().unwrap(), expected);
+
+    // Only a row lookup's variable can be replaced, by a table of its width.
+    let ids = Tensor::from_vec(vec![0.0; 6], &[2, 3]).unwrap();
+    let wide = vec![(0, Tensor::from_vec(vec![0.0; 5], &[1, 5]).unwrap())];
+    let Err(e) =
+        model.forward_with_rows(&[ids.clone(), ids.clone()], ForwardContext::default(), wide)
+    else {
+        panic!("a table of another width was taken");
+    };
+    assert!(e.to_string().contains("[1, 5]"), "{e}");
+    let other = vec![(1, Tensor::from_vec(vec![0.0; 4], &[1, 4]).unwrap())];
+    let Err(e) = model.forward_with_rows(&[ids.clone(), ids], ForwardContext::default(), other)
+    else {
+        panic!("a variable that is no row lookup was replaced");
+    };
+    assert!(e.to_string().contains("not an embedding table"), "{e}");
 }

@@ -8,7 +8,7 @@ use lockstep_collective::ClusterSecret;
 use crate::error::PsError;
 use crate::protocol::{
     self, Create, Export, Import, Pull, PullRows, PullShards, Push, PushRows, PushShards, Request,
-    RequestKind, Response, ResponseKind, SERVICE, ShardKey, ShardState, Shutdown,
+    RequestKind, Response, ResponseKind, Rows, SERVICE, ShardKey, ShardState, Shutdown,
 };
 
 /// One authenticated connection to a parameter server; a request waits for its answer at most
@@ -142,8 +142,23 @@ impl PsClient {
     ///
     /// As [`PsClient::create`]; an unknown shard.
     pub fn pull_shards(&mut self, keys: &[ShardKey]) -> Result<Vec<f32>, PsError> {
+        self.pull_shard_rows(keys, Vec::new())
+    }
+
+    /// The rows `rows` names of each of the shards `keys` (empty: every row of each), one
+    /// shard after another: one round trip.
+    ///
+    /// # Errors
+    ///
+    /// As [`PsClient::pull_shards`]; a row outside its shard.
+    pub fn pull_shard_rows(
+        &mut self,
+        keys: &[ShardKey],
+        rows: Vec<Rows>,
+    ) -> Result<Vec<f32>, PsError> {
         self.values(RequestKind::PullShards(PullShards {
             keys: keys.to_vec(),
+            rows,
         }))
     }
 
@@ -153,9 +168,25 @@ impl PsClient {
     ///
     /// As [`PsClient::create`]; lengths that are not the shards' (nothing is applied then).
     pub fn push_shards(&mut self, keys: &[ShardKey], gradient: Vec<f32>) -> Result<(), PsError> {
+        self.push_shard_rows(keys, Vec::new(), gradient)
+    }
+
+    /// Gradients of the rows `rows` names of each of the shards `keys` (empty: every row of
+    /// each), one shard after another: one round trip.
+    ///
+    /// # Errors
+    ///
+    /// As [`PsClient::push_shards`]; a row outside its shard (nothing is applied then).
+    pub fn push_shard_rows(
+        &mut self,
+        keys: &[ShardKey],
+        rows: Vec<Rows>,
+        gradient: Vec<f32>,
+    ) -> Result<(), PsError> {
         self.done(RequestKind::PushShards(PushShards {
             keys: keys.to_vec(),
             gradient,
+            rows,
         }))
         .map(drop)
     }

@@ -154,25 +154,64 @@ pub struct Import {
     pub shards: Vec<ShardState>,
 }
 
-/// Every value of several shards, one after another in the order named: a worker's pull of
-/// all it needs from one server in one round trip.
+/// Which rows of a shard a [`PullShards`] or [`PushShards`] entry covers: every row, or those
+/// named (an embedding lookup's), in the order named.
+#[derive(Clone, PartialEq, Message)]
+pub struct Rows {
+    /// Every row of the shard, in order (`rows` is then ignored).
+    #[prost(bool, tag = "1")]
+    pub every: bool,
+    /// Row indices within the shard.
+    #[prost(uint64, repeated, tag = "2")]
+    pub rows: Vec<u64>,
+}
+
+impl Rows {
+    /// Every row of the shard.
+    pub fn every() -> Self {
+        Self {
+            every: true,
+            rows: Vec::new(),
+        }
+    }
+
+    /// The rows `rows`, in that order.
+    pub fn some(rows: Vec<u64>) -> Self {
+        Self { every: false, rows }
+    }
+
+    /// The rows named, or `None` for every row.
+    pub fn named(&self) -> Option<&[u64]> {
+        (!self.every).then_some(self.rows.as_slice())
+    }
+}
+
+/// Values of several shards, one after another in the order named: a worker's pull of all it
+/// needs from one server in one round trip.
 #[derive(Clone, PartialEq, Message)]
 pub struct PullShards {
     /// The shards.
     #[prost(message, repeated, tag = "1")]
     pub keys: Vec<ShardKey>,
+    /// Which rows of each shard, in the order of `keys`; empty: every row of every shard.
+    #[prost(message, repeated, tag = "2")]
+    pub rows: Vec<Rows>,
 }
 
-/// Gradients of several whole shards, one after another in the order named: a worker's push
-/// to one server in one round trip. The lengths are checked before any is applied.
+/// Gradients of several shards, one after another in the order named: a worker's push to one
+/// server in one round trip. The lengths are checked before any is applied.
 #[derive(Clone, PartialEq, Message)]
 pub struct PushShards {
     /// The shards.
     #[prost(message, repeated, tag = "1")]
     pub keys: Vec<ShardKey>,
-    /// Each shard's gradient, as long as the shard, in the order of `keys`.
+    /// Each shard's gradient, as long as the rows it covers, in the order of `keys`.
     #[prost(float, repeated, tag = "2")]
     pub gradient: Vec<f32>,
+    /// Which rows of each shard, in the order of `keys`; empty: every row of every shard.
+    /// Rows named more than once have their gradients summed, as [`PushRows`]'.
+    #[prost(message, repeated, tag = "3")]
+    pub rows: Vec<Rows>,
 }
 
 /// Ends the server's service once it has answered: training is over (the chief sends it).

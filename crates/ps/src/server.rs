@@ -183,11 +183,11 @@ impl PsServer {
                 .map(|shards| ResponseKind::Shards(Shards { shards })),
             Some(RequestKind::Import(import)) => store.import(&import.shards).map(|()| done(0)),
             Some(RequestKind::PullShards(pull)) => store
-                .pull_shards(&pull.keys)
+                .pull_shard_rows(&pull.keys, &pull.rows)
                 .map(|values| ResponseKind::Values(Values { values })),
-            Some(RequestKind::PushShards(push)) => {
-                store.push_shards(&push.keys, &push.gradient).map(done)
-            }
+            Some(RequestKind::PushShards(push)) => store
+                .push_shard_rows(&push.keys, &push.rows, &push.gradient)
+                .map(done),
             Some(RequestKind::Shutdown(_)) => {
                 let (flag, changed) = &*self.shut_down;
                 *flag.lock().unwrap_or_else(PoisonError::into_inner) = true;

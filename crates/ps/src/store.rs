@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use lockstep_nn::{Optimizer, OptimizerConfig};
 
 use crate::error::PsError;
-use crate::protocol::{ShardKey, ShardState, SlotValues};
+use crate::protocol::{Rows, ShardKey, ShardState, SlotValues};
 
 /// One shard and its optimizer's state.
 struct Shard {
@@ -247,6 +247,32 @@ impl Shard {
     }
 }
 
+/// A refusal of a request about all of `keys`.
+fn refused_all(keys: &[ShardKey], why: impl Into<String>) -> PsError {
+    PsError::Request {
+        shard: keys
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        why: why.into(),
+    }
+}
+
+/// Each key's rows: `None` for every row; `rows` empty names every row of every key.
+fn selections<'a>(keys: &[ShardKey], rows: &'a [Rows]) -> Result<Vec<Option<&'a [u64]>>, PsError> {
+    if rows.is_empty() {
+        return Ok(vec![None; keys.len()]);
+    }
+    if rows.len() != keys.len() {
+        return Err(refused_all(
+            keys,
+            format!("{} row selections for {} shards", rows.len(), keys.len()),
+        ));
+    }
+    Ok(rows.iter().map(Rows::named).collect())
+}
+
 /// The optimizer's slots before its first update, for every value: its state after a step of
 /// zero gradient on a copy of `values` (Adagrad's accumulator at its initial value, every
 /// other slot of lockstep-nn's optimizers at zero). Made when the shard is, so that a sparse
@@ -398,11 +424,39 @@ impl ShardStore {
     ///
     /// An unknown shard.
     pub fn pull_shards(&self, keys: &[ShardKey]) -> Result<Vec<f32>, PsError> {
+        self.pull_shard_rows(keys, &[])
+    }
+
+    /// The rows `rows` names of several shards (empty: every row of each), one shard after
+    /// another in the order of `keys`.
+    ///
+    /// # Errors
+    ///
+    /// An unknown shard, a row outside its shard, a `rows` of another length than `keys`, or
+    /// an answer over one frame.
+    pub fn pull_shard_rows(&self, keys: &[ShardKey], rows: &[Rows]) -> Result<Vec<f32>, PsError> {
+        let selections = selections(keys, rows)?;
         let mut values = Vec::new();
-        for key in keys {
+        for (key, selection) in keys.iter().zip(selections) {
             let shard = self.get(key)?;
             let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            values.extend_from_slice(&shard.values);
+            let len = selection.map_or(shard.values.len(), |rows| {
+                rows.len().saturating_mul(shard.cols)
+            });
+            // The answer must fit one frame: checked before anything is allocated for it.
+            if values.len().saturating_add(len) > crate::protocol::MAX_FRAME / size_of::<f32>() {
+                return Err(refused(key, "the shards asked for are over one frame"));
+            }
+            match selection {
+                None => values.extend_from_slice(&shard.values),
+                Some(rows) => {
+                    let cols = shard.cols;
+                    for &row in rows {
+                        let row = shard.row(key, row)?;
+                        values.extend_from_slice(&shard.values[row * cols..(row + 1) * cols]);
+                    }
+                }
+            }
         }
         Ok(values)
     }
@@ -416,37 +470,60 @@ impl ShardStore {
     /// An unknown shard, a total length that is not the shards', or an optimizer's error
     /// (the shards before it have been updated then).
     pub fn push_shards(&self, keys: &[ShardKey], gradient: &[f32]) -> Result<u64, PsError> {
+        self.push_shard_rows(keys, &[], gradient)
+    }
+
+    /// [`ShardStore::push_shards`] of the rows `rows` names of each shard (empty: every row
+    /// of each); rows named more than once have their gradients summed.
+    ///
+    /// # Errors
+    ///
+    /// As [`ShardStore::push_shards`]; a row outside its shard or a `rows` of another length
+    /// than `keys` (nothing is applied then).
+    pub fn push_shard_rows(
+        &self,
+        keys: &[ShardKey],
+        rows: &[Rows],
+        gradient: &[f32],
+    ) -> Result<u64, PsError> {
+        let selections = selections(keys, rows)?;
         let shards = keys
             .iter()
             .map(|key| self.get(key))
             .collect::<Result<Vec<_>, _>>()?;
-        let lengths: Vec<usize> = shards
-            .iter()
-            .map(|s| {
-                s.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .values
-                    .len()
-            })
-            .collect();
-        let total: usize = lengths.iter().sum();
+        let mut lengths = Vec::with_capacity(keys.len());
+        for ((key, shard), selection) in keys.iter().zip(&shards).zip(&selections) {
+            let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            lengths.push(match selection {
+                None => shard.values.len(),
+                Some(rows) => {
+                    for &row in *rows {
+                        shard.row(key, row)?;
+                    }
+                    rows.len().saturating_mul(shard.cols)
+                }
+            });
+        }
+        let total = lengths.iter().fold(0_usize, |a, &b| a.saturating_add(b));
         if total != gradient.len() {
-            return Err(PsError::Request {
-                shard: keys
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                why: format!(
+            return Err(refused_all(
+                keys,
+                format!(
                     "a gradient of {} values for shards of {total}",
                     gradient.len()
                 ),
-            });
+            ));
         }
         let mut at = 0;
-        for ((key, shard), len) in keys.iter().zip(&shards).zip(lengths) {
+        for (((key, shard), len), selection) in
+            keys.iter().zip(&shards).zip(lengths).zip(selections)
+        {
             let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            shard.push(key, &gradient[at..at + len])?;
+            let part = &gradient[at..at + len];
+            match selection {
+                None => shard.push(key, part)?,
+                Some(rows) => shard.push_rows(key, rows, part)?,
+            };
             self.updates.fetch_add(1, Ordering::Relaxed);
             at += len;
         }

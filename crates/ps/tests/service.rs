@@ -13,7 +13,7 @@ use std::time::Duration;
 use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
 use lockstep_nn::{Optimizer, Sgd};
 use lockstep_ps::protocol::SERVICE;
-use lockstep_ps::{PsClient, PsError, PsServer, RunningServer, ShardKey, ShardState};
+use lockstep_ps::{PsClient, PsError, PsServer, Rows, RunningServer, ShardKey, ShardState};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -219,4 +219,42 @@ fn several_shards_pulled_and_pushed_in_one_request_each_move_as_alone() {
         "{e}"
     );
     assert_eq!(ps.pull(&a).unwrap(), [-4.0, -5.0, -6.0, -7.0]);
+}
+
+#[test]
+fn one_request_pulls_and_pushes_whole_shards_beside_some_rows_of_a_table() {
+    let server = serve(None);
+    let mut ps = PsClient::connect(server.address(), None, TIMEOUT).unwrap();
+    let (table, bias) = (
+        ShardKey::new("embedding/embeddings", 1),
+        ShardKey::new("dense/bias", 0),
+    );
+    ps.create(shard(&table, 4, 2, 1.0)).unwrap();
+    ps.create(shard(&bias, 1, 2, 1.0)).unwrap();
+    let keys = [bias.clone(), table.clone()];
+    let rows = || vec![Rows::every(), Rows::some(vec![3, 1])];
+    // Row 3's gradient, then row 1's, after the bias': only those rows move.
+    ps.push_shard_rows(&keys, rows(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+        .unwrap();
+    assert_eq!(
+        ps.pull(&table).unwrap(),
+        [0.0, 0.0, -5.0, -6.0, 0.0, 0.0, -3.0, -4.0]
+    );
+    assert_eq!(
+        ps.pull_shard_rows(&keys, rows()).unwrap(),
+        [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0]
+    );
+    // A row past the shard, or selections that do not match the keys, change nothing.
+    let past = vec![Rows::every(), Rows::some(vec![4])];
+    let e = ps.push_shard_rows(&keys, past, vec![1.0; 4]).unwrap_err();
+    assert!(
+        matches!(&e, PsError::Refused { why, .. } if why.contains("row 4")),
+        "{e}"
+    );
+    let e = ps.pull_shard_rows(&keys, vec![Rows::every()]).unwrap_err();
+    assert!(
+        matches!(&e, PsError::Refused { why, .. } if why.contains("1 row selections for 2")),
+        "{e}"
+    );
+    assert_eq!(ps.pull(&bias).unwrap(), [-1.0, -2.0]);
 }

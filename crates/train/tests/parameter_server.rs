@@ -136,3 +136,78 @@ fn two_workers_and_two_ps_tasks_train_the_mlp_to_the_accuracy_of_synchronous_tra
         "asynchronous {accuracy}, synchronous {reference}"
     );
 }
+
+/// Examples of two ids each into a table of 1000 rows, naming only ids below 500; labelled by
+/// the first id's parity.
+fn clicks() -> impl Dataset<Item = (ndarray::Array1<f32>, u8)> {
+    lockstep_data::from_vec(
+        (0..256_usize)
+            .map(|i| {
+                let (a, b) = ((i * 7) % 500, (i * 13 + 1) % 500);
+                (ndarray::arr1(&[a as f32, b as f32]), (a % 2) as u8)
+            })
+            .collect(),
+    )
+}
+
+fn recommender() -> Result<lockstep_nn::Sequential, lockstep_nn::NnError> {
+    let layers: Vec<Box<dyn lockstep_nn::Layer>> = vec![
+        Box::new(lockstep_nn::Embedding::new(1000, 4)),
+        Box::new(lockstep_nn::Flatten),
+        Box::new(lockstep_nn::Dense::new(2)),
+    ];
+    lockstep_nn::Sequential::new(&[2], layers, 5)
+}
+
+#[test]
+fn an_embedding_table_moves_only_the_rows_batches_name_and_trains_as_one_synchronous_replica() {
+    let mut tasks = strategies(1, 2);
+    let chief = tasks.remove(0);
+    let others: Vec<_> = tasks
+        .into_iter()
+        .map(|strategy| {
+            std::thread::spawn(move || match strategy.role().unwrap() {
+                PsRole::ParameterServer(_) => strategy.serve_parameters().unwrap(),
+                PsRole::Worker(_) => {
+                    let dataset = |_: &lockstep_data::InputContext| {
+                        Ok::<_, TrainError>(clicks().batch(32, false).repeat(None))
+                    };
+                    serve_steps(&strategy, recommender, common::loss(), &[], dataset).unwrap();
+                }
+                other => panic!("{other:?}"),
+            })
+        })
+        .collect();
+    let mut model = ParameterServerModel::new(chief, recommender).unwrap();
+    let initial = model.network().parameters().values().to_vec();
+    model.compile(&Sgd::new(0.5), common::loss(), &[]).unwrap();
+    model.fit(2, 8, false).unwrap();
+    model.pull_weights().unwrap();
+    let trained = model.network().parameters().values().to_vec();
+    model.shutdown_cluster().unwrap();
+    for task in others {
+        task.join().unwrap();
+    }
+    // The table is [1000, 4], first in the buffer; the fixed partitioner put rows 500.. on
+    // ps:1, which no batch named: no step asked it for them, and they never moved.
+    let (named, unnamed) = (0..500 * 4, 500 * 4..1000 * 4);
+    assert_eq!(trained[unnamed.clone()], initial[unnamed]);
+    assert_ne!(trained[named.clone()], initial[named]);
+    // One worker's steps are one after the other: the same SGD steps, bit for bit, as one
+    // synchronous replica on the same batches, whose gradient reaches every row of the table.
+    let mut synchronous = Model::new(MirroredStrategy::new(1).unwrap(), recommender).unwrap();
+    synchronous
+        .compile(Sgd::new(0.5), common::loss(), &[])
+        .unwrap();
+    let data = synchronous
+        .distribute_dataset(clicks().repeat(None), 32)
+        .unwrap();
+    synchronous
+        .fit(&data)
+        .epochs(2)
+        .steps_per_epoch(8)
+        .verbose(false)
+        .run()
+        .unwrap();
+    assert_eq!(trained, synchronous.network().parameters().values());
+}

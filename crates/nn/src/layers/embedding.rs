@@ -70,6 +70,10 @@ impl Layer for Embedding {
         "embedding"
     }
 
+    fn looks_up_rows(&self) -> bool {
+        true
+    }
+
     fn build(
         &mut self,
         name: &str,

@@ -232,6 +232,13 @@ pub trait Layer: Send + Sync {
         }
     }
 
+    /// `true` for a layer whose one variable is a table of rows that the layer's input picks
+    /// by id (an embedding lookup): given only the rows a batch names, renumbered, it computes
+    /// the same output ([`Network::forward_with_rows`](crate::Network::forward_with_rows)).
+    fn looks_up_rows(&self) -> bool {
+        false
+    }
+
     /// `true` for a layer that reduces across the replicas in its training pass
     /// ([`ForwardContext::replicas`]): every replica must then run every training step.
     fn synchronizes_replicas(&self) -> bool {

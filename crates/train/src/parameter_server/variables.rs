@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use lockstep_nn::ParamSpec;
-use lockstep_ps::{Partitioner, PsClient, RoundRobin, ShardKey, ShardState, shard_rows};
+use lockstep_ps::{Partitioner, PsClient, RoundRobin, Rows, ShardKey, ShardState, shard_rows};
 
 use crate::error::TrainError;
 
@@ -19,6 +19,9 @@ pub(crate) struct PlacedShard {
     pub(crate) range: Range<usize>,
     pub(crate) rows: usize,
     pub(crate) cols: usize,
+    /// The variable's index, and the variable's row this shard starts at.
+    pub(crate) variable: usize,
+    pub(crate) first_row: usize,
 }
 
 /// Every shard of a model's variables.
@@ -41,7 +44,7 @@ impl ShardedVariables {
     ) -> Result<Self, TrainError> {
         let mut placement = RoundRobin::new(num_ps)?;
         let mut shards = Vec::new();
-        for spec in specs {
+        for (variable, spec) in specs.iter().enumerate() {
             if !spec.is_trainable() {
                 return Err(TrainError::invalid(
                     "ParameterServerStrategy",
@@ -67,6 +70,8 @@ impl ShardedVariables {
                     range: spec.offset + part.start * cols..spec.offset + part.end * cols,
                     rows: part.len(),
                     cols,
+                    variable,
+                    first_row: part.start,
                 });
             }
         }
@@ -105,15 +110,34 @@ impl ShardedVariables {
         clients: &mut [PsClient],
         values: &mut [f32],
     ) -> Result<(), TrainError> {
-        for (ps, shards) in self.by_ps(clients.len()).into_iter().enumerate() {
-            if shards.is_empty() {
+        self.pull_rows(clients, values, &mut [])
+    }
+
+    /// Reads every shard into `values`, except the tables `tables` names: of those only the
+    /// rows a batch looks up, into each table's compact `values`. One request to each `ps`
+    /// task.
+    pub(crate) fn pull_rows(
+        &self,
+        clients: &mut [PsClient],
+        values: &mut [f32],
+        tables: &mut [TableRows],
+    ) -> Result<(), TrainError> {
+        for table in tables.iter_mut() {
+            table.values.resize(table.ids.len() * table.cols, 0.0);
+        }
+        for (ps, parts) in self
+            .parts_by_ps(clients.len(), tables)
+            .into_iter()
+            .enumerate()
+        {
+            if parts.is_empty() {
                 continue;
             }
-            let keys: Vec<ShardKey> = shards.iter().map(|s| s.key.clone()).collect();
+            let (keys, rows) = request(&parts, tables);
             let pulled = client(clients, ps)?
-                .pull_shards(&keys)
+                .pull_shard_rows(&keys, rows)
                 .map_err(|e| on_ps(ps, &e))?;
-            let wanted: usize = shards.iter().map(|s| s.range.len()).sum();
+            let wanted: usize = parts.iter().map(Part::len).sum();
             if pulled.len() != wanted {
                 return Err(TrainError::invalid(
                     "ParameterServerStrategy",
@@ -125,47 +149,161 @@ impl ShardedVariables {
                 ));
             }
             let mut at = 0;
-            for shard in shards {
-                let len = shard.range.len();
-                values[shard.range.clone()].copy_from_slice(&pulled[at..at + len]);
+            for part in parts {
+                let len = part.len();
+                let from = &pulled[at..at + len];
+                match part.place {
+                    Place::Dense => values[part.shard.range.clone()].copy_from_slice(from),
+                    Place::Table {
+                        table,
+                        ref positions,
+                    } => {
+                        let cols = tables[table].cols;
+                        tables[table].values[positions.start * cols..positions.end * cols]
+                            .copy_from_slice(from);
+                    }
+                }
                 at += len;
             }
         }
         Ok(())
     }
 
-    /// The shards on each of `num_ps` tasks, in layout order.
-    fn by_ps(&self, num_ps: usize) -> Vec<Vec<&PlacedShard>> {
-        let mut by_ps = vec![Vec::new(); num_ps];
-        for shard in &self.shards {
-            if let Some(list) = by_ps.get_mut(shard.ps) {
-                list.push(shard);
-            }
-        }
-        by_ps
-    }
-
-    /// Sends every shard's part of `gradients`: one request to each `ps` task.
-    pub(crate) fn push(
+    /// Sends every shard's part of `gradients` times `scale`, except the tables `tables`
+    /// names: of those only the rows the batch looked up, from each table's compact
+    /// `gradient`. One request to each `ps` task.
+    pub(crate) fn push_rows(
         &self,
         clients: &mut [PsClient],
         gradients: &[f32],
+        tables: &[TableRows],
+        scale: f32,
     ) -> Result<(), TrainError> {
-        for (ps, shards) in self.by_ps(clients.len()).into_iter().enumerate() {
-            if shards.is_empty() {
+        for (ps, parts) in self
+            .parts_by_ps(clients.len(), tables)
+            .into_iter()
+            .enumerate()
+        {
+            if parts.is_empty() {
                 continue;
             }
-            let keys: Vec<ShardKey> = shards.iter().map(|s| s.key.clone()).collect();
-            let gradient: Vec<f32> = shards
-                .iter()
-                .flat_map(|s| gradients[s.range.clone()].iter().copied())
-                .collect();
+            let (keys, rows) = request(&parts, tables);
+            let mut gradient = Vec::with_capacity(parts.iter().map(Part::len).sum());
+            for part in &parts {
+                let from = match part.place {
+                    Place::Dense => &gradients[part.shard.range.clone()],
+                    Place::Table {
+                        table,
+                        ref positions,
+                    } => {
+                        let cols = tables[table].cols;
+                        &tables[table].gradient[positions.start * cols..positions.end * cols]
+                    }
+                };
+                gradient.extend(from.iter().map(|g| g * scale));
+            }
             client(clients, ps)?
-                .push_shards(&keys, gradient)
+                .push_shard_rows(&keys, rows, gradient)
                 .map_err(|e| on_ps(ps, &e))?;
         }
         Ok(())
     }
+
+    /// What each of `num_ps` tasks is asked for, in layout order: its shards whole, and the
+    /// looked-up rows of the shards of `tables` (a shard none of whose rows a batch names is
+    /// left out).
+    fn parts_by_ps<'a>(&'a self, num_ps: usize, tables: &[TableRows]) -> Vec<Vec<Part<'a>>> {
+        let mut by_ps: Vec<Vec<Part<'a>>> = vec![Vec::new(); num_ps];
+        for shard in &self.shards {
+            let Some(list) = by_ps.get_mut(shard.ps) else {
+                continue;
+            };
+            let place = match tables.iter().position(|t| t.variable == shard.variable) {
+                None => Place::Dense,
+                Some(table) => {
+                    // The ids are sorted: the shard's are one run of them.
+                    let ids = &tables[table].ids;
+                    let start = ids.partition_point(|&id| id < shard.first_row);
+                    let end = ids.partition_point(|&id| id < shard.first_row + shard.rows);
+                    if start == end {
+                        continue;
+                    }
+                    Place::Table {
+                        table,
+                        positions: start..end,
+                    }
+                }
+            };
+            list.push(Part { shard, place });
+        }
+        by_ps
+    }
+}
+
+/// The rows of one table variable a batch looks up, for a pull and push of only those.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TableRows {
+    /// The variable's index.
+    pub(crate) variable: usize,
+    /// Its row width.
+    pub(crate) cols: usize,
+    /// The rows looked up, sorted, each once: the compact table's row `i` is row `ids[i]`.
+    pub(crate) ids: Vec<usize>,
+    /// The compact table, `ids.len() · cols` values (filled by a pull).
+    pub(crate) values: Vec<f32>,
+    /// Its gradient, as long (read by a push).
+    pub(crate) gradient: Vec<f32>,
+}
+
+/// One shard's part of a request to its `ps` task.
+#[derive(Debug, Clone)]
+struct Part<'a> {
+    shard: &'a PlacedShard,
+    place: Place,
+}
+
+/// Where a part's values come from and go to.
+#[derive(Debug, Clone)]
+enum Place {
+    /// The shard's range of the flat buffer, every row.
+    Dense,
+    /// Rows `positions` of table `table`'s compact buffer.
+    Table {
+        table: usize,
+        positions: Range<usize>,
+    },
+}
+
+impl Part<'_> {
+    /// Its values.
+    fn len(&self) -> usize {
+        match &self.place {
+            Place::Dense => self.shard.range.len(),
+            Place::Table { positions, .. } => positions.len() * self.shard.cols,
+        }
+    }
+}
+
+/// The keys and row selections of a request for `parts`.
+fn request(parts: &[Part<'_>], tables: &[TableRows]) -> (Vec<ShardKey>, Vec<Rows>) {
+    let keys = parts.iter().map(|p| p.shard.key.clone()).collect();
+    let rows = if parts.iter().all(|p| matches!(p.place, Place::Dense)) {
+        Vec::new()
+    } else {
+        parts
+            .iter()
+            .map(|p| match &p.place {
+                Place::Dense => Rows::every(),
+                Place::Table { table, positions } => Rows::some(
+                    tables[*table].ids[positions.clone()]
+                        .iter()
+                        .map(|&id| (id - p.shard.first_row) as u64)
+                        .collect(),
+                ),
+            })
+            .collect()
+    };
+    (keys, rows)
 }
 
 /// `e`, from `ps` task `ps`, as an error that names the task.

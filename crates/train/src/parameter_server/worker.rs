@@ -5,8 +5,9 @@ use std::sync::atomic::AtomicBool;
 use lockstep_data::{Dataset, InputContext};
 use lockstep_nn::{ForwardContext, Loss, Network, NnError};
 use lockstep_ps::{PsClient, StepRegistry, StepServer};
+use lockstep_tensor::Tensor;
 
-use super::variables::ShardedVariables;
+use super::variables::{ShardedVariables, TableRows};
 use super::{ParameterServerStrategy, PsRole};
 use crate::batch::{LabeledBatch, LabeledParts};
 use crate::error::TrainError;
@@ -28,6 +29,8 @@ pub(crate) struct WorkerState {
     clients: Vec<PsClient>,
     batches: Box<dyn Iterator<Item = Result<LabeledParts, TrainError>> + Send>,
     gradients: Vec<f32>,
+    /// The embedding tables whose looked-up rows alone travel.
+    lookups: Lookups,
     steps: u64,
     /// `--kill worker:N@STEP` and `--slow`: after this worker's own step STEP.
     kill_switch: KillSwitch,
@@ -71,7 +74,9 @@ where
         item.map_err(TrainError::from)
             .and_then(LabeledBatch::into_parts)
     });
+    // Never written where a table's rows travel alone: those pages are never touched.
     let gradients = vec![0.0; net.parameters().len()];
+    let lookups = Lookups::of(&net);
     let mut state = WorkerState {
         net,
         loss: Box::new(loss),
@@ -80,6 +85,7 @@ where
         clients,
         batches: Box::new(batches),
         gradients,
+        lookups,
         steps: 0,
         kill_switch: KillSwitch::from_env()?,
     };
@@ -96,7 +102,8 @@ where
 }
 
 /// One training step on this worker: the newest variables, one batch, the gradient of its
-/// mean loss to the `ps` tasks.
+/// mean loss to the `ps` tasks. Of an embedding table read from the input, only the rows the
+/// batch names travel, each way ([`TableRows`]).
 fn train_step(state: &mut WorkerState) -> Result<Vec<u8>, TrainError> {
     let parts = state.batches.next().ok_or_else(|| {
         TrainError::invalid(
@@ -104,30 +111,122 @@ fn train_step(state: &mut WorkerState) -> Result<Vec<u8>, TrainError> {
             "it ran out: repeat it (`repeat(None)`), as TensorFlow's dataset functions do",
         )
     })??;
-    state
-        .variables
-        .pull(&mut state.clients, state.net.parameters_mut().values_mut())?;
+    let (inputs, mut tables) = state.lookups.renumber(&state.net, &parts.inputs)?;
+    state.variables.pull_rows(
+        &mut state.clients,
+        state.net.parameters_mut().values_mut(),
+        &mut tables,
+    )?;
     let objective = Objective {
         loss: &*state.loss,
         metrics: &state.metrics,
     };
     let ctx = ForwardContext::training(state.steps, 0);
-    let forward = state.net.forward(&parts.inputs, ctx)?;
+    let compact = tables
+        .iter_mut()
+        .map(|t| {
+            let rows = t.ids.len();
+            Tensor::from_vec(std::mem::take(&mut t.values), &[rows, t.cols])
+                .map(|table| (t.variable, table))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let forward = state.net.forward_with_rows(&[inputs], ctx, compact)?;
     let (summed, totals) = objective.measure(&forward.output, &parts)?;
+    let grads = summed.backward()?;
     state
         .net
-        .gradients(&forward, &summed.backward()?, &mut state.gradients)?;
+        .gradients(&forward, &grads, &mut state.gradients)?;
+    for table in &mut tables {
+        table.gradient = match forward.variable(table.variable).and_then(|v| grads.get(v)) {
+            Some(g) => g.to_vec()?,
+            None => vec![0.0; table.ids.len() * table.cols],
+        };
+    }
     let examples = totals.get(1).copied().unwrap_or(0.0);
     if examples > 0.0 {
         let scale = (1.0 / examples) as f32;
-        for g in &mut state.gradients {
-            *g *= scale;
-        }
-        state.variables.push(&mut state.clients, &state.gradients)?;
+        state
+            .variables
+            .push_rows(&mut state.clients, &state.gradients, &tables, scale)?;
     }
     state.steps += 1;
     // A kill here lands after the gradients were pushed and before the coordinator hears
     // of the step: the at-least-once case.
     state.kill_switch.after_step(state.steps);
     Ok(totals.iter().flat_map(|v| v.to_le_bytes()).collect())
+}
+
+/// The model's embedding tables that read their ids from its input
+/// ([`Network::row_lookups`]): a step pulls and pushes only the rows its batch names.
+pub(crate) struct Lookups {
+    /// `(variable, rows, cols)` of each table.
+    tables: Vec<(usize, usize, usize)>,
+}
+
+impl Lookups {
+    /// The row lookups of `net`, a model of one input.
+    pub(crate) fn of(net: &Network) -> Self {
+        let specs = net.parameters().specs();
+        Self {
+            tables: net
+                .row_lookups()
+                .into_iter()
+                .filter(|l| l.input == 0)
+                .filter_map(|l| {
+                    let spec = specs.get(l.variable)?;
+                    let rows = *spec.shape.first()?;
+                    Some((l.variable, rows, spec.len().checked_div(rows)?))
+                })
+                .collect(),
+        }
+    }
+
+    /// The batch's `inputs` with their ids renumbered into the compact tables of the rows
+    /// they name, and those tables (to be pulled); `inputs` itself without tables.
+    ///
+    /// # Errors
+    ///
+    /// An input value that is not an id of the table (negative, fractional, past its rows).
+    fn renumber(
+        &self,
+        net: &Network,
+        inputs: &Tensor,
+    ) -> Result<(Tensor, Vec<TableRows>), TrainError> {
+        // One input read by one table: `row_lookups` names an input no other layer reads.
+        let Some(&(variable, rows, cols)) = self.tables.first() else {
+            return Ok((inputs.clone(), Vec::new()));
+        };
+        let values = inputs.to_vec()?;
+        let ids = values
+            .iter()
+            .map(|&v| {
+                if v >= 0.0 && v.fract() == 0.0 && (v as usize) < rows {
+                    Ok(v as usize)
+                } else {
+                    Err(TrainError::invalid(
+                        "an embedding lookup",
+                        format!(
+                            "input {v} is not an id of {}, a table of {rows} rows",
+                            net.parameters().specs()[variable].name
+                        ),
+                    ))
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut unique = ids.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        let renumbered: Vec<f32> = ids
+            .iter()
+            .map(|id| unique.partition_point(|u| u < id) as f32)
+            .collect();
+        let table = TableRows {
+            variable,
+            cols,
+            ids: unique,
+            values: Vec::new(),
+            gradient: Vec::new(),
+        };
+        Ok((Tensor::from_vec(renumbered, inputs.shape())?, vec![table]))
+    }
 }
