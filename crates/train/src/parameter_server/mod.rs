@@ -6,7 +6,9 @@
 //! - a worker serves steps ([`serve_steps`]): it builds the model as the chief does, makes
 //!   its dataset from the dataset function and its [`InputContext`], and runs each step the
 //!   coordinator sends: pull the variables, one batch forward and backward, push the gradients
-//!   (each `ps` applies the optimizer to its shards);
+//!   (each `ps` applies the optimizer to its shards). Of an embedding table that reads its ids
+//!   from the model's input, only the rows the batch names are pulled and pushed (sparse
+//!   updates, TensorFlow's `IndexedSlices`);
 //! - the chief trains ([`ParameterServerModel`]): it creates the shards from its model's
 //!   values, schedules `steps_per_epoch` steps an epoch on whichever workers are free
 //!   (`lockstep_ps::ClusterCoordinator`: a lost worker's step runs on another), and reads the
