@@ -93,5 +93,5 @@ pub use optimizers::{
     Adagrad, Adam, AdamW, GradientClipping, LearningRateSchedule, Optimizer, OptimizerConfig,
     OptimizerSettings, RmsProp, Sgd, apply_clipped, apply_update,
 };
-pub use params::{ParamBuilder, ParamSpec, Parameters, Update};
+pub use params::{ParamBuilder, ParamSpec, Parameters, Update, without_initial_values};
 pub use session::TrainingSession;

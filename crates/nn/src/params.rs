@@ -259,6 +259,42 @@ pub struct ParamBuilder {
     /// Declarations only, no values: a layer built to learn its output shape (a functional
     /// graph's layer called on a symbolic tensor).
     shapes_only: bool,
+    /// Under [`without_initial_values`]: every variable zero, the values allocated at once
+    /// when the model is finished; the values declared so far.
+    zeros: Option<usize>,
+}
+
+thread_local! {
+    /// Set inside [`without_initial_values`].
+    static WITHOUT_INITIAL_VALUES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `build`, in which every model built on this thread holds zeros instead of its
+/// initializers' draws, allocated in one piece that the operating system maps lazily: memory
+/// no one writes is never taken. For a process that loads every value before it reads any,
+/// as TensorFlow's variable-creator scope lets a strategy place variables elsewhere: a
+/// parameter-server worker pulls the values each step, and never holds an embedding table it
+/// only looks rows up in.
+///
+/// ```
+/// use lockstep_nn::{Embedding, Sequential, Layer, without_initial_values};
+///
+/// let build = || Sequential::new(&[2], vec![Box::new(Embedding::new(1 << 20, 16)) as Box<dyn Layer>], 7);
+/// let model = without_initial_values(build)?;
+/// assert_eq!(model.parameters().len(), 16 << 20);
+/// assert!(model.parameters().values().iter().take(8).all(|&v| v == 0.0));
+/// # Ok::<(), lockstep_nn::NnError>(())
+/// ```
+pub fn without_initial_values<T>(build: impl FnOnce() -> T) -> T {
+    /// Restores the setting, also when `build` panics.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            WITHOUT_INITIAL_VALUES.with(|flag| flag.set(self.0));
+        }
+    }
+    let _restore = Restore(WITHOUT_INITIAL_VALUES.with(|flag| flag.replace(true)));
+    build()
 }
 
 impl ParamBuilder {
@@ -267,6 +303,9 @@ impl ParamBuilder {
             params: Parameters::default(),
             seed,
             shapes_only: false,
+            zeros: WITHOUT_INITIAL_VALUES
+                .with(std::cell::Cell::get)
+                .then_some(0),
         }
     }
 
@@ -274,6 +313,7 @@ impl ParamBuilder {
     pub(crate) fn shapes_only() -> Self {
         Self {
             shapes_only: true,
+            zeros: None,
             ..Self::new(0)
         }
     }
@@ -334,6 +374,24 @@ impl ParamBuilder {
             });
             return Ok(index);
         }
+        if let Some(declared) = self.zeros {
+            let index = self.params.specs.len();
+            self.params.specs.push(ParamSpec {
+                name: name.clone(),
+                shape,
+                offset: declared,
+                update,
+            });
+            self.zeros = Some(
+                declared
+                    .checked_add(len)
+                    .ok_or_else(|| NnError::InvalidConfig {
+                        layer: name,
+                        why: "the model's values overflow a usize".into(),
+                    })?,
+            );
+            return Ok(index);
+        }
         self.params
             .values
             .try_reserve(len)
@@ -363,7 +421,34 @@ impl ParamBuilder {
         self.params.specs.len()
     }
 
-    pub(crate) fn finish(self) -> Parameters {
+    pub(crate) fn finish(mut self) -> Parameters {
+        if let Some(declared) = self.zeros {
+            // Zeroed in one allocation: the allocator asks the system for fresh pages, which
+            // it maps on first write.
+            self.params.values = vec![0.0; declared];
+        }
         self.params
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models;
+
+    #[test]
+    fn a_model_built_without_initial_values_has_the_same_variables_all_zero_and_the_next_draws() {
+        let drawn = models::mnist_cnn(3).unwrap();
+        let zeros = without_initial_values(|| models::mnist_cnn(3)).unwrap();
+        assert_eq!(zeros.parameters().specs(), drawn.parameters().specs());
+        assert_eq!(zeros.parameters().len(), drawn.parameters().len());
+        assert!(zeros.parameters().values().iter().all(|&v| v == 0.0));
+        // The setting ends with the call, also when the build panics.
+        let panicked = std::panic::catch_unwind(|| {
+            without_initial_values(|| panic!("a build that fails"));
+        });
+        assert!(panicked.is_err());
+        let again = models::mnist_cnn(3).unwrap();
+        assert_eq!(again.parameters().values(), drawn.parameters().values());
     }
 }

@@ -67,7 +67,10 @@ where
     let address = strategy.own_address()?;
     // Listen first: the coordinator may try this worker while it connects to the ps tasks.
     let listener = lockstep_collective::task_listener(&address)?;
-    let (net, variables, clients) = strategy.build_sharded(build)?;
+    // Every value is pulled before a step reads it: the worker's model holds zeros, and the
+    // pages of a table it only looks rows up in are never touched.
+    let (net, variables, clients) =
+        strategy.build_sharded(|| lockstep_nn::without_initial_values(&build))?;
     let context = InputContext::new(strategy.num_workers(), index, strategy.num_workers())?;
     let dataset = dataset_fn(&context)?;
     let batches = dataset.iter()?.map(|item| {
