@@ -46,6 +46,11 @@ pub struct CommunicationOptions {
     /// which picks the element type it all-reduces; the collectives themselves send the type
     /// they are given.
     pub compression: Compression,
+    /// With a [`Compression`], carry each replica's rounding error into its next step's
+    /// gradients before they are rounded (error feedback, as 1-bit SGD and `PowerSGD` do): what
+    /// a step's rounding dropped is sent later instead of lost. A setting for the step, as
+    /// `compression`; no effect without one.
+    pub error_feedback: bool,
 }
 
 /// The element type gradients travel in, as Horovod's `Compression` and PyTorch DDP's
@@ -72,6 +77,7 @@ impl Default for CommunicationOptions {
             bytes_per_pack: 1 << 20,
             timeout: Duration::from_mins(5),
             compression: Compression::None,
+            error_feedback: false,
         }
     }
 }

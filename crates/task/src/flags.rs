@@ -49,6 +49,10 @@ pub struct CommunicationArgs {
     /// The type gradients travel in: `none` (f32), `bf16` or `fp16`.
     #[arg(long, default_value = "none", value_parser = compression)]
     pub compression: Compression,
+    /// With `--compression`, carry each replica's rounding error into its next step's
+    /// gradients (error feedback).
+    #[arg(long)]
+    pub error_feedback: bool,
 }
 
 impl CommunicationArgs {
@@ -57,6 +61,7 @@ impl CommunicationArgs {
         CommunicationOptions {
             bytes_per_pack: self.bytes_per_pack,
             compression: self.compression,
+            error_feedback: self.error_feedback,
             ..CommunicationOptions::default()
         }
     }

@@ -122,6 +122,18 @@ pub struct Model {
     context: InputContext,
     /// Steps run by [`Model::run`] (a custom loop's), for dropout's seeds.
     pub(crate) steps_run: u64,
+    /// Every replica's error-feedback residuals, one after another: gathered for a backup,
+    /// or read from one on the chief until `fit` hands them out ([`crate::state`]).
+    pub(crate) residual_sets: Option<ResidualSets>,
+}
+
+/// Every replica's error-feedback residuals, in replica order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ResidualSets {
+    /// The replicas they are of.
+    pub(crate) replicas: usize,
+    /// `replicas` runs of the gradient buffer's length.
+    pub(crate) values: Vec<f32>,
 }
 
 impl Model {
@@ -195,6 +207,7 @@ impl Model {
             task: strategy.task(),
             context: strategy.input_context(),
             steps_run: 0,
+            residual_sets: None,
         };
         model.agree_on_architecture()?;
         let inputs = vec![(); model.replicas.len()];

@@ -65,6 +65,55 @@ pub(crate) struct Wire {
     pub(crate) compression: Compression,
     /// The replicas in sync (fp16's values are divided by it before they are rounded).
     pub(crate) replicas: usize,
+    /// Whether a replica's rounding errors are carried into its next step
+    /// ([`Residuals`]).
+    pub(crate) error_feedback: bool,
+}
+
+impl Wire {
+    /// Whether the packs keep residuals: error feedback on a compressed wire.
+    pub(crate) fn keeps_residuals(self) -> bool {
+        self.error_feedback && self.compression != Compression::None
+    }
+}
+
+/// One replica's rounding errors, one per gradient value: what its last compressed send of
+/// each value dropped, added to that value's next gradient before it is rounded (error
+/// feedback). Empty until a step keeps them.
+#[derive(Debug, Default)]
+pub(crate) struct Residuals(Vec<f32>);
+
+impl Residuals {
+    /// The residuals kept (empty before a step kept any).
+    pub(crate) fn values(&self) -> &[f32] {
+        &self.0
+    }
+
+    /// Replaces them (a restore).
+    pub(crate) fn set(&mut self, values: Vec<f32>) {
+        self.0 = values;
+    }
+
+    /// The residuals of a gradient buffer of `n` values (zero at first) when `wire` keeps
+    /// them, else an empty slice.
+    pub(crate) fn for_step(&mut self, n: usize, wire: Wire) -> &mut [f32] {
+        if !wire.keeps_residuals() {
+            return &mut [];
+        }
+        if self.0.len() != n {
+            self.0 = vec![0.0; n];
+        }
+        &mut self.0
+    }
+}
+
+/// The residuals of `range` of the gradients, or an empty slice when none are kept.
+fn residuals_of(residuals: &mut [f32], range: Range<usize>) -> &mut [f32] {
+    if residuals.is_empty() {
+        &mut []
+    } else {
+        &mut residuals[range]
+    }
 }
 
 /// Sums `buffer` (the gradients, `..n`, then the step's totals) over every replica, pack by
@@ -73,7 +122,7 @@ pub(crate) fn reduce_after(
     link: &mut ReplicaLink,
     buffer: &mut [f32],
     n: usize,
-    (packs, wire): (&Packs, Wire),
+    (packs, wire, residuals): (&Packs, Wire, &mut [f32]),
 ) -> Result<(), CollectiveError> {
     for (k, range) in packs.ranges.iter().enumerate() {
         let end = if with_totals(k, wire) {
@@ -81,7 +130,8 @@ pub(crate) fn reduce_after(
         } else {
             range.end
         };
-        reduce_pack(link, &mut buffer[range.start..end], wire)?;
+        let residual = residuals_of(residuals, range.clone());
+        reduce_pack(link, &mut buffer[range.start..end], wire, residual)?;
     }
     reduce_totals(link, &mut buffer[n..], wire)
 }
@@ -95,7 +145,7 @@ pub(crate) fn reduce_during(
     (forward, loss): (&Forward, &Tensor),
     buffer: &mut [f32],
     n: usize,
-    (packs, wire): (&Packs, Wire),
+    (packs, wire, residuals): (&Packs, Wire, &mut [f32]),
 ) -> Result<Duration, TrainError> {
     let (gradients, totals) = buffer.split_at_mut(n);
     // The packs' waits leave the core to the backward pass.
@@ -108,7 +158,8 @@ pub(crate) fn reduce_during(
             .spawn_scoped(scope, move || {
                 let mut reduced = Vec::new();
                 for (k, mut values) in packed {
-                    reduce_pack(reducer, &mut values, wire)?;
+                    let residual = residuals_of(residuals, packs.ranges[k].clone());
+                    reduce_pack(reducer, &mut values, wire, residual)?;
                     reduced.push((k, values));
                 }
                 Ok::<_, CollectiveError>(reduced)
@@ -174,32 +225,35 @@ fn reduce_totals(
     link.all_reduce(totals, ReduceOp::Sum)
 }
 
-/// Sums one pack over every replica in `wire`'s type.
+/// Sums one pack over every replica in `wire`'s type, carrying each value's rounding error in
+/// `residual` (its values' residuals, or empty: none kept).
 fn reduce_pack(
     link: &mut ReplicaLink,
     values: &mut [f32],
     wire: Wire,
+    residual: &mut [f32],
 ) -> Result<(), CollectiveError> {
     match wire.compression {
         Compression::None => link.all_reduce(values, ReduceOp::Sum),
-        Compression::Bf16 => reduce_as(link, values, 1.0, bf16::from_f32, bf16::to_f32),
+        Compression::Bf16 => reduce_as(link, values, 1.0, residual, bf16::from_f32, bf16::to_f32),
         Compression::Fp16 => {
             let replicas = wire.replicas as f32;
-            reduce_as(link, values, replicas, f16::from_f32, f16::to_f32)
+            reduce_as(link, values, replicas, residual, f16::from_f32, f16::to_f32)
         }
     }
 }
 
 /// Sums `values` over every replica as `E`: each replica's values divided by `divisor` and
-/// rounded to `E`, the sum multiplied back.
+/// rounded to `E` ([`round`]), the sum multiplied back.
 fn reduce_as<E: Element>(
     link: &mut ReplicaLink,
     values: &mut [f32],
     divisor: f32,
+    residual: &mut [f32],
     to_wire: fn(f32) -> E,
     from_wire: fn(E) -> f32,
 ) -> Result<(), CollectiveError> {
-    let mut wire: Vec<E> = values.iter().map(|&v| to_wire(v / divisor)).collect();
+    let mut wire = round(values, divisor, residual, to_wire, from_wire);
     link.all_reduce(&mut wire, ReduceOp::Sum)?;
     for (v, w) in values.iter_mut().zip(wire) {
         *v = from_wire(w) * divisor;
@@ -207,10 +261,62 @@ fn reduce_as<E: Element>(
     Ok(())
 }
 
+/// `values` divided by `divisor` and rounded to `E`; with residuals (`residual` as long as
+/// `values`), each value's residual is added first and what the rounding dropped, in the
+/// gradient's units, becomes its new residual.
+fn round<E: Element>(
+    values: &[f32],
+    divisor: f32,
+    residual: &mut [f32],
+    to_wire: fn(f32) -> E,
+    from_wire: fn(E) -> f32,
+) -> Vec<E> {
+    if residual.len() != values.len() {
+        return values.iter().map(|&v| to_wire(v / divisor)).collect();
+    }
+    values
+        .iter()
+        .zip(residual)
+        .map(|(&v, r)| {
+            let carried = v + *r;
+            let sent = to_wire(carried / divisor);
+            *r = carried - from_wire(sent) * divisor;
+            sent
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use lockstep_nn::{Dense, Sequential};
+
+    #[test]
+    fn with_residuals_what_is_sent_over_many_steps_sums_to_what_was_computed() {
+        // A gradient bf16 cannot hold (its values near 1 are 2^-7 apart: it rounds to 1),
+        // sent 1000 times.
+        let gradient = 1.001_f32;
+        let (mut sent_plain, mut sent_carried) = (0.0_f64, 0.0_f64);
+        let mut residual = [0.0_f32];
+        for _ in 0..1000 {
+            let plain = round(&[gradient], 1.0, &mut [], bf16::from_f32, bf16::to_f32);
+            sent_plain += f64::from(bf16::to_f32(plain[0]));
+            let carried = round(
+                &[gradient],
+                1.0,
+                &mut residual,
+                bf16::from_f32,
+                bf16::to_f32,
+            );
+            sent_carried += f64::from(bf16::to_f32(carried[0]));
+        }
+        let computed = 1000.0 * f64::from(gradient);
+        // Without residuals every step drops the same 0.001: a whole unit over 1000 steps.
+        assert!((sent_plain - computed).abs() > 0.9, "{sent_plain}");
+        // With them, what is still owed is one step's rounding at most.
+        assert!((sent_carried - computed).abs() < 0.01, "{sent_carried}");
+        assert!((sent_carried + f64::from(residual[0]) - computed).abs() < 1e-3);
+    }
 
     #[test]
     fn packs_hold_whole_variables_from_the_last_layer_back() {

@@ -13,7 +13,7 @@ use lockstep_tensor::{Device, Tensor};
 
 use crate::batch::LabeledParts;
 use crate::error::TrainError;
-use crate::packs::{self, Packs, Wire};
+use crate::packs::{self, Packs, Residuals, Wire};
 use crate::stragglers::Waits;
 use crate::strategy::ReplicaLink;
 
@@ -109,6 +109,8 @@ pub(crate) struct Replica {
     /// The gradient buffer's packs and how they travel (made at the first step; shared, so a
     /// step holds them while it borrows the replica).
     packs: Option<(Arc<Packs>, Wire)>,
+    /// This replica's rounding errors under error feedback (empty without it).
+    pub(crate) residuals: Residuals,
     /// The steps' time and the part blocked in their collectives, since the last report.
     pub(crate) waits: Waits,
     /// A GPU replica's parameters, gradients and optimizer state on its device between the
@@ -124,6 +126,12 @@ pub(crate) struct Replica {
 }
 
 impl Replica {
+    /// Whether this replica's steps keep error-feedback residuals.
+    pub(crate) fn keeps_residuals(&self) -> bool {
+        let options = self.link.options();
+        options.error_feedback && options.compression != lockstep_collective::Compression::None
+    }
+
     pub(crate) fn new(link: ReplicaLink, net: Network) -> Self {
         Self {
             across: link.sum_across(),
@@ -133,6 +141,7 @@ impl Replica {
             buffer: Vec::new(),
             kernels: None,
             packs: None,
+            residuals: Residuals::default(),
             waits: Waits::default(),
             resident: None,
             host_stale: false,
@@ -237,6 +246,7 @@ impl Replica {
             let wire = Wire {
                 compression: options.compression,
                 replicas: self.link.world_size(),
+                error_feedback: options.error_feedback,
             };
             (Arc::new(packs), wire)
         });
@@ -257,12 +267,13 @@ impl Replica {
                     *slot = total as f32;
                 }
                 let both = (&mut self.link, &self.net);
+                let residuals = self.residuals.for_step(n, wire);
                 let blocked = packs::reduce_during(
                     both,
                     (&forward, &value),
                     &mut self.buffer,
                     n,
-                    (packs, wire),
+                    (packs, wire, residuals),
                 )?;
                 let totals = self.update(n)?;
                 self.waits.add_step(started.elapsed(), blocked);
@@ -290,7 +301,13 @@ impl Replica {
             None => {}
         }
         let reducing = Instant::now();
-        packs::reduce_after(&mut self.link, &mut self.buffer, n, (packs, wire))?;
+        let residuals = self.residuals.for_step(n, wire);
+        packs::reduce_after(
+            &mut self.link,
+            &mut self.buffer,
+            n,
+            (packs, wire, residuals),
+        )?;
         let blocked = reducing.elapsed();
         let totals = self.update(n)?;
         self.waits.add_step(started.elapsed(), blocked);
@@ -378,7 +395,13 @@ impl Replica {
             for (slot, total) in self.buffer[n..].iter_mut().zip(&totals) {
                 *slot = *total as f32;
             }
-            packs::reduce_after(&mut self.link, &mut self.buffer, n, (packs, wire))?;
+            let residuals = self.residuals.for_step(n, wire);
+            packs::reduce_after(
+                &mut self.link,
+                &mut self.buffer,
+                n,
+                (packs, wire, residuals),
+            )?;
             state.upload_gradients(&self.buffer[..n])?;
             self.buffer[n..].to_vec()
         };

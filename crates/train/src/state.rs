@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::callbacks::CallbackState;
 use crate::error::TrainError;
-use crate::model::Model;
-use crate::replica::{StepTotals, not_compiled, on_replicas};
+use crate::model::{Model, ResidualSets};
+use crate::replica::{Replica, StepTotals, not_compiled, on_replicas};
 use crate::stragglers::Straggler;
 
 /// The position of training: what a resumed run needs besides weights and optimizer state.
@@ -90,6 +90,9 @@ pub(crate) struct Meta {
 
 const MODEL: &str = "model";
 const OPTIMIZER: &str = "optimizer";
+/// Every replica's error-feedback residuals (`replica_0`, `replica_1`, …), when a step keeps
+/// them.
+const ERROR_FEEDBACK: &str = "error_feedback";
 
 /// The whole state of `model` as a checkpoint: weights, optimizer state and settings, the
 /// architecture and compile settings (so the checkpoint also loads as a whole model), and
@@ -136,6 +139,16 @@ pub(crate) fn checkpoint_of(
     }
     checkpoint.files.insert(MODEL.into(), weights);
     checkpoint.files.insert(OPTIMIZER.into(), slots);
+    if let Some(sets) = &model.residual_sets {
+        let n = values.len();
+        let residuals = sets
+            .values
+            .chunks(n.max(1))
+            .enumerate()
+            .map(|(r, values)| NamedTensor::new(format!("replica_{r}"), vec![n], values.to_vec()))
+            .collect::<Result<Vec<_>, _>>()?;
+        checkpoint.files.insert(ERROR_FEEDBACK.into(), residuals);
+    }
     checkpoint.meta = serde_json::to_value(Meta {
         optimizer: optimizer.name().into(),
         iterations: optimizer.iterations(),
@@ -248,6 +261,8 @@ pub(crate) fn restore_into(
         .iter()
         .map(|(n, v)| (n.as_str(), v.as_slice()))
         .collect();
+    // Handed to every replica by `fit` (`sync_from_chief`).
+    model.residual_sets = residual_sets_of(checkpoint, total)?;
     for replica in &mut model.replicas {
         replica
             .net
@@ -262,6 +277,103 @@ pub(crate) fn restore_into(
         }
     }
     Ok(meta.position)
+}
+
+/// The error-feedback residuals `checkpoint` holds for a gradient buffer of `n` values, in
+/// replica order; `None` when it holds none.
+fn residual_sets_of(checkpoint: &Checkpoint, n: usize) -> Result<Option<ResidualSets>, TrainError> {
+    let Some(tensors) = checkpoint.files.get(ERROR_FEEDBACK) else {
+        return Ok(None);
+    };
+    let mut values = Vec::with_capacity(tensors.len() * n);
+    for (r, tensor) in tensors.iter().enumerate() {
+        let name = format!("replica_{r}");
+        let found = checkpoint
+            .tensor(ERROR_FEEDBACK, &name)
+            .ok()
+            .filter(|t| t.values.len() == n);
+        let Some(found) = found else {
+            return Err(TrainError::invalid(
+                "checkpoint",
+                format!(
+                    "its error-feedback residuals hold {} ({} values) where {name} of {n} \
+                     was expected",
+                    tensor.name,
+                    tensor.values.len()
+                ),
+            ));
+        };
+        values.extend_from_slice(&found.values);
+    }
+    Ok(Some(ResidualSets {
+        replicas: tensors.len(),
+        values,
+    }))
+}
+
+/// Gathers every replica's error-feedback residuals into `model.residual_sets` on every
+/// process (one all-reduce of `replicas × n` values, each replica's own run filled in), for
+/// a backup to hold; `None` when the steps keep none.
+fn gather_residuals(model: &mut Model) -> Result<(), TrainError> {
+    model.residual_sets = None;
+    let Some(first) = model.replicas.first() else {
+        return Ok(());
+    };
+    if !first.keeps_residuals() {
+        return Ok(());
+    }
+    let replicas = first.link.world_size();
+    let n = model.network().parameters().len();
+    let local = model.replicas.len();
+    let values = on_replicas(&mut model.replicas, vec![(); local], |r, ()| {
+        let mut all = vec![0.0_f32; replicas * n];
+        let own = r.residuals.values();
+        let at = r.link.replica_id() * n;
+        if own.len() == n {
+            all[at..at + n].copy_from_slice(own);
+        }
+        r.link.all_reduce(&mut all, ReduceOp::Sum)?;
+        Ok(all)
+    })?;
+    model.residual_sets = Some(ResidualSets { replicas, values });
+    Ok(())
+}
+
+/// The chief's `sets` replicas' residuals (`restored`, on the chief) broadcast to `replica`,
+/// which keeps its own ([`own_residuals`]); nothing when there are none.
+fn receive_residuals(
+    replica: &mut Replica,
+    restored: &[f32],
+    sets: usize,
+) -> Result<(), TrainError> {
+    if sets == 0 {
+        return Ok(());
+    }
+    let n = replica.net.parameters().len();
+    let mut flat = restored.to_vec();
+    flat.resize(sets * n, 0.0);
+    replica.link.broadcast(&mut flat)?;
+    let (me, world) = (replica.link.replica_id(), replica.link.world_size());
+    replica.residuals.set(own_residuals(&flat, n, me, world));
+    Ok(())
+}
+
+/// The residuals replica `me` of `world` takes from the saved replicas' `sets` (each `n`
+/// long): the saved replica of its index, plus those of the saved replicas past `world` whose
+/// index falls to it round-robin, so that what every replica still owes is carried whole to a
+/// cluster of fewer replicas.
+fn own_residuals(sets: &[f32], n: usize, me: usize, world: usize) -> Vec<f32> {
+    let mut own = vec![0.0; n];
+    for (saved, values) in sets.chunks(n.max(1)).enumerate() {
+        if saved == me {
+            own.copy_from_slice(values);
+        } else if saved % world.max(1) == me {
+            for (o, v) in own.iter_mut().zip(values) {
+                *o += v;
+            }
+        }
+    }
+    own
 }
 
 /// What a callback sees of training: the model, where training stands, and the means to save,
@@ -398,11 +510,14 @@ impl TrainingContext<'_> {
         what: &str,
         write: impl FnOnce(&Self) -> Result<(), TrainError>,
     ) -> Result<(), TrainError> {
-        // Replicas on a GPU hold newer values than the host's between syncs.
+        // Replicas on a GPU hold newer values than the host's between syncs; every
+        // replica's residuals reach the chief for a backup to hold.
         let written = self
             .model
             .sync_host()
+            .and_then(|()| gather_residuals(self.model))
             .and_then(|()| if self.is_chief() { write(self) } else { Ok(()) });
+        self.model.residual_sets = None;
         if let Err(e) = &written {
             tracing::error!("{callback}: writing {what}: {e}");
         }
@@ -455,6 +570,10 @@ impl TrainingContext<'_> {
             states.len() as f64,
             f64::from(u8::from(self.stop)),
         ];
+        // Residuals a restored backup held (on the chief): how many replicas' there are.
+        let restored = self.model.residual_sets.take();
+        header.push(restored.as_ref().map_or(0.0, |sets| sets.replicas as f64));
+        let restored = restored.map(|sets| sets.values).unwrap_or_default();
         let mut metrics = p.metrics.clone();
         metrics.resize(metric_len, 0.0);
         header.extend(metrics);
@@ -488,6 +607,7 @@ impl TrainingContext<'_> {
             } else {
                 optimizer.restore(header[5] as u64, &[])?;
             }
+            receive_residuals(r, &restored, header[10] as usize)?;
             Ok((header, bytes))
         })
         .map(|(h, bytes)| {
@@ -500,7 +620,7 @@ impl TrainingContext<'_> {
             steps_into_epoch: header[2] as u64,
             loss_sum: header[3],
             examples: header[4],
-            metrics: header[10..].to_vec(),
+            metrics: header[11..].to_vec(),
             stopped: false,
         };
         self.stop = header[9] == 1.0;
@@ -512,5 +632,22 @@ impl TrainingContext<'_> {
             )
         })?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::own_residuals;
+
+    #[test]
+    fn each_replica_takes_its_saved_residuals_and_fewer_replicas_take_the_rest_round_robin() {
+        // Three saved replicas of two values each.
+        let sets = [1.0, 2.0, 10.0, 20.0, 100.0, 200.0];
+        assert_eq!(own_residuals(&sets, 2, 1, 3), [10.0, 20.0]);
+        // On two replicas, the third's go to the first: nothing owed is lost.
+        assert_eq!(own_residuals(&sets, 2, 0, 2), [101.0, 202.0]);
+        assert_eq!(own_residuals(&sets, 2, 1, 2), [10.0, 20.0]);
+        // On four, the fourth starts from zero.
+        assert_eq!(own_residuals(&sets, 2, 3, 4), [0.0, 0.0]);
     }
 }

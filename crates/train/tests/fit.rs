@@ -118,6 +118,40 @@ fn compressed_gradients_train_near_the_uncompressed_run_and_repeat_bit_for_bit()
     }
 }
 
+#[test]
+fn error_feedback_carries_the_rounding_into_later_steps_alike_with_or_without_packs() {
+    let (plain, _) = train(MirroredStrategy::new(2).unwrap(), 64, 1, Vec::new()).unwrap();
+    let run = |error_feedback: bool, bytes_per_pack: usize| {
+        let options = CommunicationOptions {
+            compression: Compression::Bf16,
+            error_feedback,
+            bytes_per_pack,
+            ..CommunicationOptions::default()
+        };
+        let strategy = MirroredStrategy::with_options(2, options).unwrap();
+        train(strategy, 64, 1, Vec::new()).unwrap().0
+    };
+    let whole = CommunicationOptions::default().bytes_per_pack;
+    let (without, with) = (run(false, whole), run(true, whole));
+    assert_ne!(with, without, "the residuals change what is sent");
+    assert_eq!(with, run(true, whole), "repeats bit for bit");
+    // Packs reduced during the backward pass keep each value's residual as one pack after it.
+    assert_eq!(with, run(true, 4 * 1024), "packed during the pass");
+    // What was dropped is sent later: the weights end nearer the uncompressed run's.
+    let distance = |a: &[f32]| -> f32 {
+        a.iter()
+            .zip(&plain)
+            .map(|(x, y)| (x - y) * (x - y))
+            .sum::<f32>()
+            .sqrt()
+    };
+    let (off, on) = (distance(&without), distance(&with));
+    assert!(
+        on < off,
+        "nearer the uncompressed weights: {on} against {off}"
+    );
+}
+
 /// Packs of 4 KiB: the MLP's gradients go as two collectives (its last layer's, started
 /// while the backward pass goes on with the first layer, then the first layer's).
 fn small_packs() -> CommunicationOptions {
@@ -210,6 +244,51 @@ fn a_run_resumed_from_its_backup_ends_bit_identical_to_an_uninterrupted_one() {
             "deleted after a successful run"
         );
     }
+}
+
+#[test]
+fn a_run_with_error_feedback_resumed_from_its_backup_ends_bit_identical() {
+    let options = CommunicationOptions {
+        compression: Compression::Bf16,
+        error_feedback: true,
+        ..CommunicationOptions::default()
+    };
+    let strategy = || MirroredStrategy::with_options(2, options).unwrap();
+    let (uninterrupted, _) = train(strategy(), 64, 3, Vec::new()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let backup = || BackupAndRestore::new(dir.path().join("backup")).save_freq(SaveFreq::Steps(4));
+    // The backup of step 16 holds both replicas' residuals; step 17 crashes.
+    let err = train(
+        strategy(),
+        64,
+        3,
+        vec![Box::new(backup()), Box::new(CrashAt(17))],
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("crashed on purpose"));
+    let (resumed, _) = train(strategy(), 64, 3, vec![Box::new(backup())]).unwrap();
+    assert_eq!(resumed, uninterrupted);
+
+    // Two workers over TCP: the chief's backup gathers the other worker's residuals too.
+    let path = dir.path().join("workers");
+    let run = move |crash: bool| {
+        let path = path.clone();
+        workers_with(2, 1, options, move |strategy| {
+            let backup = BackupAndRestore::new(path.clone()).save_freq(SaveFreq::Steps(4));
+            let mut callbacks: Vec<Box<dyn Callback>> = vec![Box::new(backup)];
+            if crash {
+                callbacks.push(Box::new(CrashAt(17)));
+            }
+            train(strategy, 64, 3, callbacks).map(|(weights, _)| weights)
+        })
+    };
+    let uninterrupted = workers_with(2, 1, options, |strategy| {
+        train(strategy, 64, 3, Vec::new()).unwrap().0
+    });
+    assert!(run(true).iter().all(Result::is_err));
+    let resumed = run(false);
+    assert_eq!(resumed[0].as_ref().unwrap(), &uninterrupted[0]);
+    assert_eq!(resumed[1].as_ref().unwrap(), &uninterrupted[1]);
 }
 
 #[test]
