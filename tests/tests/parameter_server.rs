@@ -1,6 +1,6 @@
 //! `ParameterServerStrategy` across real processes: a chief, two workers and two `ps` tasks
 //! train the tutorial CNN; a worker killed (SIGKILL) mid-run has its step run on the other and
-//! training finishes without a restart; a `ps` task killed (SIGKILL) is an error on the chief that
+//! training finishes without a restart, each `ps` task applying that step once; a `ps` task killed (SIGKILL) is an error on the chief that
 //! names it, and a restarted cluster resumes from the chief's checkpoint (after a `ps` task
 //! or the chief died), also on three `ps` tasks where two saved it; the recommender example
 //! learns with an embedding table of a million rows sharded over the `ps` tasks.
@@ -97,6 +97,15 @@ fn a_worker_killed_mid_run_has_its_step_run_on_the_other_and_training_finishes()
         logs.contains("steps ran again after their worker was lost retried=1"),
         "{logs}"
     );
+    // Worker 1 was killed after its step's push reached both ps tasks, and the step ran again
+    // on worker 0: each ps task applied that step's push once. The CNN's 8 variables are 4
+    // shards on each, so 4 updates a step: 248 steps, 992 updates each.
+    for ps in ["ps:0", "ps:1"] {
+        let applied = task_lines(&out.stdout, ps)
+            .into_iter()
+            .find_map(|l| l.strip_prefix("updates_applied=").map(str::to_owned));
+        assert_eq!(applied.as_deref(), Some("992"), "{ps}: {logs}");
+    }
 }
 
 #[test]

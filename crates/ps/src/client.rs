@@ -8,7 +8,7 @@ use lockstep_collective::ClusterSecret;
 use crate::error::PsError;
 use crate::protocol::{
     self, Create, Export, Import, Pull, PullRows, PullShards, Push, PushRows, PushShards, Request,
-    RequestKind, Response, ResponseKind, Rows, SERVICE, ShardKey, ShardState, Shutdown,
+    RequestKind, Response, ResponseKind, Rows, SERVICE, ShardKey, ShardState, Shutdown, StepId,
 };
 
 /// One authenticated connection to a parameter server; a request waits for its answer at most
@@ -168,11 +168,14 @@ impl PsClient {
     ///
     /// As [`PsClient::create`]; lengths that are not the shards' (nothing is applied then).
     pub fn push_shards(&mut self, keys: &[ShardKey], gradient: Vec<f32>) -> Result<(), PsError> {
-        self.push_shard_rows(keys, Vec::new(), gradient)
+        self.push_shard_rows(keys, Vec::new(), gradient, None)
+            .map(drop)
     }
 
     /// Gradients of the rows `rows` names of each of the shards `keys` (empty: every row of
-    /// each), one shard after another: one round trip.
+    /// each), one shard after another: one round trip. With a `step`, the server applies them
+    /// unless it applied a push of that step already; returns how many shards it updated (0
+    /// for a repeat).
     ///
     /// # Errors
     ///
@@ -182,13 +185,15 @@ impl PsClient {
         keys: &[ShardKey],
         rows: Vec<Rows>,
         gradient: Vec<f32>,
-    ) -> Result<(), PsError> {
+        step: Option<StepId>,
+    ) -> Result<u64, PsError> {
         self.done(RequestKind::PushShards(PushShards {
             keys: keys.to_vec(),
             gradient,
             rows,
+            step,
         }))
-        .map(drop)
+        .map(|(_, applied)| applied)
     }
 
     /// A gradient of the whole shard; returns the shard's updates so far.

@@ -9,7 +9,8 @@
 //! for another worker, and the thread keeps trying to reconnect, so a restarted worker
 //! rejoins. A step is therefore run *at least once*, as TensorFlow promises: a worker lost
 //! after it pushed gradients but before it answered has had its effect, and the step runs
-//! again elsewhere; a step that loses [`MAX_LOST_WORKERS_PER_STEP`] workers fails instead. A
+//! again elsewhere (a step whose pushes carry a [`StepId`](crate::StepId) is applied once by
+//! each server all the same); a step that loses [`MAX_LOST_WORKERS_PER_STEP`] workers fails instead. A
 //! step that fails on its worker (its function's error) is not retried: its handle and
 //! [`ClusterCoordinator::join`] report the error.
 

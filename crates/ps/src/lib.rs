@@ -84,7 +84,7 @@ pub use partitioner::{
     FixedShardsPartitioner, MaxSizePartitioner, MinSizePartitioner, Partitioner, shard_rows,
 };
 pub use placement::RoundRobin;
-pub use protocol::{Rows, ShardKey, ShardState};
+pub use protocol::{Rows, ShardKey, ShardState, StepId};
 pub use server::{PsServer, RunningServer};
 pub use steps::{StepFn, StepRegistry};
 pub use store::ShardStore;

@@ -212,6 +212,23 @@ pub struct PushShards {
     /// Rows named more than once have their gradients summed, as [`PushRows`]'.
     #[prost(message, repeated, tag = "3")]
     pub rows: Vec<Rows>,
+    /// The step these gradients are of: a server applies one push per step and answers a
+    /// repeat (the step run again after its worker was lost) without applying it. None: every
+    /// push applies.
+    #[prost(message, optional, tag = "4")]
+    pub step: Option<StepId>,
+}
+
+/// A scheduled step, unique in a cluster's life: the coordinator's run (drawn when it starts)
+/// and the step's number in that run.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Message)]
+pub struct StepId {
+    /// The coordinator's run.
+    #[prost(uint64, tag = "1")]
+    pub run: u64,
+    /// The step's number in the run.
+    #[prost(uint64, tag = "2")]
+    pub number: u64,
 }
 
 /// Ends the server's service once it has answered: training is over (the chief sends it).

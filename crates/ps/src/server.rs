@@ -186,7 +186,7 @@ impl PsServer {
                 .pull_shard_rows(&pull.keys, &pull.rows)
                 .map(|values| ResponseKind::Values(Values { values })),
             Some(RequestKind::PushShards(push)) => store
-                .push_shard_rows(&push.keys, &push.rows, &push.gradient)
+                .push_shard_rows(&push.keys, &push.rows, &push.gradient, push.step)
                 .map(done),
             Some(RequestKind::Shutdown(_)) => {
                 let (flag, changed) = &*self.shut_down;

@@ -14,14 +14,14 @@
 //! accepts that a worker's gradient may be computed from values other workers have updated
 //! since it pulled them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use lockstep_nn::{Optimizer, OptimizerConfig};
 
 use crate::error::PsError;
-use crate::protocol::{Rows, ShardKey, ShardState, SlotValues};
+use crate::protocol::{Rows, ShardKey, ShardState, SlotValues, StepId};
 
 /// One shard and its optimizer's state.
 struct Shard {
@@ -40,6 +40,43 @@ pub struct ShardStore {
     shards: RwLock<HashMap<ShardKey, Arc<Mutex<Shard>>>>,
     /// Gradients applied since the store was made, over every shard.
     updates: AtomicU64,
+    /// The steps whose push this store applied, newest last.
+    applied: Mutex<AppliedSteps>,
+}
+
+/// The last [`AppliedSteps::WINDOW`] steps a store applied a push of: a step run again after
+/// its worker was lost finds its first run's push here and is not applied twice. A repeat
+/// that comes after that many other steps is applied (at-least-once, as without ids).
+#[derive(Default)]
+struct AppliedSteps {
+    seen: HashSet<StepId>,
+    order: VecDeque<StepId>,
+}
+
+impl AppliedSteps {
+    /// Steps remembered: far more than a cluster runs while it notices a lost worker.
+    const WINDOW: usize = 1 << 16;
+
+    /// Records `step`; `false` when it was recorded already.
+    fn claim(&mut self, step: StepId) -> bool {
+        if !self.seen.insert(step) {
+            return false;
+        }
+        self.order.push_back(step);
+        if self.order.len() > Self::WINDOW
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.seen.remove(&oldest);
+        }
+        true
+    }
+
+    /// Forgets `step` (its push was refused: a repeat may apply).
+    fn release(&mut self, step: StepId) {
+        if self.seen.remove(&step) {
+            self.order.retain(|s| *s != step);
+        }
+    }
 }
 
 fn refused(key: &ShardKey, why: impl Into<String>) -> PsError {
@@ -470,17 +507,49 @@ impl ShardStore {
     /// An unknown shard, a total length that is not the shards', or an optimizer's error
     /// (the shards before it have been updated then).
     pub fn push_shards(&self, keys: &[ShardKey], gradient: &[f32]) -> Result<u64, PsError> {
-        self.push_shard_rows(keys, &[], gradient)
+        self.push_shard_rows(keys, &[], gradient, None)
     }
 
     /// [`ShardStore::push_shards`] of the rows `rows` names of each shard (empty: every row
-    /// of each); rows named more than once have their gradients summed.
+    /// of each); rows named more than once have their gradients summed. With a `step`, a push
+    /// of a step this store applied a push of already is answered with 0 and not applied:
+    /// each step moves the shards of one store once.
     ///
     /// # Errors
     ///
     /// As [`ShardStore::push_shards`]; a row outside its shard or a `rows` of another length
     /// than `keys` (nothing is applied then).
     pub fn push_shard_rows(
+        &self,
+        keys: &[ShardKey],
+        rows: &[Rows],
+        gradient: &[f32],
+        step: Option<StepId>,
+    ) -> Result<u64, PsError> {
+        let Some(step) = step else {
+            return self.apply_shard_rows(keys, rows, gradient);
+        };
+        // Claimed before it is applied, so that a repeat arriving meanwhile is not applied.
+        if !self.applied().claim(step) {
+            tracing::info!(
+                run = step.run,
+                step = step.number,
+                "a repeated step's push was not applied"
+            );
+            return Ok(0);
+        }
+        let applied = self.apply_shard_rows(keys, rows, gradient);
+        if applied.is_err() {
+            self.applied().release(step);
+        }
+        applied
+    }
+
+    fn applied(&self) -> std::sync::MutexGuard<'_, AppliedSteps> {
+        self.applied.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn apply_shard_rows(
         &self,
         keys: &[ShardKey],
         rows: &[Rows],

@@ -80,7 +80,9 @@ fn two_workers_and_two_ps_tasks_train_the_mlp_to_the_accuracy_of_synchronous_tra
         .into_iter()
         .map(|strategy| {
             std::thread::spawn(move || match strategy.role().unwrap() {
-                PsRole::ParameterServer(_) => strategy.serve_parameters().unwrap(),
+                PsRole::ParameterServer(_) => {
+                    strategy.serve_parameters().unwrap();
+                }
                 PsRole::Worker(_) => {
                     let metrics = ["accuracy"];
                     serve_steps(&strategy, common::mlp, common::loss(), &metrics, dataset_fn)
@@ -167,7 +169,9 @@ fn an_embedding_table_moves_only_the_rows_batches_name_and_trains_as_one_synchro
         .into_iter()
         .map(|strategy| {
             std::thread::spawn(move || match strategy.role().unwrap() {
-                PsRole::ParameterServer(_) => strategy.serve_parameters().unwrap(),
+                PsRole::ParameterServer(_) => {
+                    strategy.serve_parameters().unwrap();
+                }
                 PsRole::Worker(_) => {
                     let dataset = |_: &lockstep_data::InputContext| {
                         Ok::<_, TrainError>(clicks().batch(32, false).repeat(None))

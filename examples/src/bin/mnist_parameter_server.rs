@@ -151,7 +151,10 @@ fn main() -> anyhow::Result<()> {
     };
     let role = strategy.role()?;
     match role {
-        PsRole::ParameterServer(_) => strategy.serve_parameters()?,
+        PsRole::ParameterServer(_) => {
+            let updates = strategy.serve_parameters()?;
+            println!("updates_applied={updates}");
+        }
         PsRole::Worker(_) => {
             let dataset_fn = |context: &InputContext| -> Result<_, TrainError> {
                 Ok(Mnist::embedded()?

@@ -131,7 +131,10 @@ fn main() -> anyhow::Result<()> {
     };
     let role = strategy.role()?;
     match role {
-        PsRole::ParameterServer(_) => strategy.serve_parameters()?,
+        PsRole::ParameterServer(_) => {
+            let updates = strategy.serve_parameters()?;
+            println!("updates_applied={updates}");
+        }
         PsRole::Worker(index) => {
             let (count, batch) = (args.examples_per_worker, args.training.batch_per_worker);
             let dataset_fn = move |_: &InputContext| -> Result<_, TrainError> {

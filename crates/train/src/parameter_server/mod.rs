@@ -217,12 +217,14 @@ impl ParameterServerStrategy {
     }
 
     /// Serves this `ps` task's shards on its address until the chief says training is over
-    /// ([`ParameterServerModel::shutdown_cluster`]).
+    /// ([`ParameterServerModel::shutdown_cluster`]); returns how many shard updates it applied
+    /// (a step's push to this task updates each of its shards once, however often the step
+    /// ran).
     ///
     /// # Errors
     ///
     /// When this task is not a `ps` task or its address cannot be listened on.
-    pub fn serve_parameters(&self) -> Result<(), TrainError> {
+    pub fn serve_parameters(&self) -> Result<u64, TrainError> {
         let PsRole::ParameterServer(index) = self.role()? else {
             return Err(TrainError::invalid(
                 "serve_parameters",
@@ -247,8 +249,9 @@ impl ParameterServerStrategy {
             });
         }
         running.wait_for_shutdown();
-        tracing::info!(index, "the chief ended training");
-        Ok(())
+        let updates = running.store().updates();
+        tracing::info!(index, updates, "the chief ended training");
+        Ok(updates)
     }
 
     pub(crate) fn own_address(&self) -> Result<String, TrainError> {

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use lockstep_checkpoint::{CheckpointManager, Progress};
 use lockstep_data::Dataset;
 use lockstep_nn::{ForwardContext, Loss, Network, NnError, Optimizer, PredictionMetric};
-use lockstep_ps::{ClusterCoordinator, CoordinatorOptions, PsClient};
+use lockstep_ps::{ClusterCoordinator, CoordinatorOptions, PsClient, RemoteValue, StepId};
 
 use super::checkpoint;
 use super::variables::{ShardedVariables, on_ps};
+use super::worker::step_args;
 use super::{ParameterServerStrategy, PsRole, TRAIN_STEP};
 use crate::batch::LabeledBatch;
 use crate::callbacks::format_path;
@@ -56,6 +57,9 @@ pub struct ParameterServerModel {
     tensorboard: Option<PathBuf>,
     /// Steps scheduled by every `fit` so far.
     steps: u64,
+    /// This coordinator's run, drawn when it starts: with a step's number, the id by which
+    /// each `ps` task applies a step's push once however often the step runs.
+    run: u64,
 }
 
 impl ParameterServerModel {
@@ -93,6 +97,7 @@ impl ParameterServerModel {
             weights_pattern: None,
             tensorboard: None,
             steps: 0,
+            run: new_run(),
         })
     }
 
@@ -220,10 +225,24 @@ impl ParameterServerModel {
         Ok(())
     }
 
+    /// Schedules the next `count` training steps, each with its id.
+    fn schedule_steps(&self, coordinator: &ClusterCoordinator, count: u64) -> Vec<RemoteValue> {
+        (self.steps..self.steps + count)
+            .map(|number| {
+                let id = StepId {
+                    run: self.run,
+                    number,
+                };
+                coordinator.schedule(TRAIN_STEP, step_args(id))
+            })
+            .collect()
+    }
+
     /// Trains until epoch `epochs`, each of `steps_per_epoch` steps, each run by a free
     /// worker on a batch of its own dataset; an epoch ends when all its steps have. Each
     /// epoch's logs are the mean loss and metrics over its steps' batches. A worker lost
-    /// mid-step has its step run on another (at least once). With
+    /// mid-step has its step run on another (at least once), and each `ps` task applies
+    /// the step's gradients once however often it ran (its pushes carry the step's id). With
     /// [`ParameterServerModel::backup_and_restore`], the first `fit` starts after the epochs
     /// its newest checkpoint finished, and each epoch ends with a checkpoint. `verbose` prints
     /// a line per epoch.
@@ -266,9 +285,7 @@ impl ParameterServerModel {
             .transpose()?;
         for epoch in self.next_epoch..epochs {
             let started = std::time::Instant::now();
-            let values: Vec<_> = (0..steps_per_epoch)
-                .map(|_| coordinator.schedule(TRAIN_STEP, Vec::new()))
-                .collect();
+            let values = self.schedule_steps(&coordinator, steps_per_epoch);
             coordinator.join()?;
             let mut totals = StepTotals::default();
             for value in values {
@@ -456,6 +473,17 @@ fn arm_kill_switch(coordinator: &ClusterCoordinator, before: u64) -> Result<(), 
         });
     });
     Ok(())
+}
+
+/// A coordinator run's id: random (std's hasher keys come from the system's randomness), and
+/// mixed with the time and process, so that a restarted chief's steps are never taken for the
+/// steps of the run before it.
+fn new_run() -> u64 {
+    use std::hash::BuildHasher as _;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    std::hash::RandomState::new().hash_one((now, std::process::id()))
 }
 
 /// A step's totals from the bytes [`TRAIN_STEP`] answers.

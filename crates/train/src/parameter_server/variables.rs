@@ -7,7 +7,9 @@
 use std::ops::Range;
 
 use lockstep_nn::ParamSpec;
-use lockstep_ps::{Partitioner, PsClient, RoundRobin, Rows, ShardKey, ShardState, shard_rows};
+use lockstep_ps::{
+    Partitioner, PsClient, RoundRobin, Rows, ShardKey, ShardState, StepId, shard_rows,
+};
 
 use crate::error::TrainError;
 
@@ -171,13 +173,14 @@ impl ShardedVariables {
 
     /// Sends every shard's part of `gradients` times `scale`, except the tables `tables`
     /// names: of those only the rows the batch looked up, from each table's compact
-    /// `gradient`. One request to each `ps` task.
+    /// `gradient`. One request to each `ps` task, marked with `step` when it has one (a `ps`
+    /// task applies one push per step).
     pub(crate) fn push_rows(
         &self,
         clients: &mut [PsClient],
-        gradients: &[f32],
+        (gradients, scale): (&[f32], f32),
         tables: &[TableRows],
-        scale: f32,
+        step: Option<StepId>,
     ) -> Result<(), TrainError> {
         for (ps, parts) in self
             .parts_by_ps(clients.len(), tables)
@@ -203,7 +206,7 @@ impl ShardedVariables {
                 gradient.extend(from.iter().map(|g| g * scale));
             }
             client(clients, ps)?
-                .push_shard_rows(&keys, rows, gradient)
+                .push_shard_rows(&keys, rows, gradient, step)
                 .map_err(|e| on_ps(ps, &e))?;
         }
         Ok(())

@@ -4,7 +4,7 @@ use std::sync::atomic::AtomicBool;
 
 use lockstep_data::{Dataset, InputContext};
 use lockstep_nn::{ForwardContext, Loss, Network, NnError};
-use lockstep_ps::{PsClient, StepRegistry, StepServer};
+use lockstep_ps::{PsClient, StepId, StepRegistry, StepServer};
 use lockstep_tensor::Tensor;
 
 use super::variables::{ShardedVariables, TableRows};
@@ -16,9 +16,38 @@ use crate::model::metrics_named;
 use crate::replica::Objective;
 
 /// The registered name of the training step every worker serves: pull the variables, one
-/// batch of the worker's dataset forward and backward, push the gradients. Its output is the
+/// batch of the worker's dataset forward and backward, push the gradients. Its arguments are
+/// empty or the step's [`StepId`] (its run and number, two little-endian `u64`s), with which
+/// each `ps` task applies the step's push once however often the step runs. Its output is the
 /// batch's totals (loss sum, examples, each metric's state), `f64`s in little-endian bytes.
 pub const TRAIN_STEP: &str = "lockstep.train_step";
+
+/// [`TRAIN_STEP`]'s arguments for step `id`.
+pub(crate) fn step_args(id: StepId) -> Vec<u8> {
+    [id.run.to_le_bytes(), id.number.to_le_bytes()].concat()
+}
+
+/// The [`StepId`] in [`TRAIN_STEP`]'s arguments: `None` for none.
+fn step_id(args: &[u8]) -> Result<Option<StepId>, TrainError> {
+    if args.is_empty() {
+        return Ok(None);
+    }
+    if args.len() != 16 {
+        return Err(TrainError::invalid(
+            "a training step",
+            format!("arguments of {} bytes: a step id takes 16", args.len()),
+        ));
+    }
+    let word = |at: usize| {
+        let mut bytes = [0; 8];
+        bytes.copy_from_slice(&args[at..at + 8]);
+        u64::from_le_bytes(bytes)
+    };
+    Ok(Some(StepId {
+        run: word(0),
+        number: word(8),
+    }))
+}
 
 /// What a worker's steps run on.
 pub(crate) struct WorkerState {
@@ -92,8 +121,10 @@ where
         steps: 0,
         kill_switch: KillSwitch::from_env()?,
     };
-    let registry = StepRegistry::new().with(TRAIN_STEP, |state: &mut WorkerState, _: &[u8]| {
-        train_step(state).map_err(|e| e.to_string())
+    let registry = StepRegistry::new().with(TRAIN_STEP, |state: &mut WorkerState, args: &[u8]| {
+        step_id(args)
+            .and_then(|id| train_step(state, id))
+            .map_err(|e| e.to_string())
     });
     tracing::info!(index, %address, "serving steps");
     StepServer::new(registry, strategy.secret().cloned()).serve(
@@ -107,7 +138,7 @@ where
 /// One training step on this worker: the newest variables, one batch, the gradient of its
 /// mean loss to the `ps` tasks. Of an embedding table read from the input, only the rows the
 /// batch names travel, each way ([`TableRows`]).
-fn train_step(state: &mut WorkerState) -> Result<Vec<u8>, TrainError> {
+fn train_step(state: &mut WorkerState, id: Option<StepId>) -> Result<Vec<u8>, TrainError> {
     let parts = state.batches.next().ok_or_else(|| {
         TrainError::invalid(
             "the per-worker dataset",
@@ -150,11 +181,11 @@ fn train_step(state: &mut WorkerState) -> Result<Vec<u8>, TrainError> {
         let scale = (1.0 / examples) as f32;
         state
             .variables
-            .push_rows(&mut state.clients, &state.gradients, &tables, scale)?;
+            .push_rows(&mut state.clients, (&state.gradients, scale), &tables, id)?;
     }
     state.steps += 1;
     // A kill here lands after the gradients were pushed and before the coordinator hears
-    // of the step: the at-least-once case.
+    // of the step: the step runs again elsewhere, and its second push is not applied.
     state.kill_switch.after_step(state.steps);
     Ok(totals.iter().flat_map(|v| v.to_le_bytes()).collect())
 }
