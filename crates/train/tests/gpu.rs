@@ -11,7 +11,7 @@
 mod common;
 
 use common::{CrashAt, digits, gpu, loss, mlp, train, two_gpus, workers_with};
-use lockstep_collective::{CommunicationOptions, Implementation};
+use lockstep_collective::{CommunicationOptions, Compression, Implementation};
 use lockstep_nn::Adam;
 use lockstep_tensor::{Device, Tensor};
 use lockstep_train::{
@@ -118,6 +118,32 @@ fn a_gpu_run_resumed_from_its_backup_ends_bit_identical_to_an_uninterrupted_one(
     assert_eq!(resumed, uninterrupted);
     let last = |h: &History| h.get("loss").unwrap().last().copied();
     assert_eq!(last(&resumed_history), last(&history));
+}
+
+#[test]
+fn error_feedback_with_a_replica_on_a_gpu_resumes_from_its_backup_bit_identical() {
+    let Some(gpu) = gpu() else { return };
+    // The GPU replica's gradients are read back, rounded to bf16 with its residuals beside the
+    // CPU replica's, and the backup holds both replicas' residuals.
+    let options = CommunicationOptions {
+        compression: Compression::Bf16,
+        error_feedback: true,
+        ..CommunicationOptions::default()
+    };
+    let strategy = || MirroredStrategy::with_devices(&[gpu, Device::Cpu], options).unwrap();
+    let (uninterrupted, _) = train(strategy(), 64, 3, Vec::new()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let backup = || BackupAndRestore::new(dir.path().join("backup")).save_freq(SaveFreq::Steps(4));
+    let err = train(
+        strategy(),
+        64,
+        3,
+        vec![Box::new(backup()), Box::new(CrashAt(17))],
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("crashed on purpose"), "{err}");
+    let (resumed, _) = train(strategy(), 64, 3, vec![Box::new(backup())]).unwrap();
+    assert_eq!(resumed, uninterrupted);
 }
 
 #[test]
