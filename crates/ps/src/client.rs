@@ -90,7 +90,8 @@ impl PsClient {
 
     fn values(&mut self, kind: RequestKind) -> Result<Vec<f32>, PsError> {
         match self.call(kind)? {
-            ResponseKind::Values(values) => Ok(values.values),
+            ResponseKind::Values(values) => protocol::f32s(&values.values)
+                .ok_or_else(|| self.unexpected("values that are not whole f32s")),
             _ => Err(self.unexpected("an answer other than values")),
         }
     }
@@ -167,7 +168,7 @@ impl PsClient {
     /// # Errors
     ///
     /// As [`PsClient::create`]; lengths that are not the shards' (nothing is applied then).
-    pub fn push_shards(&mut self, keys: &[ShardKey], gradient: Vec<f32>) -> Result<(), PsError> {
+    pub fn push_shards(&mut self, keys: &[ShardKey], gradient: &[f32]) -> Result<(), PsError> {
         self.push_shard_rows(keys, Vec::new(), gradient, None)
             .map(drop)
     }
@@ -184,12 +185,12 @@ impl PsClient {
         &mut self,
         keys: &[ShardKey],
         rows: Vec<Rows>,
-        gradient: Vec<f32>,
+        gradient: &[f32],
         step: Option<StepId>,
     ) -> Result<u64, PsError> {
         self.done(RequestKind::PushShards(PushShards {
             keys: keys.to_vec(),
-            gradient,
+            gradient: protocol::f32_bytes(gradient),
             rows,
             step,
         }))

@@ -20,6 +20,7 @@ use prost::Message as _;
 use crate::error::PsError;
 use crate::protocol::{
     self, Done, Refusal, Request, RequestKind, Response, ResponseKind, SERVICE, Shards, Values,
+    f32_bytes, f32s,
 };
 use crate::store::ShardStore;
 
@@ -168,12 +169,10 @@ impl PsServer {
                     })
                 })
             }
-            Some(RequestKind::Pull(pull)) => store
-                .pull(&key(pull.key))
-                .map(|values| ResponseKind::Values(Values { values })),
+            Some(RequestKind::Pull(pull)) => store.pull(&key(pull.key)).map(|v| values(&v)),
             Some(RequestKind::PullRows(pull)) => store
                 .pull_rows(&key(pull.key), &pull.rows)
-                .map(|values| ResponseKind::Values(Values { values })),
+                .map(|v| values(&v)),
             Some(RequestKind::Push(push)) => store.push(&key(push.key), &push.gradient).map(done),
             Some(RequestKind::PushRows(push)) => store
                 .push_rows(&key(push.key), &push.rows, &push.gradient)
@@ -184,9 +183,23 @@ impl PsServer {
             Some(RequestKind::Import(import)) => store.import(&import.shards).map(|()| done(0)),
             Some(RequestKind::PullShards(pull)) => store
                 .pull_shard_rows(&pull.keys, &pull.rows)
-                .map(|values| ResponseKind::Values(Values { values })),
-            Some(RequestKind::PushShards(push)) => store
-                .push_shard_rows(&push.keys, &push.rows, &push.gradient, push.step)
+                .map(|v| values(&v)),
+            Some(RequestKind::PushShards(push)) => f32s(&push.gradient)
+                .ok_or_else(|| PsError::Request {
+                    shard: push
+                        .keys
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    why: format!(
+                        "a gradient of {} bytes: not whole f32s",
+                        push.gradient.len()
+                    ),
+                })
+                .and_then(|gradient| {
+                    store.push_shard_rows(&push.keys, &push.rows, &gradient, push.step)
+                })
                 .map(done),
             Some(RequestKind::Shutdown(_)) => {
                 let (flag, changed) = &*self.shut_down;
@@ -201,6 +214,12 @@ impl PsServer {
             ),
         }
     }
+}
+
+fn values(values: &[f32]) -> ResponseKind {
+    ResponseKind::Values(Values {
+        values: f32_bytes(values),
+    })
 }
 
 fn done(iterations: u64) -> ResponseKind {

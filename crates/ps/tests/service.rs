@@ -205,7 +205,7 @@ fn several_shards_pulled_and_pushed_in_one_request_each_move_as_alone() {
     ps.create(shard(&a, 2, 2, 1.0)).unwrap();
     ps.create(shard(&b, 1, 3, 1.0)).unwrap();
     let keys = [b.clone(), a.clone()];
-    ps.push_shards(&keys, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+    ps.push_shards(&keys, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
         .unwrap();
     assert_eq!(ps.pull(&b).unwrap(), [-1.0, -2.0, -3.0]);
     assert_eq!(
@@ -213,7 +213,7 @@ fn several_shards_pulled_and_pushed_in_one_request_each_move_as_alone() {
         [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0]
     );
     // A gradient of the wrong total length is refused whole.
-    let e = ps.push_shards(&keys, vec![1.0; 6]).unwrap_err();
+    let e = ps.push_shards(&keys, &[1.0; 6]).unwrap_err();
     assert!(
         matches!(&e, PsError::Refused { why, .. } if why.contains("6 values")),
         "{e}"
@@ -234,7 +234,7 @@ fn one_request_pulls_and_pushes_whole_shards_beside_some_rows_of_a_table() {
     let keys = [bias.clone(), table.clone()];
     let rows = || vec![Rows::every(), Rows::some(vec![3, 1])];
     // Row 3's gradient, then row 1's, after the bias': only those rows move.
-    ps.push_shard_rows(&keys, rows(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], None)
+    ps.push_shard_rows(&keys, rows(), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], None)
         .unwrap();
     assert_eq!(
         ps.pull(&table).unwrap(),
@@ -247,7 +247,7 @@ fn one_request_pulls_and_pushes_whole_shards_beside_some_rows_of_a_table() {
     // A row past the shard, or selections that do not match the keys, change nothing.
     let past = vec![Rows::every(), Rows::some(vec![4])];
     let e = ps
-        .push_shard_rows(&keys, past, vec![1.0; 4], None)
+        .push_shard_rows(&keys, past, &[1.0; 4], None)
         .unwrap_err();
     assert!(
         matches!(&e, PsError::Refused { why, .. } if why.contains("row 4")),
@@ -275,36 +275,36 @@ fn a_step_pushed_again_after_its_worker_was_lost_is_applied_once() {
     // Step 0 from the worker that is then lost, and again from the one that reruns it.
     assert_eq!(
         first
-            .push_shard_rows(&keys, Vec::new(), vec![1.0, 1.0], step(0))
+            .push_shard_rows(&keys, Vec::new(), &[1.0, 1.0], step(0))
             .unwrap(),
         1
     );
     assert_eq!(
         second
-            .push_shard_rows(&keys, Vec::new(), vec![5.0, 5.0], step(0))
+            .push_shard_rows(&keys, Vec::new(), &[5.0, 5.0], step(0))
             .unwrap(),
         0
     );
     // Step 1, and step 0 of another coordinator's run, apply.
     assert_eq!(
         second
-            .push_shard_rows(&keys, Vec::new(), vec![2.0, 2.0], step(1))
+            .push_shard_rows(&keys, Vec::new(), &[2.0, 2.0], step(1))
             .unwrap(),
         1
     );
     let other_run = Some(StepId { run: 8, number: 0 });
     second
-        .push_shard_rows(&keys, Vec::new(), vec![4.0, 4.0], other_run)
+        .push_shard_rows(&keys, Vec::new(), &[4.0, 4.0], other_run)
         .unwrap();
     assert_eq!(first.pull(&key).unwrap(), [-7.0, -7.0]);
     assert_eq!(server.store().updates(), 3);
     // A refused push does not count as its step's: the step's next push applies.
     let e = first
-        .push_shard_rows(&keys, Vec::new(), vec![1.0], step(2))
+        .push_shard_rows(&keys, Vec::new(), &[1.0], step(2))
         .unwrap_err();
     assert!(matches!(e, PsError::Refused { .. }), "{e}");
     first
-        .push_shard_rows(&keys, Vec::new(), vec![1.0, 1.0], step(2))
+        .push_shard_rows(&keys, Vec::new(), &[1.0, 1.0], step(2))
         .unwrap();
     assert_eq!(first.pull(&key).unwrap(), [-8.0, -8.0]);
 }

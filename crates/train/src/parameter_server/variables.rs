@@ -206,7 +206,7 @@ impl ShardedVariables {
                 gradient.extend(from.iter().map(|g| g * scale));
             }
             client(clients, ps)?
-                .push_shard_rows(&keys, rows, gradient, step)
+                .push_shard_rows(&keys, rows, &gradient, step)
                 .map_err(|e| on_ps(ps, &e))?;
         }
         Ok(())
