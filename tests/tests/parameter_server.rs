@@ -2,7 +2,8 @@
 //! train the tutorial CNN; a worker killed (SIGKILL) mid-run has its step run on the other and
 //! training finishes without a restart, each `ps` task applying that step once; a `ps` task killed (SIGKILL) is an error on the chief that
 //! names it, and a restarted cluster resumes from the chief's checkpoint (after a `ps` task
-//! or the chief died), also on three `ps` tasks where two saved it; the recommender example
+//! or the chief died), also on three `ps` tasks where two saved it; a worker killed and
+//! started again on its own rejoins and runs steps; the recommender example
 //! learns with an embedding table of a million rows sharded over the `ps` tasks.
 
 #![allow(
@@ -10,7 +11,14 @@
     reason = "a test helper that meets an error must fail the test loudly"
 )]
 
-use lockstep_e2e::{check_documented_output, field, task_lines, xtask};
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use lockstep_e2e::{
+    check_documented_output, example_binary, field, task_lines, unused_ports, xtask,
+};
 
 fn cluster_args<'a>(launcher: &[&'a str]) -> Vec<&'a str> {
     cluster_args_with(launcher, "2", &["--epochs", "2", "--no-backup"])
@@ -263,4 +271,103 @@ fn a_table_of_a_million_rows_sharded_over_two_ps_tasks_learns_the_generated_clic
     let accuracy: f64 = field(&line, "test_accuracy").unwrap().parse().unwrap();
     let baseline: f64 = field(&line, "baseline_accuracy").unwrap().parse().unwrap();
     assert!(accuracy > baseline + 0.1, "{line}");
+}
+
+/// Starts `mnist_parameter_server` by hand as task `job:index` of `cluster` (`TF_CONFIG`'s
+/// cluster object), for 4 epochs of 200 steps; its stderr (and, but for the chief's, its
+/// stdout) goes to `logs/JOB-INDEX.err` (`.out`).
+fn start_task(binary: &Path, cluster: &str, (job, index): (&str, usize), logs: &Path) -> Child {
+    let file = |extension: &str| File::create(logs.join(format!("{job}-{index}.{extension}")));
+    let stdout = if job == "chief" {
+        Stdio::piped()
+    } else {
+        file("out").unwrap().into()
+    };
+    Command::new(binary)
+        .args([
+            "--threads",
+            "1",
+            "--epochs",
+            "4",
+            "--steps-per-epoch",
+            "200",
+        ])
+        .args(["--no-backup", "--rendezvous-timeout-secs", "60"])
+        .env(
+            "TF_CONFIG",
+            format!(r#"{{"cluster": {cluster}, "task": {{"type": "{job}", "index": {index}}}}}"#),
+        )
+        .env(
+            "LOCKSTEP_CLUSTER_SECRET",
+            "the secret of the rejoining-worker test",
+        )
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(file("err").unwrap())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_worker_killed_and_started_again_alone_rejoins_and_runs_steps() {
+    let binary = example_binary("mnist_parameter_server").unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let first = unused_ports(4).unwrap();
+    let at = |i: u16| format!("127.0.0.1:{}", first + i);
+    let cluster = format!(
+        r#"{{"chief": ["{}"], "worker": ["{}", "{}"], "ps": ["{}"]}}"#,
+        at(0),
+        at(1),
+        at(2),
+        at(3)
+    );
+    let start = |job, index| start_task(&binary, &cluster, (job, index), logs.path());
+    let mut others = vec![start("ps", 0), start("worker", 0)];
+    let mut worker1 = start("worker", 1);
+    let mut chief = start("chief", 0);
+    // Once the first epoch is over, worker 1 is SIGKILLed, then started again on its own.
+    let mut lines = BufReader::new(chief.stdout.take().unwrap()).lines();
+    let mut printed = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let first_epoch = line.starts_with("Epoch 1/");
+        printed.push(line);
+        if first_epoch {
+            break;
+        }
+    }
+    worker1.kill().unwrap();
+    worker1.wait().unwrap();
+    others.push(start("worker", 1));
+    printed.extend(lines.map(Result::unwrap));
+    let status = chief.wait().unwrap();
+    let read = |name: &str| std::fs::read_to_string(logs.path().join(name)).unwrap();
+    let chief_log = read("chief-0.err");
+    assert!(status.success(), "{chief_log}");
+    for mut task in others {
+        assert!(task.wait().unwrap().success(), "{}", read("worker-1.err"));
+    }
+    let result = printed
+        .iter()
+        .find(|l| l.starts_with("test_accuracy="))
+        .expect("the chief prints its result");
+    assert_eq!(field(result, "steps"), Some("800"), "{result}");
+    // The coordinator lost worker 1, connected to it again, and the restarted process ran
+    // steps until the chief ended training.
+    let worker1_connected = format!("connected to a worker worker={}", at(2));
+    assert_eq!(
+        chief_log.matches(&worker1_connected).count(),
+        2,
+        "{chief_log}"
+    );
+    assert!(chief_log.contains("lost a worker"), "{chief_log}");
+    let restarted = read("worker-1.err");
+    let steps: u64 = restarted
+        .lines()
+        .find(|l| l.contains("served steps"))
+        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("steps=")))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the restarted worker says what it served: {restarted}"));
+    assert!(steps > 0, "{restarted}");
 }

@@ -132,6 +132,7 @@ where
         &mut state,
         &AtomicBool::new(false),
     )?;
+    tracing::info!(index, steps = state.steps, "served steps");
     Ok(())
 }
 
