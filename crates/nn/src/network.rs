@@ -752,11 +752,17 @@ impl Network {
         let specs = self.params.specs();
         let mut done = vec![false; specs.len()];
         let mut trainable = HashMap::new();
+        if !forward.replaced.is_empty() {
+            // A streamed slot is reduced as it is: a replaced table's would be stale.
+            return Err(NnError::InvalidConfig {
+                layer: "gradients".into(),
+                why: "a pass on some rows of a table (forward_with_rows) cannot stream its \
+                      gradients: take them with Network::gradients"
+                    .into(),
+            });
+        }
         for (index, (spec, variable)) in specs.iter().zip(&forward.variables).enumerate() {
-            if forward.replaced.contains(&index) {
-                done[index] = true;
-                ready(out, index);
-            } else if spec.is_trainable() {
+            if spec.is_trainable() {
                 trainable.insert(variable.id(), index);
             } else {
                 observation(forward, index, &mut out[spec.range()])?;

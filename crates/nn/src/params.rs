@@ -185,7 +185,8 @@ impl Parameters {
     }
 
     /// [`Parameters::tensors`] with the variables `replacing` names (`(index, tensor)`)
-    /// replaced by their tensor as a trainable parameter: their values are not copied.
+    /// replaced by their tensor as a trainable parameter: the variables' own values are not
+    /// copied (a replacement's are, once).
     ///
     /// # Errors
     ///
@@ -375,21 +376,26 @@ impl ParamBuilder {
             return Ok(index);
         }
         if let Some(declared) = self.zeros {
+            // The one allocation `finish` makes must be one an allocator can be asked for.
+            let fits = |total: &usize| {
+                total
+                    .checked_mul(size_of::<f32>())
+                    .is_some_and(|bytes| isize::try_from(bytes).is_ok())
+            };
+            let Some(total) = declared.checked_add(len).filter(fits) else {
+                return Err(NnError::InvalidConfig {
+                    layer: name,
+                    why: format!("{len} values of shape {shape:?} do not fit in memory"),
+                });
+            };
             let index = self.params.specs.len();
             self.params.specs.push(ParamSpec {
-                name: name.clone(),
+                name,
                 shape,
                 offset: declared,
                 update,
             });
-            self.zeros = Some(
-                declared
-                    .checked_add(len)
-                    .ok_or_else(|| NnError::InvalidConfig {
-                        layer: name,
-                        why: "the model's values overflow a usize".into(),
-                    })?,
-            );
+            self.zeros = Some(total);
             return Ok(index);
         }
         self.params
@@ -450,5 +456,13 @@ mod tests {
         assert!(panicked.is_err());
         let again = models::mnist_cnn(3).unwrap();
         assert_eq!(again.parameters().values(), drawn.parameters().values());
+        // A table no allocator could hold is an error naming it, as it is with values drawn.
+        let huge = without_initial_values(|| {
+            let layers: Vec<Box<dyn crate::Layer>> =
+                vec![Box::new(crate::Embedding::new(1 << 61, 4))];
+            crate::Sequential::new(&[2], layers, 0)
+        });
+        let e = huge.err().unwrap();
+        assert!(e.to_string().contains("do not fit in memory"), "{e}");
     }
 }

@@ -330,6 +330,12 @@ fn a_pass_on_the_rows_a_batch_names_matches_the_pass_on_the_whole_table() {
         .flat_map(|&r| full_out[r * 4..r * 4 + 4].iter().copied())
         .collect();
     assert_eq!(table_gradient.to_vec().unwrap(), expected);
+    // Streamed slots would be reduced as they stand: a replaced table's is refused.
+    let mut streamed = vec![0.0; model.parameters().len()];
+    let e = model
+        .gradients_streamed(&part, &loss(&part), &mut streamed, &mut |_, _| {})
+        .unwrap_err();
+    assert!(e.to_string().contains("cannot stream"), "{e}");
 
     // Only a row lookup's variable can be replaced, by a table of its width.
     let ids = Tensor::from_vec(vec![0.0; 6], &[2, 3]).unwrap();

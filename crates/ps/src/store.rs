@@ -70,13 +70,6 @@ impl AppliedSteps {
         }
         true
     }
-
-    /// Forgets `step` (its push was refused: a repeat may apply).
-    fn release(&mut self, step: StepId) {
-        if self.seen.remove(&step) {
-            self.order.retain(|s| *s != step);
-        }
-    }
 }
 
 fn refused(key: &ShardKey, why: impl Into<String>) -> PsError {
@@ -512,8 +505,9 @@ impl ShardStore {
 
     /// [`ShardStore::push_shards`] of the rows `rows` names of each shard (empty: every row
     /// of each); rows named more than once have their gradients summed. With a `step`, a push
-    /// of a step this store applied a push of already is answered with 0 and not applied:
-    /// each step moves the shards of one store once.
+    /// of a step this store took a push of already is answered with 0 and not applied: each
+    /// step moves the shards of one store once. A push refused whole (it does not fit) does
+    /// not count as the step's.
     ///
     /// # Errors
     ///
@@ -525,35 +519,6 @@ impl ShardStore {
         rows: &[Rows],
         gradient: &[f32],
         step: Option<StepId>,
-    ) -> Result<u64, PsError> {
-        let Some(step) = step else {
-            return self.apply_shard_rows(keys, rows, gradient);
-        };
-        // Claimed before it is applied, so that a repeat arriving meanwhile is not applied.
-        if !self.applied().claim(step) {
-            tracing::info!(
-                run = step.run,
-                step = step.number,
-                "a repeated step's push was not applied"
-            );
-            return Ok(0);
-        }
-        let applied = self.apply_shard_rows(keys, rows, gradient);
-        if applied.is_err() {
-            self.applied().release(step);
-        }
-        applied
-    }
-
-    fn applied(&self) -> std::sync::MutexGuard<'_, AppliedSteps> {
-        self.applied.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn apply_shard_rows(
-        &self,
-        keys: &[ShardKey],
-        rows: &[Rows],
-        gradient: &[f32],
     ) -> Result<u64, PsError> {
         let selections = selections(keys, rows)?;
         let shards = keys
@@ -583,6 +548,19 @@ impl ShardStore {
                 ),
             ));
         }
+        // Claimed once the push is known to fit and before anything is applied: a repeat
+        // arriving meanwhile is not applied, and a step whose push failed part way (an
+        // optimizer's error) stays claimed, so that no shard takes its gradient twice.
+        if let Some(step) = step
+            && !self.applied().claim(step)
+        {
+            tracing::info!(
+                run = step.run,
+                step = step.number,
+                "a repeated step's push was not applied"
+            );
+            return Ok(0);
+        }
         let mut at = 0;
         for (((key, shard), len), selection) in
             keys.iter().zip(&shards).zip(lengths).zip(selections)
@@ -597,6 +575,10 @@ impl ShardStore {
             at += len;
         }
         Ok(keys.len() as u64)
+    }
+
+    fn applied(&self) -> std::sync::MutexGuard<'_, AppliedSteps> {
+        self.applied.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Gradients applied since the store was made, over every shard.

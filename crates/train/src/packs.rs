@@ -280,7 +280,14 @@ fn round<E: Element>(
         .map(|(&v, r)| {
             let carried = v + *r;
             let sent = to_wire(carried / divisor);
-            *r = carried - from_wire(sent) * divisor;
+            let back = from_wire(sent) * divisor;
+            // A value past the wire type's range goes as infinity, as without residuals; its
+            // residual starts again at zero rather than stay infinite or NaN.
+            *r = if back.is_finite() {
+                carried - back
+            } else {
+                0.0
+            };
             sent
         })
         .collect()
@@ -316,6 +323,15 @@ mod tests {
         // With them, what is still owed is one step's rounding at most.
         assert!((sent_carried - computed).abs() < 0.01, "{sent_carried}");
         assert!((sent_carried + f64::from(residual[0]) - computed).abs() < 1e-3);
+    }
+
+    #[test]
+    fn a_value_past_fp16_s_range_goes_as_infinity_and_its_residual_starts_again_at_zero() {
+        let mut residual = [0.0_f32, 0.25];
+        let sent = round(&[1e6, 1.0], 1.0, &mut residual, f16::from_f32, f16::to_f32);
+        assert!(f16::to_f32(sent[0]).is_infinite());
+        assert_eq!(residual[0], 0.0);
+        assert_eq!(f16::to_f32(sent[1]), 1.25);
     }
 
     #[test]

@@ -285,7 +285,8 @@ fn residual_sets_of(checkpoint: &Checkpoint, n: usize) -> Result<Option<Residual
     let Some(tensors) = checkpoint.files.get(ERROR_FEEDBACK) else {
         return Ok(None);
     };
-    let mut values = Vec::with_capacity(tensors.len() * n);
+    // Grown as each tensor is found whole: a checkpoint's count of tensors sizes nothing.
+    let mut values = Vec::new();
     for (r, tensor) in tensors.iter().enumerate() {
         let name = format!("replica_{r}");
         let found = checkpoint

@@ -218,8 +218,8 @@ impl ParameterServerStrategy {
 
     /// Serves this `ps` task's shards on its address until the chief says training is over
     /// ([`ParameterServerModel::shutdown_cluster`]); returns how many shard updates it applied
-    /// (a step's push to this task updates each of its shards once, however often the step
-    /// ran).
+    /// (a step's push to this task is applied once however often the step ran; it updates
+    /// each shard it carries, which for a table read by rows is each shard the batch named).
     ///
     /// # Errors
     ///

@@ -60,6 +60,8 @@ pub struct ParameterServerModel {
     /// This coordinator's run, drawn when it starts: with a step's number, the id by which
     /// each `ps` task applies a step's push once however often the step runs.
     run: u64,
+    /// Steps scheduled in this run: the next step's number.
+    scheduled: u64,
 }
 
 impl ParameterServerModel {
@@ -98,6 +100,7 @@ impl ParameterServerModel {
             tensorboard: None,
             steps: 0,
             run: new_run(),
+            scheduled: 0,
         })
     }
 
@@ -225,9 +228,13 @@ impl ParameterServerModel {
         Ok(())
     }
 
-    /// Schedules the next `count` training steps, each with its id.
-    fn schedule_steps(&self, coordinator: &ClusterCoordinator, count: u64) -> Vec<RemoteValue> {
-        (self.steps..self.steps + count)
+    /// Schedules the next `count` training steps, each with an id no step of this run had
+    /// (an epoch that failed and is trained again, or steps a restore winds back, are new
+    /// steps).
+    fn schedule_steps(&mut self, coordinator: &ClusterCoordinator, count: u64) -> Vec<RemoteValue> {
+        let first = self.scheduled;
+        self.scheduled += count;
+        (first..first + count)
             .map(|number| {
                 let id = StepId {
                     run: self.run,
