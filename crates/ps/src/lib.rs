@@ -22,7 +22,8 @@
 //! A `ps` task serves its shards with [`PsServer`]: a worker or the chief connects with
 //! [`PsClient`], proves the cluster secret, creates shards with their optimizer, pulls values
 //! (whole, or the rows an embedding lookup needs) and pushes gradients (whole, or of some
-//! rows), which the server applies with the shard's optimizer, whose state lives there too;
+//! rows), which the server applies with the shard's optimizer, whose state lives there too
+//! (a push marked with a step's [`StepId`] is applied once, however often the step ran);
 //! the chief exports every shard for a checkpoint and imports them on a restore.
 //!
 //! The chief schedules steps with [`ClusterCoordinator`] (TensorFlow's): each worker serves
