@@ -458,9 +458,8 @@ mod tests {
         assert_eq!(again.parameters().values(), drawn.parameters().values());
         // A table no allocator could hold is an error naming it, as it is with values drawn.
         let huge = without_initial_values(|| {
-            let layers: Vec<Box<dyn crate::Layer>> =
-                vec![Box::new(crate::Embedding::new(1 << 61, 4))];
-            crate::Sequential::new(&[2], layers, 0)
+            let layers: Vec<Box<dyn crate::Layer>> = vec![Box::new(crate::Dense::new(1 << 61))];
+            crate::Sequential::new(&[4], layers, 0)
         });
         let e = huge.err().unwrap();
         assert!(e.to_string().contains("do not fit in memory"), "{e}");

@@ -165,6 +165,12 @@ fn an_embedding_looks_up_rows_and_its_gradient_reaches_only_those_looked_up() {
         .predict(&tensor(&[0.5, 0.0, 0.0], &[1, 3]))
         .unwrap_err();
     assert!(err.to_string().contains("not an id"), "{err}");
+    // Ids are whole f32s: a table with more rows than they count exactly is refused.
+    let ids = Input::new(&[1]);
+    let err = Embedding::new(Embedding::MAX_IDS + 1, 1)
+        .call(&ids)
+        .unwrap_err();
+    assert!(err.to_string().contains("exact only up to 2^24"), "{err}");
 }
 
 #[test]

@@ -22,7 +22,7 @@ use crate::protocol::{
     self, Done, Refusal, Request, RequestKind, Response, ResponseKind, SERVICE, Shards, Values,
     f32_bytes, f32s,
 };
-use crate::store::ShardStore;
+use crate::store::{ShardStore, refused_all};
 
 /// How often a server that was asked to stop looks up from waiting for connections.
 const ACCEPT_POLL: Duration = Duration::from_millis(20);
@@ -185,17 +185,12 @@ impl PsServer {
                 .pull_shard_rows(&pull.keys, &pull.rows)
                 .map(|v| values(&v)),
             Some(RequestKind::PushShards(push)) => f32s(&push.gradient)
-                .ok_or_else(|| PsError::Request {
-                    shard: push
-                        .keys
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    why: format!(
+                .ok_or_else(|| {
+                    let why = format!(
                         "a gradient of {} bytes: not whole f32s",
                         push.gradient.len()
-                    ),
+                    );
+                    refused_all(&push.keys, why)
                 })
                 .and_then(|gradient| {
                     store.push_shard_rows(&push.keys, &push.rows, &gradient, push.step)

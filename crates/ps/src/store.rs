@@ -278,7 +278,7 @@ impl Shard {
 }
 
 /// A refusal of a request about all of `keys`.
-fn refused_all(keys: &[ShardKey], why: impl Into<String>) -> PsError {
+pub(crate) fn refused_all(keys: &[ShardKey], why: impl Into<String>) -> PsError {
     PsError::Request {
         shard: keys
             .iter()

@@ -9,9 +9,10 @@ use crate::initializers::Initializer;
 use crate::params::ParamBuilder;
 
 /// Keras' `Embedding`: `(None, …) → (None, …, output_dim)`, each input value an id in
-/// `0..input_dim` (held as a whole `f32`, as the batch's tensor holds it) replaced by its row
-/// of a trainable `[input_dim, output_dim]` table, drawn uniform in ±0.05 as Keras' default.
-/// The gradient reaches only the rows the batch looked up. Runs on the CPU.
+/// `0..input_dim` (held as a whole `f32`, as the batch's tensor holds it, so `input_dim` is at
+/// most [`Embedding::MAX_IDS`]) replaced by its row of a trainable `[input_dim, output_dim]`
+/// table, drawn uniform in ±0.05 as Keras' default. The gradient reaches only the rows the
+/// batch looked up. Runs on the CPU.
 ///
 /// ```
 /// use lockstep_nn::{Embedding, Input, LayerCall, Network};
@@ -32,6 +33,9 @@ pub struct Embedding {
 }
 
 impl Embedding {
+    /// The most ids a table can have: an id is a whole `f32`, exact up to 2^24.
+    pub const MAX_IDS: usize = 1 << 24;
+
     /// A table of `input_dim` ids (`0..input_dim`) by `output_dim` values.
     pub fn new(input_dim: usize, output_dim: usize) -> Self {
         Self {
@@ -84,6 +88,18 @@ impl Layer for Embedding {
             return Err(NnError::InvalidConfig {
                 layer: name.into(),
                 why: "input_dim and output_dim must be at least 1".into(),
+            });
+        }
+        if self.input_dim > Self::MAX_IDS {
+            return Err(NnError::InvalidConfig {
+                layer: name.into(),
+                why: format!(
+                    "input_dim {} is past {}: ids are held as the batch's f32 values, \
+                     whole numbers exact only up to 2^24, so larger ids would pick \
+                     neighbouring rows",
+                    self.input_dim,
+                    Self::MAX_IDS
+                ),
             });
         }
         params.add(
