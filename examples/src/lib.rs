@@ -11,6 +11,46 @@ pub use lockstep_task::{
 };
 pub use lockstep_train::StepClock;
 
+/// The start of a program under `ParameterServerStrategy`: its flags checked (a step is one
+/// worker's batch, so `--global-batch` has no meaning), the cluster resolved, kernel threads
+/// started, and the strategy with the cluster's secret and the rendezvous timeout.
+///
+/// # Errors
+///
+/// A batch of 0, `--global-batch`, or a cluster, thread pool or secret that cannot be had.
+pub fn parameter_server_strategy(
+    training: &ClusterTrainingArgs,
+    cluster: &ClusterArgs,
+) -> anyhow::Result<lockstep_train::ParameterServerStrategy> {
+    if training.batch_per_worker == 0 {
+        anyhow::bail!("--batch-per-worker must be at least 1");
+    }
+    if training.global_batch.is_some() {
+        anyhow::bail!(
+            "under ParameterServerStrategy each step is one worker's batch: use --batch-per-worker"
+        );
+    }
+    let resolved = cluster.resolve()?;
+    start_kernel_threads(training.threads, resolved.spec().tasks().count())?;
+    let secret = lockstep_collective::ClusterSecret::from_env()?;
+    Ok(
+        lockstep_train::ParameterServerStrategy::new(resolved, secret)?
+            .with_timeout(cluster.rendezvous_timeout()),
+    )
+}
+
+/// A `ps` task's part: serve its shards until the chief ends training, then print how many
+/// updates it applied (`updates_applied=N`).
+///
+/// # Errors
+///
+/// As [`lockstep_train::ParameterServerStrategy::serve_parameters`].
+pub fn serve_parameters(strategy: &lockstep_train::ParameterServerStrategy) -> anyhow::Result<()> {
+    let updates = strategy.serve_parameters()?;
+    println!("updates_applied={updates}");
+    Ok(())
+}
+
 /// `mi_option_purge_delay` in mimalloc's option enum (the same in its versions 2 and 3).
 const MIMALLOC_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 

@@ -71,6 +71,18 @@ pub(crate) struct Wire {
 }
 
 impl Wire {
+    /// How a replica of `replicas` sends its packs under `options`.
+    pub(crate) fn new(
+        options: &lockstep_collective::CommunicationOptions,
+        replicas: usize,
+    ) -> Self {
+        Self {
+            compression: options.compression,
+            replicas,
+            error_feedback: options.error_feedback,
+        }
+    }
+
     /// Whether the packs keep residuals: error feedback on a compressed wire.
     pub(crate) fn keeps_residuals(self) -> bool {
         self.error_feedback && self.compression != Compression::None

@@ -128,8 +128,7 @@ pub(crate) struct Replica {
 impl Replica {
     /// Whether this replica's steps keep error-feedback residuals.
     pub(crate) fn keeps_residuals(&self) -> bool {
-        let options = self.link.options();
-        options.error_feedback && options.compression != lockstep_collective::Compression::None
+        Wire::new(&self.link.options(), self.link.world_size()).keeps_residuals()
     }
 
     pub(crate) fn new(link: ReplicaLink, net: Network) -> Self {
@@ -243,11 +242,7 @@ impl Replica {
         let (packs, wire) = self.packs.get_or_insert_with(|| {
             let options = self.link.options();
             let packs = Packs::new(self.net.parameters().specs(), options.bytes_per_pack);
-            let wire = Wire {
-                compression: options.compression,
-                replicas: self.link.world_size(),
-                error_feedback: options.error_feedback,
-            };
+            let wire = Wire::new(&options, self.link.world_size());
             (Arc::new(packs), wire)
         });
         let (packs, wire) = (Arc::clone(packs), *wire);

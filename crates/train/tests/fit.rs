@@ -10,7 +10,9 @@ use std::time::Duration;
 
 mod common;
 
-use common::{CrashAt, EXAMPLES, digits, loss, mlp, train, workers, workers_with};
+use common::{
+    CrashAt, EXAMPLES, crash_and_resume, digits, loss, mlp, train, workers, workers_with,
+};
 use lockstep_cluster::{Cluster, TfConfig};
 use lockstep_collective::{CommunicationOptions, Compression, Implementation};
 use lockstep_data::{AutoShardPolicy, Dataset, DatasetOptions};
@@ -256,17 +258,8 @@ fn a_run_with_error_feedback_resumed_from_its_backup_ends_bit_identical() {
     let strategy = || MirroredStrategy::with_options(2, options).unwrap();
     let (uninterrupted, _) = train(strategy(), 64, 3, Vec::new()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let backup = || BackupAndRestore::new(dir.path().join("backup")).save_freq(SaveFreq::Steps(4));
     // The backup of step 16 holds both replicas' residuals; step 17 crashes.
-    let err = train(
-        strategy(),
-        64,
-        3,
-        vec![Box::new(backup()), Box::new(CrashAt(17))],
-    )
-    .unwrap_err();
-    assert!(err.to_string().contains("crashed on purpose"));
-    let (resumed, _) = train(strategy(), 64, 3, vec![Box::new(backup())]).unwrap();
+    let (resumed, _) = crash_and_resume(strategy, dir.path());
     assert_eq!(resumed, uninterrupted);
 
     // Two workers over TCP: the chief's backup gathers the other worker's residuals too.

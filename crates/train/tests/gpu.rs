@@ -10,13 +10,12 @@
 
 mod common;
 
-use common::{CrashAt, digits, gpu, loss, mlp, train, two_gpus, workers_with};
+use common::{crash_and_resume, digits, gpu, loss, mlp, train, two_gpus, workers_with};
 use lockstep_collective::{CommunicationOptions, Compression, Implementation};
 use lockstep_nn::Adam;
 use lockstep_tensor::{Device, Tensor};
 use lockstep_train::{
-    BackupAndRestore, History, MirroredStrategy, Model, MultiWorkerMirroredStrategy,
-    OneDeviceStrategy, SaveFreq, Strategy,
+    History, MirroredStrategy, Model, MultiWorkerMirroredStrategy, OneDeviceStrategy, Strategy,
 };
 
 /// Weights trained with Adam on a GPU and on the CPU: their sums round differently, and Adam
@@ -104,17 +103,7 @@ fn a_gpu_run_resumed_from_its_backup_ends_bit_identical_to_an_uninterrupted_one(
     let strategy = || OneDeviceStrategy::on(gpu).unwrap();
     let (uninterrupted, history) = train(strategy(), 64, 3, Vec::new()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let backup = || BackupAndRestore::new(dir.path().join("backup")).save_freq(SaveFreq::Steps(4));
-    // Step 17: mid-epoch (10 steps per epoch), after the backup of step 16.
-    let err = train(
-        strategy(),
-        64,
-        3,
-        vec![Box::new(backup()), Box::new(CrashAt(17))],
-    )
-    .unwrap_err();
-    assert!(err.to_string().contains("crashed on purpose"), "{err}");
-    let (resumed, resumed_history) = train(strategy(), 64, 3, vec![Box::new(backup())]).unwrap();
+    let (resumed, resumed_history) = crash_and_resume(strategy, dir.path());
     assert_eq!(resumed, uninterrupted);
     let last = |h: &History| h.get("loss").unwrap().last().copied();
     assert_eq!(last(&resumed_history), last(&history));
@@ -133,16 +122,7 @@ fn error_feedback_with_a_replica_on_a_gpu_resumes_from_its_backup_bit_identical(
     let strategy = || MirroredStrategy::with_devices(&[gpu, Device::Cpu], options).unwrap();
     let (uninterrupted, _) = train(strategy(), 64, 3, Vec::new()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let backup = || BackupAndRestore::new(dir.path().join("backup")).save_freq(SaveFreq::Steps(4));
-    let err = train(
-        strategy(),
-        64,
-        3,
-        vec![Box::new(backup()), Box::new(CrashAt(17))],
-    )
-    .unwrap_err();
-    assert!(err.to_string().contains("crashed on purpose"), "{err}");
-    let (resumed, _) = train(strategy(), 64, 3, vec![Box::new(backup())]).unwrap();
+    let (resumed, _) = crash_and_resume(strategy, dir.path());
     assert_eq!(resumed, uninterrupted);
 }
 

@@ -61,6 +61,32 @@ fn strategies(workers: usize, ps: usize) -> Vec<ParameterServerStrategy> {
         .collect()
 }
 
+/// A cluster of `workers` workers and `ps` `ps` tasks on threads of this process, each worker
+/// running `worker`: the chief's strategy, and the other tasks' threads.
+fn start_cluster(
+    workers: usize,
+    ps: usize,
+    worker: impl Fn(ParameterServerStrategy) + Clone + Send + 'static,
+) -> (ParameterServerStrategy, Vec<std::thread::JoinHandle<()>>) {
+    let mut tasks = strategies(workers, ps);
+    let chief = tasks.remove(0);
+    let others = tasks
+        .into_iter()
+        .map(|strategy| {
+            let worker = worker.clone();
+            // Every other task is a ps task or a worker (`serve_steps` refuses any other).
+            std::thread::spawn(move || {
+                if let PsRole::ParameterServer(_) = strategy.role().unwrap() {
+                    strategy.serve_parameters().unwrap();
+                } else {
+                    worker(strategy);
+                }
+            })
+        })
+        .collect();
+    (chief, others)
+}
+
 /// Each worker's dataset: its shard of the digits, shuffled, in batches of 32, repeated.
 fn dataset_fn(
     context: &lockstep_data::InputContext,
@@ -74,24 +100,10 @@ fn dataset_fn(
 
 #[test]
 fn two_workers_and_two_ps_tasks_train_the_mlp_to_the_accuracy_of_synchronous_training() {
-    let mut tasks = strategies(2, 2);
-    let chief = tasks.remove(0);
-    let others: Vec<_> = tasks
-        .into_iter()
-        .map(|strategy| {
-            std::thread::spawn(move || match strategy.role().unwrap() {
-                PsRole::ParameterServer(_) => {
-                    strategy.serve_parameters().unwrap();
-                }
-                PsRole::Worker(_) => {
-                    let metrics = ["accuracy"];
-                    serve_steps(&strategy, common::mlp, common::loss(), &metrics, dataset_fn)
-                        .unwrap();
-                }
-                other => panic!("{other:?}"),
-            })
-        })
-        .collect();
+    let (chief, others) = start_cluster(2, 2, |strategy| {
+        let metrics = ["accuracy"];
+        serve_steps(&strategy, common::mlp, common::loss(), &metrics, dataset_fn).unwrap();
+    });
     let mut model = ParameterServerModel::new(chief, common::mlp).unwrap();
     model
         .compile(&Sgd::new(0.05), common::loss(), &["accuracy"])
@@ -163,25 +175,12 @@ fn recommender() -> Result<lockstep_nn::Sequential, lockstep_nn::NnError> {
 
 #[test]
 fn an_embedding_table_moves_only_the_rows_batches_name_and_trains_as_one_synchronous_replica() {
-    let mut tasks = strategies(1, 2);
-    let chief = tasks.remove(0);
-    let others: Vec<_> = tasks
-        .into_iter()
-        .map(|strategy| {
-            std::thread::spawn(move || match strategy.role().unwrap() {
-                PsRole::ParameterServer(_) => {
-                    strategy.serve_parameters().unwrap();
-                }
-                PsRole::Worker(_) => {
-                    let dataset = |_: &lockstep_data::InputContext| {
-                        Ok::<_, TrainError>(clicks().batch(32, false).repeat(None))
-                    };
-                    serve_steps(&strategy, recommender, common::loss(), &[], dataset).unwrap();
-                }
-                other => panic!("{other:?}"),
-            })
-        })
-        .collect();
+    let (chief, others) = start_cluster(1, 2, |strategy| {
+        let dataset = |_: &lockstep_data::InputContext| {
+            Ok::<_, TrainError>(clicks().batch(32, false).repeat(None))
+        };
+        serve_steps(&strategy, recommender, common::loss(), &[], dataset).unwrap();
+    });
     let mut model = ParameterServerModel::new(chief, recommender).unwrap();
     let initial = model.network().parameters().values().to_vec();
     model.compile(&Sgd::new(0.5), common::loss(), &[]).unwrap();

@@ -35,7 +35,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Parser;
 use lockstep_cluster::{Cluster, EVALUATOR};
-use lockstep_collective::ClusterSecret;
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_data::{Dataset, InputContext};
 use lockstep_examples::{ClusterArgs, ClusterTrainingArgs};
@@ -119,18 +118,7 @@ fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
     lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
-    if args.training.batch_per_worker == 0 {
-        anyhow::bail!("--batch-per-worker must be at least 1");
-    }
-    if args.training.global_batch.is_some() {
-        anyhow::bail!(
-            "under ParameterServerStrategy each step is one worker's batch: use --batch-per-worker"
-        );
-    }
-    let cluster = args.cluster.resolve()?;
-    lockstep_examples::start_kernel_threads(args.training.threads, cluster.spec().tasks().count())?;
-    let mut strategy = ParameterServerStrategy::new(cluster, ClusterSecret::from_env()?)?
-        .with_timeout(args.cluster.rendezvous_timeout());
+    let mut strategy = lockstep_examples::parameter_server_strategy(&args.training, &args.cluster)?;
     if let Some(shards) = args.shards {
         strategy = strategy.with_partitioner(FixedShardsPartitioner::new(shards)?);
     }
@@ -151,10 +139,7 @@ fn main() -> anyhow::Result<()> {
     };
     let role = strategy.role()?;
     match role {
-        PsRole::ParameterServer(_) => {
-            let updates = strategy.serve_parameters()?;
-            println!("updates_applied={updates}");
-        }
+        PsRole::ParameterServer(_) => lockstep_examples::serve_parameters(&strategy)?,
         PsRole::Worker(_) => {
             let dataset_fn = |context: &InputContext| -> Result<_, TrainError> {
                 Ok(Mnist::embedded()?

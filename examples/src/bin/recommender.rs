@@ -27,7 +27,6 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use clap::Parser;
-use lockstep_collective::ClusterSecret;
 use lockstep_data::{Dataset, InputContext, from_vec};
 use lockstep_examples::{ClusterArgs, ClusterTrainingArgs};
 use lockstep_nn::{
@@ -96,17 +95,11 @@ fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
     lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
-    if args.training.batch_per_worker == 0 {
-        anyhow::bail!("--batch-per-worker must be at least 1");
-    }
-    if args.training.global_batch.is_some() {
+    if args.rows > Embedding::MAX_IDS {
         anyhow::bail!(
-            "under ParameterServerStrategy each step is one worker's batch: use --batch-per-worker"
+            "--rows must be at most {}: ids are held as f32, exact up to 2^24",
+            Embedding::MAX_IDS
         );
-    }
-    if args.rows > 1 << 24 {
-        // The ids travel as the batch's f32s, whole numbers exact up to 2^24.
-        anyhow::bail!("--rows must be at most 2^24 (16777216): ids are held as f32");
     }
     if args.items == 0 || args.items >= args.rows {
         anyhow::bail!(
@@ -118,10 +111,7 @@ fn main() -> anyhow::Result<()> {
         users: (args.rows - args.items) as u64,
         items: args.items as u64,
     };
-    let cluster = args.cluster.resolve()?;
-    lockstep_examples::start_kernel_threads(args.training.threads, cluster.spec().tasks().count())?;
-    let strategy = ParameterServerStrategy::new(cluster, ClusterSecret::from_env()?)?
-        .with_timeout(args.cluster.rendezvous_timeout())
+    let strategy = lockstep_examples::parameter_server_strategy(&args.training, &args.cluster)?
         .with_partitioner(FixedShardsPartitioner::new(args.shards)?);
     let (seed, rows, dim) = (args.training.seed, args.rows, args.embedding_dim);
     let build = move || -> Result<Sequential, NnError> {
@@ -135,10 +125,7 @@ fn main() -> anyhow::Result<()> {
     };
     let role = strategy.role()?;
     match role {
-        PsRole::ParameterServer(_) => {
-            let updates = strategy.serve_parameters()?;
-            println!("updates_applied={updates}");
-        }
+        PsRole::ParameterServer(_) => lockstep_examples::serve_parameters(&strategy)?,
         PsRole::Worker(index) => {
             let (count, batch) = (args.examples_per_worker, args.training.batch_per_worker);
             let dataset_fn = move |_: &InputContext| -> Result<_, TrainError> {

@@ -48,6 +48,25 @@ impl Embedding {
         }
     }
 
+    /// The ids `values` hold for a table of `input_dim` rows: each a whole number in
+    /// `0..input_dim`, held as an `f32`; the first value that is not is the error.
+    ///
+    /// # Errors
+    ///
+    /// The first value that is negative, fractional, not a number, or not below `input_dim`.
+    pub fn ids(values: &[f32], input_dim: usize) -> Result<Vec<usize>, f32> {
+        values
+            .iter()
+            .map(|&v| {
+                if v >= 0.0 && v.fract() == 0.0 && (v as usize) < input_dim {
+                    Ok(v as usize)
+                } else {
+                    Err(v)
+                }
+            })
+            .collect()
+    }
+
     /// Sets how the table's initial values are drawn (Keras' `embeddings_initializer`).
     #[must_use]
     pub fn embeddings_initializer(mut self, initializer: Initializer) -> Self {
@@ -120,21 +139,12 @@ impl Layer for Embedding {
         params: &[Tensor],
         _ctx: ForwardContext<'_>,
     ) -> Result<Tensor, NnError> {
-        let ids = x
-            .to_vec()
-            .in_layer(name)?
-            .into_iter()
-            .map(|v| {
-                if v >= 0.0 && v.fract() == 0.0 && (v as usize) < self.input_dim {
-                    Ok(v as usize)
-                } else {
-                    Err(NnError::InvalidConfig {
-                        layer: name.into(),
-                        why: format!("input {v} is not an id below input_dim {}", self.input_dim),
-                    })
-                }
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let ids = Self::ids(&x.to_vec().in_layer(name)?, self.input_dim).map_err(|v| {
+            NnError::InvalidConfig {
+                layer: name.into(),
+                why: format!("input {v} is not an id below input_dim {}", self.input_dim),
+            }
+        })?;
         let rows = ops::gather_rows(&params[0], &ids).in_layer(name)?;
         let mut shape = x.shape().to_vec();
         shape.push(self.output_dim);

@@ -3,7 +3,7 @@
 use std::sync::atomic::AtomicBool;
 
 use lockstep_data::{Dataset, InputContext};
-use lockstep_nn::{ForwardContext, Loss, Network, NnError};
+use lockstep_nn::{Embedding, ForwardContext, Loss, Network, NnError};
 use lockstep_ps::{PsClient, StepId, StepRegistry, StepServer};
 use lockstep_tensor::Tensor;
 
@@ -231,23 +231,15 @@ impl Lookups {
         let Some(&(variable, rows, cols)) = self.tables.first() else {
             return Ok((inputs.clone(), Vec::new()));
         };
-        let values = inputs.to_vec()?;
-        let ids = values
-            .iter()
-            .map(|&v| {
-                if v >= 0.0 && v.fract() == 0.0 && (v as usize) < rows {
-                    Ok(v as usize)
-                } else {
-                    Err(TrainError::invalid(
-                        "an embedding lookup",
-                        format!(
-                            "input {v} is not an id of {}, a table of {rows} rows",
-                            net.parameters().specs()[variable].name
-                        ),
-                    ))
-                }
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let ids = Embedding::ids(&inputs.to_vec()?, rows).map_err(|v| {
+            TrainError::invalid(
+                "an embedding lookup",
+                format!(
+                    "input {v} is not an id of {}, a table of {rows} rows",
+                    net.parameters().specs()[variable].name
+                ),
+            )
+        })?;
         let mut unique = ids.clone();
         unique.sort_unstable();
         unique.dedup();

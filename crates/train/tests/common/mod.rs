@@ -182,6 +182,28 @@ impl Callback for CrashAt {
     }
 }
 
+/// Three epochs of `train` at global batch 64 with a backup every 4 steps in `dir`, crashed at
+/// step 17 (mid-epoch, after the backup of step 16), then run again to the end from that
+/// backup: the resumed run's weights and history.
+pub(crate) fn crash_and_resume<S: Strategy>(
+    strategy: impl Fn() -> S,
+    dir: &Path,
+) -> (Vec<f32>, History) {
+    let backup = || {
+        lockstep_train::BackupAndRestore::new(dir.join("backup"))
+            .save_freq(lockstep_train::SaveFreq::Steps(4))
+    };
+    let err = train(
+        strategy(),
+        64,
+        3,
+        vec![Box::new(backup()), Box::new(CrashAt(17))],
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("crashed on purpose"), "{err}");
+    train(strategy(), 64, 3, vec![Box::new(backup())]).unwrap()
+}
+
 /// GPU 0, or none (printing why): GPU tests skip without one, unless `LOCKSTEP_REQUIRE_GPU=1`
 /// makes that a failure.
 pub(crate) fn gpu() -> Option<lockstep_tensor::Device> {
