@@ -1,22 +1,34 @@
 //! Opening a connection of the services beside the collectives (a parameter server's, a
 //! worker's step service): both ends prove the cluster secret, bound to the service's name,
-//! before any message.
+//! before any message, within one deadline for the whole exchange.
+//!
+//! The accepting end runs each handshake on a thread of its own ([`Handshakes`]), at most
+//! [`MAX_HANDSHAKES`] at once, so a peer that sends its bytes one at a time, or never, holds
+//! only its own thread, and for [`HANDSHAKE_TIMEOUT`] at most: never a client that proves the
+//! secret, and never the service.
 
-use std::io;
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
 
 use crate::error::PsError;
 use crate::protocol;
 
-/// How long a new connection has to prove the cluster secret to the end that accepted it.
+/// How long a new connection has to prove the cluster secret to the end that accepted it,
+/// from its accept to its handshake's last byte.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Handshakes an accepting end runs at once; connections beyond are closed at once (and
+/// logged).
+pub const MAX_HANDSHAKES: usize = 64;
+
 /// A connection to `address` for `service`, proven both ways: with keepalive (a host that
-/// vanishes ends it), and `timeout` on connecting, the handshake and every later read and
-/// write (the caller may lift it).
+/// vanishes ends it), and `timeout` on connecting, on the whole handshake and on every later
+/// read and write (the caller may lift it).
 ///
 /// # Errors
 ///
@@ -35,44 +47,311 @@ pub(crate) fn dial(
     stream
         .set_nodelay(true)
         .and_then(|()| crate::keepalive::keep_alive(&stream))
-        .and_then(|()| stream.set_read_timeout(Some(timeout)))
+        .map_err(|e| failed("setting up", e))?;
+    prove(
+        &mut stream,
+        &peer,
+        (secret, service),
+        ServiceSide::Dialler,
+        timeout,
+    )?;
+    stream
+        .set_read_timeout(Some(timeout))
         .and_then(|()| stream.set_write_timeout(Some(timeout)))
         .map_err(|e| failed("setting up", e))?;
-    authenticate_stream(&mut stream, secret, service, ServiceSide::Dialler).map_err(|e| {
-        PsError::Connection {
-            peer,
-            why: e.to_string(),
-        }
-    })?;
     Ok(stream)
 }
 
-/// Proves `secret` for `service` on an accepted connection from `peer`, within
-/// [`HANDSHAKE_TIMEOUT`] a read; then lifts the read deadline (a client may stay idle).
+/// Proves `secret` for `service` on an accepted connection from `peer` within `timeout` in
+/// all; then lifts the read deadline (a client may stay idle).
 ///
 /// # Errors
 ///
-/// [`PsError::Connection`] when the handshake fails or the socket cannot be set up.
+/// [`PsError::Connection`] when the handshake fails or runs past `timeout`, or the socket
+/// cannot be set up.
 pub(crate) fn accept(
     stream: &mut TcpStream,
     peer: &str,
-    secret: Option<&ClusterSecret>,
-    service: &str,
+    (secret, service): (Option<&ClusterSecret>, &str),
+    timeout: Duration,
 ) -> Result<(), PsError> {
     let setup = |e: io::Error| protocol::connection(peer, "setting up", &e);
     stream.set_nonblocking(false).map_err(setup)?;
     stream.set_nodelay(true).map_err(setup)?;
+    prove(
+        stream,
+        peer,
+        (secret, service),
+        ServiceSide::Acceptor,
+        timeout,
+    )?;
     stream
-        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
-        .map_err(setup)?;
-    stream
-        .set_write_timeout(Some(HANDSHAKE_TIMEOUT))
-        .map_err(setup)?;
-    authenticate_stream(stream, secret, service, ServiceSide::Acceptor).map_err(|e| {
-        PsError::Connection {
-            peer: peer.to_owned(),
-            why: e.to_string(),
+        .set_read_timeout(None)
+        .and_then(|()| stream.set_write_timeout(Some(timeout)))
+        .map_err(setup)
+}
+
+/// One side of the handshake, every read and write of it ending by `now + timeout`.
+fn prove(
+    stream: &mut TcpStream,
+    peer: &str,
+    (secret, service): (Option<&ClusterSecret>, &str),
+    side: ServiceSide,
+    timeout: Duration,
+) -> Result<(), PsError> {
+    let mut bounded = ByDeadline {
+        stream,
+        deadline: Instant::now() + timeout,
+    };
+    authenticate_stream(&mut bounded, secret, service, side).map_err(|e| PsError::Connection {
+        peer: peer.to_owned(),
+        why: e.to_string(),
+    })
+}
+
+/// A stream whose reads and writes all end by one deadline: each is given the time left
+/// (a timeout per read alone would let a peer feeding a byte at a time hold it for ever).
+struct ByDeadline<'a> {
+    stream: &'a mut TcpStream,
+    deadline: Instant,
+}
+
+impl ByDeadline<'_> {
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            Err(past_deadline())
+        } else {
+            Ok(left)
         }
-    })?;
-    stream.set_read_timeout(None).map_err(setup)
+    }
+}
+
+/// The error of a handshake that ran past its deadline.
+fn past_deadline() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "the handshake ran past its deadline",
+    )
+}
+
+/// A socket's timeout (`WouldBlock` on Unix) said as the deadline it is.
+fn in_time<T>(result: io::Result<T>) -> io::Result<T> {
+    result.map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => past_deadline(),
+        _ => e,
+    })
+}
+
+impl Read for ByDeadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.stream.set_read_timeout(Some(left))?;
+        in_time(self.stream.read(buf))
+    }
+}
+
+impl Write for ByDeadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.stream.set_write_timeout(Some(left))?;
+        in_time(self.stream.write(buf))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+/// An accepting end's handshakes, each on a thread of its own, at most [`MAX_HANDSHAKES`] at
+/// once, each within its timeout.
+pub(crate) struct Handshakes {
+    secret: Option<ClusterSecret>,
+    service: &'static str,
+    timeout: Duration,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Handshakes {
+    /// Handshakes for `service` with peers that must prove `secret`, each within
+    /// [`HANDSHAKE_TIMEOUT`].
+    pub(crate) fn new(secret: Option<ClusterSecret>, service: &'static str) -> Self {
+        Self {
+            secret,
+            service,
+            timeout: HANDSHAKE_TIMEOUT,
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// The same, each handshake within `timeout`.
+    #[cfg(test)]
+    fn within(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Runs `stream`'s handshake on a thread of its own and, when the peer proved the secret,
+    /// `then` on that thread. A connection beyond [`MAX_HANDSHAKES`] at once, or one that fails
+    /// its handshake, is logged and closed.
+    pub(crate) fn start(
+        &self,
+        mut stream: TcpStream,
+        from: SocketAddr,
+        then: impl FnOnce(TcpStream, SocketAddr) + Send + 'static,
+    ) {
+        let service = self.service;
+        let Some(slot) = Slot::take(&self.in_flight) else {
+            tracing::warn!(%from, service, "refused a connection: {MAX_HANDSHAKES} handshakes are under way already");
+            return;
+        };
+        let (secret, timeout) = (self.secret.clone(), self.timeout);
+        let spawned = std::thread::Builder::new()
+            .name(format!("lockstep-{service}-{from}"))
+            .spawn(move || {
+                let proven = accept(
+                    &mut stream,
+                    &from.to_string(),
+                    (secret.as_ref(), service),
+                    timeout,
+                );
+                drop(slot);
+                match proven {
+                    Ok(()) => then(stream, from),
+                    Err(e) => tracing::warn!(%from, service, error = %e, "refused a connection"),
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(%from, service, error = %e, "no thread for a connection's handshake; it is closed");
+        }
+    }
+}
+
+/// One of the [`MAX_HANDSHAKES`] places, given back when dropped (a panicking handshake
+/// included).
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(in_flight: &Arc<AtomicUsize>) -> Option<Self> {
+        in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_HANDSHAKES).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self(Arc::clone(in_flight)))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        reason = "a test that meets an error must fail loudly"
+    )]
+
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+
+    use super::*;
+
+    fn secret() -> ClusterSecret {
+        ClusterSecret::new(*b"a secret of this test's cluster").unwrap()
+    }
+
+    /// A peer that sends a byte every `gap` for `bytes` bytes, then waits for the close.
+    fn trickle(address: SocketAddr, bytes: usize, gap: Duration) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut stream = TcpStream::connect(address).unwrap();
+            for _ in 0..bytes {
+                if stream.write_all(&[0]).is_err() {
+                    return;
+                }
+                std::thread::sleep(gap);
+            }
+            let _ = stream.read(&mut [0; 64]);
+        })
+    }
+
+    #[test]
+    fn a_peer_feeding_its_handshake_a_byte_at_a_time_is_cut_off_at_the_deadline() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        // Every byte well within any one read's timeout: only a deadline for the whole
+        // exchange ends it.
+        let peer = trickle(
+            listener.local_addr().unwrap(),
+            200,
+            Duration::from_millis(20),
+        );
+        let (mut stream, from) = listener.accept().unwrap();
+        let started = Instant::now();
+        let proven = accept(
+            &mut stream,
+            &from.to_string(),
+            (Some(&secret()), "test"),
+            Duration::from_millis(300),
+        );
+        let took = started.elapsed();
+        assert!(
+            matches!(&proven, Err(PsError::Connection { why, .. }) if why.contains("deadline")),
+            "{proven:?}"
+        );
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+        drop(stream);
+        peer.join().unwrap();
+    }
+
+    #[test]
+    fn silent_peers_beyond_the_limit_are_refused_while_a_client_with_the_secret_is_served() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let handshakes = Handshakes::new(Some(secret()), "test").within(Duration::from_secs(5));
+        let (served, proven) = mpsc::channel();
+        let silent: Vec<TcpStream> = (0..MAX_HANDSHAKES + 8)
+            .map(|_| TcpStream::connect(address).unwrap())
+            .collect();
+        for _ in &silent {
+            let (stream, from) = listener.accept().unwrap();
+            let served = served.clone();
+            handshakes.start(stream, from, move |_, from| {
+                let _ = served.send(from);
+            });
+        }
+        // The places are full: a connection now is closed at once, unproven.
+        let mut late = TcpStream::connect(address).unwrap();
+        let (stream, from) = listener.accept().unwrap();
+        handshakes.start(stream, from, |_, _| {
+            panic!("a connection past the limit was served")
+        });
+        late.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(late.read(&mut [0; 64]).unwrap(), 0, "it is closed");
+        // The silent ones go; a client that proves the secret is served.
+        drop(silent);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let client = std::thread::spawn(move || {
+            dial(address, Some(&secret()), "test", Duration::from_secs(5)).unwrap()
+        });
+        let (stream, from) = listener.accept().unwrap();
+        while handshakes.in_flight.load(Ordering::Acquire) >= MAX_HANDSHAKES {
+            assert!(
+                Instant::now() < deadline,
+                "the silent peers' places were never given back"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        handshakes.start(stream, from, move |_, from| {
+            let _ = served.send(from);
+        });
+        let _stream = client.join().unwrap();
+        assert_eq!(
+            proven.recv_timeout(Duration::from_secs(5)).unwrap(),
+            from,
+            "only the client with the secret was served"
+        );
+    }
 }

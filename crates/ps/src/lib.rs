@@ -78,7 +78,7 @@ mod store;
 mod worker;
 
 pub use client::PsClient;
-pub use connection::HANDSHAKE_TIMEOUT;
+pub use connection::{HANDSHAKE_TIMEOUT, MAX_HANDSHAKES};
 pub use coordinator::{ClusterCoordinator, CoordinatorOptions, RemoteValue};
 pub use error::PsError;
 pub use partitioner::{

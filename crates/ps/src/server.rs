@@ -1,9 +1,9 @@
 //! A `ps` task's service: a [`ShardStore`] served over TCP, a thread per connection.
 //!
 //! Each connection first proves the cluster secret both ways
-//! (`lockstep_collective::authenticate_stream`, bound to [`SERVICE`]), within
-//! [`crate::HANDSHAKE_TIMEOUT`]; then it may stay open and idle as long as its client likes (a
-//! worker between steps). A request the store refuses is answered with the reason and the
+//! (`lockstep_collective::authenticate_stream`, bound to [`SERVICE`]), on a thread of its own,
+//! at most [`crate::MAX_HANDSHAKES`] at once, within [`crate::HANDSHAKE_TIMEOUT`] in all; then
+//! it may stay open and idle as long as its client likes (a worker between steps). A request the store refuses is answered with the reason and the
 //! connection goes on; bytes that are not a frame of the protocol end that connection (there
 //! is no way to find the next frame), and never the server or another connection.
 
@@ -17,6 +17,7 @@ use std::time::Duration;
 use lockstep_collective::ClusterSecret;
 use prost::Message as _;
 
+use crate::connection::Handshakes;
 use crate::error::PsError;
 use crate::protocol::{
     self, Done, Refusal, Request, RequestKind, Response, ResponseKind, SERVICE, Shards, Values,
@@ -91,19 +92,18 @@ impl PsServer {
         })
     }
 
-    /// Accepts connections until `stop` is set, each served on a thread of its own.
+    /// Accepts connections until `stop` is set, each served on a thread of its own once it
+    /// proved the secret.
     fn accept_until(self, listener: &TcpListener, stop: &AtomicBool) {
+        let handshakes = Handshakes::new(self.secret.clone(), SERVICE);
         let server = Arc::new(self);
         while !stop.load(Ordering::Relaxed) {
             match listener.accept() {
                 Ok((stream, from)) => {
                     let server = Arc::clone(&server);
-                    let spawned = std::thread::Builder::new()
-                        .name(format!("lockstep-ps-conn-{from}"))
-                        .spawn(move || server.serve_connection(stream, from));
-                    if let Err(e) = spawned {
-                        tracing::warn!(%from, error = %e, "no thread for a parameter-server connection; it is closed");
-                    }
+                    handshakes.start(stream, from, move |stream, from| {
+                        server.serve_connection(stream, from);
+                    });
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
                 Err(e) => {
@@ -114,14 +114,9 @@ impl PsServer {
         }
     }
 
-    /// One connection: the handshake, then requests until the client closes it.
+    /// One proven connection: requests until the client closes it.
     fn serve_connection(&self, mut stream: TcpStream, from: SocketAddr) {
         let peer = from.to_string();
-        if let Err(e) = crate::connection::accept(&mut stream, &peer, self.secret.as_ref(), SERVICE)
-        {
-            tracing::warn!(%from, error = %e, "refused a parameter-server connection");
-            return;
-        }
         loop {
             let request = match protocol::read_frame::<Request>(&mut stream, &peer) {
                 Ok(Some(request)) => request,

@@ -2,8 +2,9 @@
 //! steps, one at a time, from its [`StepRegistry`] on its own state.
 //!
 //! The worker listens on its task's address; the coordinator connects, proves the cluster
-//! secret (service [`STEP_SERVICE`]) and sends [`RunStep`]s, each answered with a
-//! [`StepOutcome`]. When that connection ends (the coordinator restarted, or gave this worker
+//! secret (service [`STEP_SERVICE`], on a thread of its own as the parameter server's
+//! connections do, so a peer that never finishes its handshake never holds the service) and
+//! sends [`RunStep`]s, each answered with a [`StepOutcome`]. When that connection ends (the coordinator restarted, or gave this worker
 //! up), the worker waits for the next one: the state, and with it the dataset iterators, live
 //! on. A step that is not registered here, or that fails, is answered as failed; the
 //! connection goes on. [`SHUTDOWN_STEP`] is answered and ends the service: training is over.
@@ -11,13 +12,14 @@
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use lockstep_collective::ClusterSecret;
 use prost::Message as _;
 
+use crate::connection::Handshakes;
 use crate::error::PsError;
 use crate::protocol::{self, RunStep, SHUTDOWN_STEP, STEP_SERVICE, StepOutcome, StepResult};
 use crate::steps::StepRegistry;
@@ -103,36 +105,49 @@ impl<S: Send + 'static> StepServer<S> {
         listener
             .set_nonblocking(true)
             .map_err(|e| protocol::connection("the step listener", "setting up", &e))?;
+        let handshakes = Handshakes::new(self.secret.clone(), STEP_SERVICE);
+        let (proven, ready) = mpsc::channel::<(TcpStream, SocketAddr)>();
         while !stop.load(Ordering::Relaxed) {
-            match listener.accept() {
+            let next = match listener.accept() {
                 Ok((stream, from)) => {
-                    let served = {
-                        let _recorded = Serving::record(serving, &stream);
-                        self.serve_coordinator(stream, from, state, stop)
-                    };
-                    match served {
-                        Ok(Ended::ShutDown) => {
-                            tracing::info!(%from, "the coordinator ended training");
-                            return Ok(());
-                        }
-                        Ok(Ended::Closed) => {}
-                        Err(e) => {
-                            tracing::warn!(%from, error = %e, "a coordinator's connection ended");
-                        }
-                    }
+                    let proven = proven.clone();
+                    handshakes.start(stream, from, move |stream, from| {
+                        // The service's loop holds the other end while it runs.
+                        let _ = proven.send((stream, from));
+                    });
+                    ready.try_recv().ok()
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    ready.recv_timeout(ACCEPT_POLL).ok()
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "accepting a coordinator's connection failed");
                     std::thread::sleep(ACCEPT_POLL);
+                    None
+                }
+            };
+            let Some((stream, from)) = next else {
+                continue;
+            };
+            let served = {
+                let _recorded = Serving::record(serving, &stream);
+                self.serve_coordinator(stream, from, state, stop)
+            };
+            match served {
+                Ok(Ended::ShutDown) => {
+                    tracing::info!(%from, "the coordinator ended training");
+                    return Ok(());
+                }
+                Ok(Ended::Closed) => {}
+                Err(e) => {
+                    tracing::warn!(%from, error = %e, "a coordinator's connection ended");
                 }
             }
         }
         Ok(())
     }
 
-    /// One coordinator's connection: the handshake, then steps until it closes or sends
-    /// [`SHUTDOWN_STEP`].
+    /// One proven coordinator's connection: steps until it closes or sends [`SHUTDOWN_STEP`].
     fn serve_coordinator(
         &self,
         mut stream: TcpStream,
@@ -141,7 +156,6 @@ impl<S: Send + 'static> StepServer<S> {
         stop: &AtomicBool,
     ) -> Result<Ended, PsError> {
         let peer = from.to_string();
-        crate::connection::accept(&mut stream, &peer, self.secret.as_ref(), STEP_SERVICE)?;
         while !stop.load(Ordering::Relaxed) {
             let Some(run) = protocol::read_frame::<RunStep>(&mut stream, &peer)? else {
                 return Ok(Ended::Closed);

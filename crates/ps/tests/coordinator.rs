@@ -7,11 +7,12 @@
     reason = "a test that meets an error must fail loudly; one step panics on purpose"
 )]
 
-use std::net::{SocketAddr, TcpListener};
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lockstep_collective::ClusterSecret;
 use lockstep_ps::{
@@ -283,4 +284,34 @@ fn a_step_that_takes_down_every_worker_running_it_fails_instead_of_going_round_f
         read(&coordinator.schedule("square", square(6)).fetch().unwrap()),
         36
     );
+}
+
+#[test]
+fn a_peer_that_never_finishes_its_handshake_keeps_no_coordinator_waiting() {
+    let secret = ClusterSecret::new(*b"a secret of this test's cluster").unwrap();
+    let (tx, _rx) = channel();
+    let (running, runs) = worker(
+        "w0",
+        "127.0.0.1:0",
+        Duration::ZERO,
+        Some(secret.clone()),
+        tx,
+    );
+    // Connected first, and silent: its handshake holds a thread of its own until the
+    // handshake's deadline, and the service goes on without it.
+    let mut silent = TcpStream::connect(running.address()).unwrap();
+    silent.write_all(&[0; 3]).unwrap();
+    let started = Instant::now();
+    let coordinator =
+        ClusterCoordinator::new(&[running.address()], &options(Some(secret))).unwrap();
+    let value = coordinator.schedule("square", square(7));
+    coordinator.join().unwrap();
+    assert_eq!(read(&value.fetch().unwrap()), 49);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let took = started.elapsed();
+    assert!(
+        took < lockstep_ps::HANDSHAKE_TIMEOUT / 2,
+        "the coordinator waited {took:?} behind the silent peer"
+    );
+    drop(silent);
 }
