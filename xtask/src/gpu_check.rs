@@ -84,12 +84,14 @@ const TORCH_NCCL_REFERENCE: &str = "benches/torch_nccl_reference.py";
 ///    driver, where each library was found;
 /// 2. runs each test executable on its GPU tests, under its own `timeout`, its log in
 ///    `LOG_DIR` (default `logs` beside the script) as it goes, so a hang or a crash loses
-///    nothing; `LOCKSTEP_REQUIRE_GPU=1` (the default here) turns every skip into a failure;
+///    nothing; `LOCKSTEP_REQUIRE_GPU=1` (the default here) turns a skip for want of a GPU
+///    into a failure, while a test that needs two GPUs on a machine with one still skips,
+///    saying so on a line of its own (`skipped: …`), which the runner counts;
 /// 3. runs `gpu_bench`, `gpu_fit_bench` and the PyTorch reference interleaved, then
 ///    `nccl_bench` and PyTorch's NCCL reference, `LOCKSTEP_BENCH_REPEATS` times each (default
 ///    3);
-/// 4. ends with one summary line per executable, the number of GPU tests that ran, and every
-///    benchmark table. It exits non-zero when a test failed, timed out or did not run.
+/// 4. ends with one summary line per executable, the number of GPU tests that ran and of
+///    those that skipped (and why), and every benchmark table. It exits non-zero when a test failed, timed out or did not run.
 const RUNNER: &str = r#"#!/usr/bin/env bash
 # Written by `cargo xtask gpu-check`: the GPU checks for a machine with a GPU and no Rust.
 # Usage: run.sh [LOG_DIR]   (logs default to ./logs beside this script)
@@ -133,17 +135,20 @@ fi
 status=0
 summary=()
 ran=0
+skips=0
 while IFS='|' read -r name filters; do
     [ -n "$name" ] || continue
     log="$logs/$name.log"
     echo "== $name ${filters:+(tests matching: $filters)}"
     # shellcheck disable=SC2086 # the filters are words
-    timeout --kill-after=10 "$timeout_s" "tests/$name" --test-threads 1 $filters >"$log" 2>&1
+    # --nocapture: a test that skips says why on a line of its own, which is counted below.
+    timeout --kill-after=10 "$timeout_s" "tests/$name" --test-threads 1 --nocapture $filters >"$log" 2>&1
     rc=$?
     tail -n 3 "$log"
     result="$(grep -E '^test result:' "$log" | tail -n 1)"
     passed="$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<<"$result")"
     failed="$(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<<"$result")"
+    skipped="$(grep -c '^skipped:' "$log")"
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
         line="$name: TIMED OUT after ${timeout_s}s (log: $log)"
         status=1
@@ -151,8 +156,9 @@ while IFS='|' read -r name filters; do
         line="$name: NO RESULT, exit $rc (log: $log)"
         status=1
     else
-        line="$name: ${passed:-0} passed, ${failed:-0} failed (exit $rc)"
-        ran=$((ran + ${passed:-0}))
+        line="$name: ${passed:-0} passed, ${failed:-0} failed, $skipped of them skipped (exit $rc)"
+        ran=$((ran + ${passed:-0} - skipped))
+        skips=$((skips + skipped))
         [ "$rc" -eq 0 ] || status=1
     fi
     summary+=("$line")
@@ -185,9 +191,13 @@ done
 echo "== summary"
 printf '%s\n' "${summary[@]}"
 if [ "$LOCKSTEP_REQUIRE_GPU" = 1 ]; then
-    echo "GPU tests run: $ran (LOCKSTEP_REQUIRE_GPU=1: a test that found no GPU failed)"
+    echo "GPU tests run: $ran, skipped: $skips (LOCKSTEP_REQUIRE_GPU=1: a test that found no GPU failed)"
 else
-    echo "tests passed: $ran (LOCKSTEP_REQUIRE_GPU=$LOCKSTEP_REQUIRE_GPU: those without a GPU skipped)"
+    echo "tests passed: $ran, skipped: $skips (LOCKSTEP_REQUIRE_GPU=$LOCKSTEP_REQUIRE_GPU)"
+fi
+if [ "$skips" -gt 0 ]; then
+    echo "why they skipped:"
+    grep -h '^skipped:' "$logs"/*.log | sort | uniq -c
 fi
 for ((r = 1; r <= repeats; r++)); do
     echo "-- benchmark, repetition $r"
@@ -406,7 +416,7 @@ mod tests {
         std::fs::write(dir.path().join("tests/list"), "good|\nbad|gpu\nhangs|\n").unwrap();
         script(
             &dir.path().join("tests/good"),
-            "echo 'test result: ok. 3 passed; 0 failed; 0 ignored'",
+            "echo 'skipped: needs 2 GPUs, this machine has 1'; echo 'test result: ok. 3 passed; 0 failed; 0 ignored'",
         );
         script(
             &dir.path().join("tests/bad"),
@@ -431,17 +441,21 @@ mod tests {
         let stdout = String::from_utf8_lossy(&output.stdout);
         assert!(!output.status.success(), "{stdout}");
         for want in [
-            "good: 3 passed, 0 failed (exit 0)",
-            "bad: 1 passed, 2 failed (exit 101)",
+            "good: 3 passed, 0 failed, 1 of them skipped (exit 0)",
+            "bad: 1 passed, 2 failed, 0 of them skipped (exit 101)",
             "hangs: TIMED OUT after 1s",
-            "GPU tests run: 4",
+            "GPU tests run: 3, skipped: 1",
+            "1 skipped: needs 2 GPUs, this machine has 1",
             "libcuda.so.1: not found",
             "| step | 512 | 1 ms |",
         ] {
             assert!(stdout.contains(want), "{want:?} missing from:\n{stdout}");
         }
         let bad = std::fs::read_to_string(logs.join("bad.log")).unwrap();
-        assert!(bad.contains("filters: --test-threads 1 gpu"), "{bad}");
+        assert!(
+            bad.contains("filters: --test-threads 1 --nocapture gpu"),
+            "{bad}"
+        );
         assert!(logs.join("environment.log").is_file() && logs.join("hangs.log").is_file());
     }
 
