@@ -3,9 +3,10 @@
 //! Each connection first proves the cluster secret both ways
 //! (`lockstep_collective::authenticate_stream`, bound to [`SERVICE`]), on a thread of its own,
 //! at most [`crate::MAX_HANDSHAKES`] at once, within [`crate::HANDSHAKE_TIMEOUT`] in all; then
-//! it may stay open and idle as long as its client likes (a worker between steps). A request the store refuses is answered with the reason and the
-//! connection goes on; bytes that are not a frame of the protocol end that connection (there
-//! is no way to find the next frame), and never the server or another connection.
+//! it may stay open and idle as long as its client likes (a worker between steps). A request
+//! the store refuses is answered with the reason and the connection goes on; bytes that are
+//! not a frame of the protocol end that connection (there is no way to find the next frame),
+//! and never the server or another connection.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};

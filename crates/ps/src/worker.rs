@@ -4,9 +4,9 @@
 //! The worker listens on its task's address; the coordinator connects, proves the cluster
 //! secret (service [`STEP_SERVICE`], on a thread of its own as the parameter server's
 //! connections do, so a peer that never finishes its handshake never holds the service) and
-//! sends [`RunStep`]s, each answered with a [`StepOutcome`]. When that connection ends (the coordinator restarted, or gave this worker
-//! up), the worker waits for the next one: the state, and with it the dataset iterators, live
-//! on. A step that is not registered here, or that fails, is answered as failed; the
+//! sends [`RunStep`]s, each answered with a [`StepOutcome`]. When that connection ends (the
+//! coordinator restarted, or gave this worker up), the worker waits for the next one: the
+//! state, and with it the dataset iterators, live on. A step that is not registered here, or that fails, is answered as failed; the
 //! connection goes on. [`SHUTDOWN_STEP`] is answered and ends the service: training is over.
 
 use std::io;
