@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use lockstep_collective::ReduceOp;
+use lockstep_collective::{Compression, ReduceOp};
 use lockstep_nn::{
     DeviceState, ForwardContext, Loss, Network, NnError, Optimizer, PredictionMetric,
 };
@@ -353,6 +353,16 @@ impl Replica {
         }
         let reducing = Instant::now();
         let reduced: Vec<f32> = if self.link.uses_nccl() {
+            if wire.compression != Compression::None {
+                // NCCL sums the gradients where they are, in `f32`: said once, not ignored.
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::warn!(
+                        compression = ?wire.compression,
+                        "these gradients are summed with NCCL, in f32: compression and error feedback apply only to steps that sum their gradients over the CPU links alone"
+                    );
+                });
+            }
             // The totals first: a worker found gone here fails every replica of this process
             // together (the CPU's collectives tell each other), before any waits in NCCL.
             let mut values: Vec<f32> = totals.iter().map(|&v| v as f32).collect();
