@@ -86,12 +86,13 @@ const TORCH_NCCL_REFERENCE: &str = "benches/torch_nccl_reference.py";
 ///    `LOG_DIR` (default `logs` beside the script) as it goes, so a hang or a crash loses
 ///    nothing; `LOCKSTEP_REQUIRE_GPU=1` (the default here) turns a skip for want of a GPU
 ///    into a failure, while a test that needs two GPUs on a machine with one still skips,
-///    saying so on a line of its own (`skipped: …`), which the runner counts;
+///    saying so after its name in the log (`test … ... skipped: …`), which the runner counts;
 /// 3. runs `gpu_bench`, `gpu_fit_bench` and the PyTorch reference interleaved, then
 ///    `nccl_bench` and PyTorch's NCCL reference, `LOCKSTEP_BENCH_REPEATS` times each (default
 ///    3);
 /// 4. ends with one summary line per executable, the number of GPU tests that ran and of
-///    those that skipped (and why), and every benchmark table. It exits non-zero when a test failed, timed out or did not run.
+///    those that skipped (and why), and every benchmark table. It exits non-zero when a test
+///    failed, timed out or did not run.
 const RUNNER: &str = r#"#!/usr/bin/env bash
 # Written by `cargo xtask gpu-check`: the GPU checks for a machine with a GPU and no Rust.
 # Usage: run.sh [LOG_DIR]   (logs default to ./logs beside this script)
@@ -148,7 +149,8 @@ while IFS='|' read -r name filters; do
     result="$(grep -E '^test result:' "$log" | tail -n 1)"
     passed="$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<<"$result")"
     failed="$(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<<"$result")"
-    skipped="$(grep -c '^skipped:' "$log")"
+    # libtest prints a test's name and then, on the same line, what the test says.
+    skipped="$(grep -cE '(^|\.\.\. )skipped: ' "$log")"
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
         line="$name: TIMED OUT after ${timeout_s}s (log: $log)"
         status=1
@@ -197,7 +199,7 @@ else
 fi
 if [ "$skips" -gt 0 ]; then
     echo "why they skipped:"
-    grep -h '^skipped:' "$logs"/*.log | sort | uniq -c
+    grep -ohE '(^|\.\.\. )skipped: .*' "$logs"/*.log | sed 's/^\.\.\. //' | sort | uniq -c
 fi
 for ((r = 1; r <= repeats; r++)); do
     echo "-- benchmark, repetition $r"
@@ -416,7 +418,7 @@ mod tests {
         std::fs::write(dir.path().join("tests/list"), "good|\nbad|gpu\nhangs|\n").unwrap();
         script(
             &dir.path().join("tests/good"),
-            "echo 'skipped: needs 2 GPUs, this machine has 1'; echo 'test result: ok. 3 passed; 0 failed; 0 ignored'",
+            "echo 'test two_gpus ... skipped: needs 2 GPUs, this machine has 1'; echo 'test one_gpu ... ok'; echo 'test result: ok. 3 passed; 0 failed; 0 ignored'",
         );
         script(
             &dir.path().join("tests/bad"),
