@@ -207,7 +207,7 @@ impl Handshakes {
         };
         let (secret, timeout) = (self.secret.clone(), self.timeout);
         let spawned = std::thread::Builder::new()
-            .name(format!("lockstep-{service}-{from}"))
+            .name(format!("{service} {from}"))
             .spawn(move || {
                 let proven = accept(
                     &mut stream,
