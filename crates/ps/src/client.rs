@@ -3,6 +3,7 @@
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use bytes::Bytes;
 use lockstep_collective::ClusterSecret;
 
 use crate::error::PsError;
@@ -89,9 +90,13 @@ impl PsClient {
     }
 
     fn values(&mut self, kind: RequestKind) -> Result<Vec<f32>, PsError> {
+        let bytes = self.value_bytes(kind)?;
+        protocol::f32s(&bytes).ok_or_else(|| self.unexpected("values that are not whole f32s"))
+    }
+
+    fn value_bytes(&mut self, kind: RequestKind) -> Result<Bytes, PsError> {
         match self.call(kind)? {
-            ResponseKind::Values(values) => protocol::f32s(&values.values)
-                .ok_or_else(|| self.unexpected("values that are not whole f32s")),
+            ResponseKind::Values(values) => Ok(values.values),
             _ => Err(self.unexpected("an answer other than values")),
         }
     }
@@ -163,6 +168,25 @@ impl PsClient {
         }))
     }
 
+    /// [`PsClient::pull_shard_rows`]'s values as they came, in [`protocol::f32_bytes`]' layout
+    /// and sharing the buffer the answer was read into: for a caller that copies them where
+    /// they belong ([`protocol::f32s_into`]) with no `f32` copy in between (a table's shards
+    /// are copied once, not three times).
+    ///
+    /// # Errors
+    ///
+    /// As [`PsClient::pull_shard_rows`].
+    pub fn pull_shard_rows_bytes(
+        &mut self,
+        keys: &[ShardKey],
+        rows: Vec<Rows>,
+    ) -> Result<Bytes, PsError> {
+        self.value_bytes(RequestKind::PullShards(PullShards {
+            keys: keys.to_vec(),
+            rows,
+        }))
+    }
+
     /// Gradients of the whole shards `keys`, one after another: one round trip.
     ///
     /// # Errors
@@ -190,7 +214,7 @@ impl PsClient {
     ) -> Result<u64, PsError> {
         self.done(RequestKind::PushShards(PushShards {
             keys: keys.to_vec(),
-            gradient: protocol::f32_bytes(gradient),
+            gradient: protocol::f32_bytes(gradient).into(),
             rows,
             step,
         }))

@@ -60,9 +60,11 @@
 //! Dependencies: `lockstep-collective` for the cluster secret's handshake (one proof for every
 //! service of a cluster); `lockstep-nn` for the optimizers a server applies (the update rules
 //! of synchronous training, unchanged); `prost` for the messages (Protocol Buffers, as the
-//! rest of Lockstep's wire formats); `serde_json` for an optimizer's settings in Keras' form;
-//! `nix` for TCP keepalive (std has no setter); `thiserror` for the errors; `tracing` for the connections a server refuses or closes and
-//! the workers a coordinator loses.
+//! rest of Lockstep's wire formats); `bytes` for the messages' `f32`s, which share the buffer
+//! a frame was read into rather than being copied out of it; `serde_json` for an optimizer's
+//! settings in Keras' form; `nix` for TCP keepalive (std has no setter); `thiserror` for the
+//! errors; `tracing` for the connections a server refuses or closes and the workers a
+//! coordinator loses.
 
 mod client;
 mod connection;

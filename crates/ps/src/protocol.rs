@@ -10,6 +10,7 @@
 
 use std::io::{self, Read, Write};
 
+use bytes::Bytes;
 use prost::Message;
 
 use crate::error::PsError;
@@ -207,8 +208,8 @@ pub struct PushShards {
     pub keys: Vec<ShardKey>,
     /// Each shard's gradient, as long as the rows it covers, in the order of `keys`: `f32`s
     /// as [`f32_bytes`] writes them.
-    #[prost(bytes = "vec", tag = "2")]
-    pub gradient: Vec<u8>,
+    #[prost(bytes = "bytes", tag = "2")]
+    pub gradient: Bytes,
     /// Which rows of each shard, in the order of `keys`; empty: every row of every shard.
     /// Rows named more than once have their gradients summed, as [`PushRows`]'.
     #[prost(message, repeated, tag = "3")]
@@ -295,8 +296,8 @@ pub struct Done {
 #[derive(Clone, PartialEq, Message)]
 pub struct Values {
     /// The values, row after row: `f32`s as [`f32_bytes`] writes them.
-    #[prost(bytes = "vec", tag = "1")]
-    pub values: Vec<u8>,
+    #[prost(bytes = "bytes", tag = "1")]
+    pub values: Bytes,
 }
 
 /// `values` as the bytes of a packed `repeated float` field: each little-endian, one after
@@ -323,6 +324,18 @@ pub fn f32s(bytes: &[u8]) -> Option<Vec<f32>> {
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect(),
     )
+}
+
+/// Writes the `f32`s [`f32_bytes`] wrote into `out`; `false` (and `out` untouched) unless
+/// `bytes` holds exactly `out.len()` of them.
+pub fn f32s_into(bytes: &[u8], out: &mut [f32]) -> bool {
+    if bytes.len() != size_of_val(out) {
+        return false;
+    }
+    for (v, b) in out.iter_mut().zip(bytes.chunks_exact(size_of::<f32>())) {
+        *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+    true
 }
 
 /// Every shard, for an export.
@@ -469,7 +482,9 @@ pub fn read_frame<M: Message + Default>(
     input
         .read_exact(&mut bytes)
         .map_err(|e| connection(peer, "reading a frame", &e))?;
-    M::decode(bytes.as_slice())
+    // Decoded from `Bytes`, a message's `bytes` fields (the hot messages' `f32`s) share the
+    // frame's buffer instead of copying it.
+    M::decode(Bytes::from(bytes))
         .map(Some)
         .map_err(|e| PsError::Wire {
             peer: peer.to_owned(),
@@ -540,11 +555,27 @@ mod tests {
         fn f32s_held_as_bytes_are_the_bytes_of_a_packed_repeated_float(
             values in proptest::collection::vec(any::<f32>().prop_filter("not NaN", |v| !v.is_nan()), 0..64),
         ) {
-            let held = Values { values: f32_bytes(&values) }.encode_to_vec();
+            let held = Values { values: f32_bytes(&values).into() }.encode_to_vec();
             let packed = PackedValues { values: values.clone() }.encode_to_vec();
             prop_assert_eq!(&held, &packed);
             let read = Values::decode(packed.as_slice()).unwrap();
             prop_assert_eq!(f32s(&read.values), Some(values));
+        }
+
+        #[test]
+        fn f32s_copied_into_place_are_the_f32s_read_and_other_lengths_are_refused(
+            values in proptest::collection::vec(any::<f32>().prop_filter("not NaN", |v| !v.is_nan()), 0..64),
+            other in 0..70_usize,
+        ) {
+            let bytes = f32_bytes(&values);
+            let mut out = vec![f32::NAN; values.len()];
+            prop_assert!(f32s_into(&bytes, &mut out));
+            prop_assert_eq!(&out, &values);
+            let mut wrong = vec![1.5_f32; other];
+            prop_assert_eq!(f32s_into(&bytes, &mut wrong), other == values.len());
+            if other != values.len() {
+                prop_assert!(wrong.iter().all(|&v| v == 1.5), "untouched");
+            }
         }
 
         #[test]

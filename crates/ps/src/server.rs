@@ -209,7 +209,7 @@ impl PsServer {
 
 fn values(values: &[f32]) -> ResponseKind {
     ResponseKind::Values(Values {
-        values: f32_bytes(values),
+        values: f32_bytes(values).into(),
     })
 }
 

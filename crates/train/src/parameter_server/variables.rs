@@ -7,6 +7,7 @@
 use std::ops::Range;
 
 use lockstep_nn::ParamSpec;
+use lockstep_ps::protocol::f32s_into;
 use lockstep_ps::{
     Partitioner, PsClient, RoundRobin, Rows, ShardKey, ShardState, StepId, shard_rows,
 };
@@ -136,16 +137,18 @@ impl ShardedVariables {
                 continue;
             }
             let (keys, rows) = request(&parts, tables);
+            // The answer's bytes go straight where they belong: a table's shards are copied
+            // once on their way in.
             let pulled = client(clients, ps)?
-                .pull_shard_rows(&keys, rows)
+                .pull_shard_rows_bytes(&keys, rows)
                 .map_err(|e| on_ps(ps, &e))?;
             let wanted: usize = parts.iter().map(Part::len).sum();
-            if pulled.len() != wanted {
+            if pulled.len() != wanted * size_of::<f32>() {
                 return Err(TrainError::invalid(
                     "ParameterServerStrategy",
                     format!(
-                        "ps:{ps} holds {} values of this model's shards, {wanted} here: the \
-                         cluster's programs build different models",
+                        "ps:{ps} answered {} bytes for this model's {wanted} values of its \
+                         shards: the cluster's programs build different models",
                         pulled.len()
                     ),
                 ));
@@ -153,17 +156,22 @@ impl ShardedVariables {
             let mut at = 0;
             for part in parts {
                 let len = part.len();
-                let from = &pulled[at..at + len];
-                match part.place {
-                    Place::Dense => values[part.shard.range.clone()].copy_from_slice(from),
+                let from = &pulled[at * size_of::<f32>()..(at + len) * size_of::<f32>()];
+                let to = match part.place {
+                    Place::Dense => &mut values[part.shard.range.clone()],
                     Place::Table {
                         table,
                         ref positions,
                     } => {
                         let cols = tables[table].cols;
-                        tables[table].values[positions.start * cols..positions.end * cols]
-                            .copy_from_slice(from);
+                        &mut tables[table].values[positions.start * cols..positions.end * cols]
                     }
+                };
+                if !f32s_into(from, to) {
+                    return Err(TrainError::invalid(
+                        "ParameterServerStrategy",
+                        format!("ps:{ps} answered {len} values for {} places", to.len()),
+                    ));
                 }
                 at += len;
             }
