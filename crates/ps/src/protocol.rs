@@ -482,14 +482,16 @@ pub fn read_frame<M: Message + Default>(
     input
         .read_exact(&mut bytes)
         .map_err(|e| connection(peer, "reading a frame", &e))?;
-    // Decoded from `Bytes`, a message's `bytes` fields (the hot messages' `f32`s) share the
-    // frame's buffer instead of copying it.
-    M::decode(Bytes::from(bytes))
-        .map(Some)
-        .map_err(|e| PsError::Wire {
-            peer: peer.to_owned(),
-            why: e.to_string(),
-        })
+    decode(bytes).map(Some).map_err(|e| PsError::Wire {
+        peer: peer.to_owned(),
+        why: e.to_string(),
+    })
+}
+
+/// A frame's message. Decoded from `Bytes`, its `bytes` fields (the hot messages' `f32`s)
+/// share the frame's buffer instead of copying it.
+fn decode<M: Message + Default>(frame: Vec<u8>) -> Result<M, prost::DecodeError> {
+    M::decode(Bytes::from(frame))
 }
 
 /// [`PsError::Connection`] for an I/O failure while `doing`.
@@ -548,6 +550,26 @@ mod tests {
     struct PackedValues {
         #[prost(float, repeated, tag = "1")]
         values: Vec<f32>,
+    }
+
+    #[test]
+    fn a_frames_f32s_share_its_buffer_instead_of_being_copied() {
+        let values: Vec<f32> = (0..1000).map(|i| i as f32 / 7.0).collect();
+        let answer = Response {
+            kind: Some(ResponseKind::Values(Values {
+                values: f32_bytes(&values).into(),
+            })),
+        };
+        let frame = answer.encode_to_vec();
+        let buffer = frame.as_ptr_range();
+        let Some(ResponseKind::Values(read)) = decode::<Response>(frame).unwrap().kind else {
+            panic!("not values");
+        };
+        assert!(
+            buffer.contains(&read.values.as_ptr()),
+            "the f32s were copied"
+        );
+        assert_eq!(f32s(&read.values), Some(values));
     }
 
     proptest! {
