@@ -12,6 +12,7 @@
 
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use lockstep_e2e::{example_binary, field, task_lines, xtask};
@@ -220,18 +221,31 @@ const KERAS_EPOCH: [&str; 7] = [
     "60",
 ];
 
-/// Trains `mnist_keras` for one epoch, a worker on each host (`slowed` sleeping 40 ms after
-/// each step): each worker's final line, and worker 0's log.
+/// Holds the machine for one test's clusters: each test's workers share its cores, and a
+/// straggler shows only against others that no other test's cluster starves.
+fn one_cluster_at_a_time() -> MutexGuard<'static, ()> {
+    static MACHINE: Mutex<()> = Mutex::new(());
+    MACHINE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Trains `mnist_keras` for one epoch, a worker on each host (`slowed` sleeping after each
+/// step): each worker's final line, and worker 0's log.
 fn train_on(hosts: &Hosts, slowed: Option<usize>) -> (Vec<String>, String) {
     let binary = example_binary("mnist_keras").unwrap();
-    let children: Vec<Running> = (0..hosts.namespaces.len())
+    let n = hosts.namespaces.len();
+    // A sleeping worker hands its core to the others; while it sleeps they must finish their
+    // own steps and wait, or the sleep is hidden. With more workers than cores their steps
+    // take longer in proportion, so the sleep does too.
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let slow_ms = (40 * n.div_ceil(cores)).to_string();
+    let children: Vec<Running> = (0..n)
         .map(|i| {
-            let env: &[(&str, &str)] = if slowed == Some(i) {
-                &[("LOCKSTEP_SLOW_STEP_MS", "40")]
+            let env = if slowed == Some(i) {
+                vec![("LOCKSTEP_SLOW_STEP_MS", slow_ms.as_str())]
             } else {
-                &[]
+                Vec::new()
             };
-            Running::new(hosts.spawn(i, &binary, &KERAS_EPOCH, env))
+            Running::new(hosts.spawn(i, &binary, &KERAS_EPOCH, &env))
         })
         .collect();
     let deadline = Instant::now() + Duration::from_mins(8);
@@ -270,6 +284,7 @@ fn hosts(n: usize, impaired: bool) -> Option<Hosts> {
 
 #[test]
 fn two_workers_on_two_hosts_train_to_the_weights_of_a_one_host_run() {
+    let _machine = one_cluster_at_a_time();
     let Some(hosts) = hosts(2, false) else {
         return;
     };
@@ -304,6 +319,7 @@ fn two_workers_on_two_hosts_train_to_the_weights_of_a_one_host_run() {
 
 #[test]
 fn two_hosts_joined_by_a_slow_lossy_link_still_train_to_completion() {
+    let _machine = one_cluster_at_a_time();
     let Some(hosts) = hosts(2, true) else {
         return;
     };
@@ -319,6 +335,7 @@ fn two_hosts_joined_by_a_slow_lossy_link_still_train_to_completion() {
 
 #[test]
 fn four_and_eight_hosts_behind_a_switch_train_to_one_set_of_weights_and_name_the_slowed_one() {
+    let _machine = one_cluster_at_a_time();
     // One kernel thread per worker: on a machine with fewer cores than workers they share the
     // cores (each worker thinks it has a host to itself), which changes their speed, never
     // their weights.
@@ -343,6 +360,7 @@ fn four_and_eight_hosts_behind_a_switch_train_to_one_set_of_weights_and_name_the
             .lines()
             .find(|line| line.contains("straggler report"))
             .unwrap_or_else(|| panic!("{n} hosts: no straggler report in {chief_log}"));
+        println!("{n} hosts: {report}");
         let slowed = format!("worker:{}", n - 1);
         assert_eq!(
             field(report, "waited_for"),
