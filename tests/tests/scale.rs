@@ -8,7 +8,16 @@
     reason = "a test that meets an error must fail loudly"
 )]
 
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
 use lockstep_e2e::{field, task_lines, weights_checksums, xtask};
+
+/// Holds the machine for one test's clusters: each test's workers share its cores, and a
+/// straggler shows only against others that no other test's cluster starves.
+fn one_cluster_at_a_time() -> MutexGuard<'static, ()> {
+    static MACHINE: Mutex<()> = Mutex::new(());
+    MACHINE.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// `cargo xtask run-cluster` of the Keras example with `workers`, `launcher` options, one
 /// epoch on one thread each; its output.
@@ -29,9 +38,15 @@ fn run(workers: usize, launcher: &[&str]) -> std::process::Output {
 
 #[test]
 fn four_and_eight_workers_train_to_one_set_of_weights_and_the_chief_names_the_slowed_one() {
-    for workers in [4, 8] {
+    let _machine = one_cluster_at_a_time();
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    for workers in [4_usize, 8] {
         let slowed = format!("worker:{}", workers - 1);
-        let out = run(workers, &["--slow", &format!("{slowed}@40")]);
+        // A sleeping worker hands its core to the others; while it sleeps they must finish
+        // their own steps and wait, or the sleep is hidden. With more workers than cores
+        // their steps take longer in proportion, so the sleep does too.
+        let slow_ms = 40 * workers.div_ceil(cores);
+        let out = run(workers, &["--slow", &format!("{slowed}@{slow_ms}")]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{workers} workers: {stderr}");
         let checksums = weights_checksums(&out.stdout);
@@ -56,6 +71,7 @@ fn four_and_eight_workers_train_to_one_set_of_weights_and_the_chief_names_the_sl
 
 #[test]
 fn eight_workers_each_report_a_killed_one_and_their_flight_recorders_agree_where_it_failed() {
+    let _machine = one_cluster_at_a_time();
     let out = run(8, &["--keep-going", "--kill", "worker:5@4"]);
     assert!(!out.status.success(), "a killed task fails the run");
     let mut failed_collectives = Vec::new();
