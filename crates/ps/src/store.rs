@@ -29,8 +29,15 @@ struct Shard {
     cols: usize,
     values: Vec<f32>,
     config: OptimizerConfig,
-    /// The optimizer's slots, each `values.len()` long (made with the shard).
+    /// The optimizer's slots, each `values.len()` long (made with the shard), when `built`
+    /// does not hold them.
     slots: Vec<(String, Vec<f32>)>,
+    /// An optimizer at the shard's step holding every slot, or `None` when `slots` holds
+    /// them. A push of the whole shard applies it, so its update copies nothing; a push of
+    /// some rows reads and writes just those rows of the plain slots. A shard takes one kind
+    /// of push (a dense layer's or an embedding table's), so its slots change hands, at one
+    /// copy, only when the kind does.
+    built: Option<Box<dyn Optimizer>>,
     iterations: u64,
 }
 
@@ -128,16 +135,17 @@ impl Shard {
                 ),
             ));
         }
-        let shard = Self {
+        let mut shard = Self {
             rows,
             cols,
             values: state.values.clone(),
             config,
             slots,
+            built: None,
             iterations: state.iterations,
         };
         // The optimizer must take these slots back: refuse a state it would refuse later.
-        shard.optimizer(key, &shard.slot_views())?;
+        shard.built(key)?;
         Ok(shard)
     }
 
@@ -150,21 +158,49 @@ impl Shard {
             optimizer: serde_json::to_string(&self.config).map_err(|e| optimizer_error(key, e))?,
             iterations: self.iterations,
             slots: self
-                .slots
-                .iter()
+                .slot_views()
+                .into_iter()
                 .map(|(name, values)| SlotValues {
-                    name: name.clone(),
-                    values: values.clone(),
+                    name: name.to_owned(),
+                    values: values.to_vec(),
                 })
                 .collect(),
         })
     }
 
     fn slot_views(&self) -> Vec<(&str, &[f32])> {
-        self.slots
-            .iter()
-            .map(|(name, values)| (name.as_str(), values.as_slice()))
-            .collect()
+        match &self.built {
+            Some(optimizer) => optimizer.slots(),
+            None => self
+                .slots
+                .iter()
+                .map(|(name, values)| (name.as_str(), values.as_slice()))
+                .collect(),
+        }
+    }
+
+    /// The optimizer holding every slot, built from the plain slots if they hold them.
+    fn built(&mut self, key: &ShardKey) -> Result<&mut dyn Optimizer, PsError> {
+        let optimizer = if let Some(optimizer) = self.built.take() {
+            optimizer
+        } else {
+            let optimizer = self.optimizer(key, &self.slot_views())?;
+            self.slots = Vec::new();
+            optimizer
+        };
+        Ok(self.built.insert(optimizer).as_mut())
+    }
+
+    /// The plain slots, taken out of the built optimizer if it holds them.
+    fn slots_mut(&mut self) -> &mut Vec<(String, Vec<f32>)> {
+        if let Some(optimizer) = self.built.take() {
+            self.slots = optimizer
+                .slots()
+                .into_iter()
+                .map(|(name, values)| (name.to_owned(), values.to_vec()))
+                .collect();
+        }
+        &mut self.slots
     }
 
     /// The optimizer at this shard's step, holding `slots` (the whole shard's, or the rows
@@ -193,15 +229,15 @@ impl Shard {
                 ),
             ));
         }
-        let mut optimizer = self.optimizer(key, &self.slot_views())?;
-        optimizer
-            .apply(&mut self.values, gradient)
-            .map_err(|e| optimizer_error(key, e))?;
-        self.slots = optimizer
-            .slots()
-            .into_iter()
-            .map(|(name, values)| (name.to_owned(), values.to_vec()))
-            .collect();
+        // Out of the shard while its optimizer is borrowed from it; back whatever happens.
+        let mut values = std::mem::take(&mut self.values);
+        let applied = self.built(key).and_then(|optimizer| {
+            optimizer
+                .apply(&mut values, gradient)
+                .map_err(|e| optimizer_error(key, e))
+        });
+        self.values = values;
+        applied?;
         self.iterations = self.iterations.saturating_add(1);
         Ok(self.iterations)
     }
@@ -241,7 +277,7 @@ impl Shard {
         };
         let mut values = gather(&self.values);
         let gathered_slots: Vec<(String, Vec<f32>)> = self
-            .slots
+            .slots_mut()
             .iter()
             .map(|(name, slot)| (name.clone(), gather(slot)))
             .collect();
@@ -255,9 +291,9 @@ impl Shard {
             .apply(&mut values, &gradient)
             .map_err(|e| optimizer_error(key, e))?;
         let len = self.values.len();
+        let slots = self.slots_mut();
         for (name, updated) in optimizer.slots() {
-            let slot = self
-                .slots
+            let slot = slots
                 .iter_mut()
                 .find(|(n, _)| n == name)
                 .filter(|(_, slot)| slot.len() == len)
@@ -749,5 +785,49 @@ mod tests {
             (false, 3)
         );
         assert_eq!(copy.pull(&key).unwrap(), original.pull(&key).unwrap());
+    }
+
+    #[test]
+    fn a_shard_that_keeps_its_optimizer_moves_as_one_rebuilt_from_its_slots_at_every_push() {
+        // The reference is exported and imported again before each push, so each of its
+        // pushes starts from plain slots, as every push did when a shard kept no optimizer.
+        let key = ShardKey::new("v", 0);
+        let kept = ShardStore::new();
+        kept.create(&state(&key, 4, 3, &adam())).unwrap();
+        let mut rebuilt = ShardStore::new();
+        rebuilt.import(&kept.export().unwrap()).unwrap();
+        let gradient = |step: usize, len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i * 7 + step * 3) % 11) as f32 * 0.1 - 0.5)
+                .collect()
+        };
+        // Dense pushes in a row, then the kinds alternating, then dense again.
+        let pushes: [Option<&[u64]>; 7] = [
+            None,
+            None,
+            Some(&[1, 3]),
+            None,
+            Some(&[0, 0, 2]),
+            Some(&[3]),
+            None,
+        ];
+        for (step, rows) in pushes.into_iter().enumerate() {
+            for store in [&kept, &rebuilt] {
+                match rows {
+                    None => store.push(&key, &gradient(step, 12)).unwrap(),
+                    Some(rows) => store
+                        .push_rows(&key, rows, &gradient(step, rows.len() * 3))
+                        .unwrap(),
+                };
+            }
+            assert_eq!(
+                kept.export().unwrap(),
+                rebuilt.export().unwrap(),
+                "push {step}"
+            );
+            let fresh = ShardStore::new();
+            fresh.import(&rebuilt.export().unwrap()).unwrap();
+            rebuilt = fresh;
+        }
     }
 }
