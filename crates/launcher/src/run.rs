@@ -318,4 +318,48 @@ mod tests {
             assert!(parse_kill(bad).is_err(), "{bad}");
         }
     }
+
+    /// A job name as `TF_CONFIG` allows one: a letter, then letters, digits or `_`.
+    const JOB: &str = "[a-zA-Z][a-zA-Z0-9_]{0,11}";
+
+    proptest::proptest! {
+        #[test]
+        fn a_slow_task_reads_back_as_written(job in JOB, index in 0_usize..1000, ms: u64) {
+            let task = TaskId::new(job, index);
+            proptest::prop_assert_eq!(parse_slow(&format!("{task}@{ms}")), Ok(Slow { task, ms }));
+        }
+
+        #[test]
+        fn a_kill_reads_back_as_written(
+            job in JOB,
+            index in 0_usize..1000,
+            step: u64,
+            in_save: bool,
+        ) {
+            let task = TaskId::new(job, index);
+            let save = if in_save { "save:" } else { "" };
+            proptest::prop_assert_eq!(
+                parse_kill(&format!("{task}@{save}{step}")),
+                Ok(Kill { task, step, in_save })
+            );
+        }
+
+        #[test]
+        fn any_text_is_a_switch_that_reads_back_or_an_error(
+            text in proptest::prop_oneof![
+                "\\PC{0,24}",
+                "[a-z_]{0,7}:?[0-9]{0,3}@(save:)?-?[0-9a-z]{0,4}",
+            ],
+        ) {
+            if let Ok(slow) = parse_slow(&text) {
+                let written = format!("{}@{}", slow.task, slow.ms);
+                proptest::prop_assert_eq!(parse_slow(&written), Ok(slow));
+            }
+            if let Ok(kill) = parse_kill(&text) {
+                let save = if kill.in_save { "save:" } else { "" };
+                let written = format!("{}@{save}{}", kill.task, kill.step);
+                proptest::prop_assert_eq!(parse_kill(&written), Ok(kill));
+            }
+        }
+    }
 }

@@ -493,6 +493,12 @@ fn new_run() -> u64 {
     std::hash::RandomState::new().hash_one((now, std::process::id()))
 }
 
+/// The bytes [`TRAIN_STEP`] answers with: a step's totals, each as its eight little-endian
+/// bytes ([`decode_totals`] reads them).
+pub(super) fn encode_totals(totals: &[f64]) -> Vec<u8> {
+    totals.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
 /// A step's totals from the bytes [`TRAIN_STEP`] answers.
 fn decode_totals(bytes: &[u8]) -> Result<StepTotals, TrainError> {
     if !bytes.len().is_multiple_of(8) {
@@ -505,4 +511,33 @@ fn decode_totals(bytes: &[u8]) -> Result<StepTotals, TrainError> {
         .chunks_exact(8)
         .map(|b| f64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
     Ok(StepTotals::from_values(values))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn totals_read_back_as_the_worker_wrote_them(
+            totals in proptest::collection::vec(-1e12_f64..1e12, 0..12),
+        ) {
+            let read = decode_totals(&encode_totals(&totals)).unwrap();
+            prop_assert_eq!(read, StepTotals::from_values(totals.into_iter()));
+        }
+
+        #[test]
+        fn any_answer_is_totals_or_an_error_naming_its_length(
+            bytes in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            match decode_totals(&bytes) {
+                Ok(_) => prop_assert!(bytes.len() % 8 == 0),
+                Err(e) => {
+                    prop_assert!(bytes.len() % 8 != 0);
+                    prop_assert!(e.to_string().contains(&format!("{} bytes", bytes.len())), "{}", e);
+                }
+            }
+        }
+    }
 }

@@ -188,7 +188,7 @@ fn train_step(state: &mut WorkerState, id: Option<StepId>) -> Result<Vec<u8>, Tr
     // A kill here lands after the gradients were pushed and before the coordinator hears
     // of the step: the step runs again elsewhere, and its second push is not applied.
     state.kill_switch.after_step(state.steps);
-    Ok(totals.iter().flat_map(|v| v.to_le_bytes()).collect())
+    Ok(super::model::encode_totals(&totals))
 }
 
 /// The model's embedding tables that read their ids from its input
