@@ -50,6 +50,7 @@ mod communicator;
 mod element;
 mod error;
 mod flight;
+mod handshake;
 mod header;
 mod hierarchical;
 mod secret;
@@ -64,6 +65,7 @@ pub use element::{Element, ReduceOp};
 pub use error::CollectiveError;
 pub use flight::{FLIGHT_RECORDS, FlightRecord};
 pub use half::{bf16, f16};
+pub use handshake::{ByDeadline, HandshakeSlot, HandshakeSlots, MAX_HANDSHAKES, SocketTimeouts};
 pub use header::{DType, HEADER_LEN, Header, HeaderError, Kind, Message, Op};
 pub use hierarchical::HierarchicalCommunicator;
 pub use secret::{

@@ -7,13 +7,13 @@
 //! only its own thread, and for [`HANDSHAKE_TIMEOUT`] at most: never a client that proves the
 //! secret, and never the service.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use lockstep_collective::{ClusterSecret, ServiceSide, authenticate_stream};
+use lockstep_collective::{
+    ByDeadline, ClusterSecret, HandshakeSlots, MAX_HANDSHAKES, ServiceSide, authenticate_stream,
+};
 
 use crate::error::PsError;
 use crate::protocol;
@@ -21,10 +21,6 @@ use crate::protocol;
 /// How long a new connection has to prove the cluster secret to the end that accepted it,
 /// from its accept to its handshake's last byte.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Handshakes an accepting end runs at once; connections beyond are closed at once (and
-/// logged).
-pub const MAX_HANDSHAKES: usize = 64;
 
 /// A connection to `address` for `service`, proven both ways: with keepalive (a host that
 /// vanishes ends it), and `timeout` on connecting, on the whole handshake and on every later
@@ -99,68 +95,11 @@ fn prove(
     side: ServiceSide,
     timeout: Duration,
 ) -> Result<(), PsError> {
-    let mut bounded = ByDeadline {
-        stream,
-        deadline: Instant::now() + timeout,
-    };
+    let mut bounded = ByDeadline::new(stream, Instant::now() + timeout);
     authenticate_stream(&mut bounded, secret, service, side).map_err(|e| PsError::Connection {
         peer: peer.to_owned(),
         why: e.to_string(),
     })
-}
-
-/// A stream whose reads and writes all end by one deadline: each is given the time left
-/// (a timeout per read alone would let a peer feeding a byte at a time hold it for ever).
-struct ByDeadline<'a> {
-    stream: &'a mut TcpStream,
-    deadline: Instant,
-}
-
-impl ByDeadline<'_> {
-    fn left(&self) -> io::Result<Duration> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            Err(past_deadline())
-        } else {
-            Ok(left)
-        }
-    }
-}
-
-/// The error of a handshake that ran past its deadline.
-fn past_deadline() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::TimedOut,
-        "the handshake ran past its deadline",
-    )
-}
-
-/// A socket's timeout (`WouldBlock` on Unix) said as the deadline it is.
-fn in_time<T>(result: io::Result<T>) -> io::Result<T> {
-    result.map_err(|e| match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => past_deadline(),
-        _ => e,
-    })
-}
-
-impl Read for ByDeadline<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let left = self.left()?;
-        self.stream.set_read_timeout(Some(left))?;
-        in_time(self.stream.read(buf))
-    }
-}
-
-impl Write for ByDeadline<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let left = self.left()?;
-        self.stream.set_write_timeout(Some(left))?;
-        in_time(self.stream.write(buf))
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.stream.flush()
-    }
 }
 
 /// An accepting end's handshakes, each on a thread of its own, at most [`MAX_HANDSHAKES`] at
@@ -169,7 +108,7 @@ pub(crate) struct Handshakes {
     secret: Option<ClusterSecret>,
     service: &'static str,
     timeout: Duration,
-    in_flight: Arc<AtomicUsize>,
+    slots: HandshakeSlots,
 }
 
 impl Handshakes {
@@ -180,7 +119,7 @@ impl Handshakes {
             secret,
             service,
             timeout: HANDSHAKE_TIMEOUT,
-            in_flight: Arc::new(AtomicUsize::new(0)),
+            slots: HandshakeSlots::default(),
         }
     }
 
@@ -201,7 +140,7 @@ impl Handshakes {
         then: impl FnOnce(TcpStream, SocketAddr) + Send + 'static,
     ) {
         let service = self.service;
-        let Some(slot) = Slot::take(&self.in_flight) else {
+        let Some(slot) = self.slots.take() else {
             tracing::warn!(%from, service, "refused a connection: {MAX_HANDSHAKES} handshakes are under way already");
             return;
         };
@@ -227,27 +166,6 @@ impl Handshakes {
     }
 }
 
-/// One of the [`MAX_HANDSHAKES`] places, given back when dropped (a panicking handshake
-/// included).
-struct Slot(Arc<AtomicUsize>);
-
-impl Slot {
-    fn take(in_flight: &Arc<AtomicUsize>) -> Option<Self> {
-        in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < MAX_HANDSHAKES).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| Self(Arc::clone(in_flight)))
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(
@@ -255,6 +173,7 @@ mod tests {
         reason = "a test that meets an error must fail loudly"
     )]
 
+    use std::io::{Read, Write};
     use std::net::TcpListener;
     use std::sync::mpsc;
 
@@ -337,7 +256,7 @@ mod tests {
             dial(address, Some(&secret()), "test", Duration::from_secs(5)).unwrap()
         });
         let (stream, from) = listener.accept().unwrap();
-        while handshakes.in_flight.load(Ordering::Acquire) >= MAX_HANDSHAKES {
+        while handshakes.slots.taken() >= MAX_HANDSHAKES {
             assert!(
                 Instant::now() < deadline,
                 "the silent peers' places were never given back"

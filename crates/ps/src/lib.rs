@@ -80,9 +80,10 @@ mod store;
 mod worker;
 
 pub use client::PsClient;
-pub use connection::{HANDSHAKE_TIMEOUT, MAX_HANDSHAKES};
+pub use connection::HANDSHAKE_TIMEOUT;
 pub use coordinator::{ClusterCoordinator, CoordinatorOptions, RemoteValue};
 pub use error::PsError;
+pub use lockstep_collective::MAX_HANDSHAKES;
 pub use partitioner::{
     FixedShardsPartitioner, MaxSizePartitioner, MinSizePartitioner, Partitioner, shard_rows,
 };

@@ -23,7 +23,7 @@
 //! peer that sends its hello a byte at a time holds nothing but its own thread; a failed or
 //! refused connection is logged and dropped, and the rendezvous goes on.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
@@ -33,6 +33,7 @@ use super::shared_ring;
 use super::stream::{Listeners, SameHost, Stream, connect_unix};
 use super::{TcpOptions, setup};
 use crate::error::CollectiveError;
+use crate::handshake::{ByDeadline, HandshakeSlots, MAX_HANDSHAKES};
 use crate::secret::{Binding, ClusterSecret, NONCE_LEN, PROOF_LEN, Proof, Side, nonce};
 
 /// The handshake's version, bound into every proof.
@@ -53,9 +54,6 @@ pub(super) const DENIED: [u8; 4] = *b"LSHD";
 /// The longest one connection's handshake may take, from its accept (or dial) to its last
 /// byte: a peer on the other side of the world answers in well under a second.
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Handshakes the acceptor runs at once; connections beyond are closed at once (and logged).
-const MAX_HANDSHAKES: usize = 64;
 
 /// What one side of a connection says first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +107,7 @@ impl Hello {
 
     fn read_by(stream: &mut Stream, deadline: Instant) -> io::Result<Self> {
         let mut raw = [0_u8; HELLO_LEN];
-        read_exact_by(stream, &mut raw, deadline)?;
+        ByDeadline::new(stream, deadline).fill(&mut raw)?;
         Self::decode(&raw)
     }
 
@@ -117,46 +115,6 @@ impl Hello {
     fn matches(self, other: Self) -> bool {
         (self.cluster, self.rank, self.world) == (other.cluster, other.rank, other.world)
     }
-}
-
-/// Fills `buf` from `stream` before `deadline`, however the bytes are spread out in time: a
-/// peer that sends a byte every few seconds fails at the deadline, not one timeout per byte
-/// later.
-fn read_exact_by(stream: &mut Stream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the handshake did not finish in time",
-            ));
-        }
-        stream.set_read_timeout(Some(left))?;
-        match stream.read(&mut buf[filled..]) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the peer closed the connection during the handshake",
-                ));
-            }
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "the handshake did not finish in time",
-                ));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// One lower rank's place at the acceptor.
@@ -175,7 +133,6 @@ struct Admission {
     /// The last connection refused for another identity: the likeliest reason a missing rank
     /// never arrives is that its cluster spec differs from this one's.
     refused: Option<String>,
-    in_flight: usize,
 }
 
 type Shared = Arc<Mutex<Admission>>;
@@ -217,8 +174,8 @@ pub(super) fn accept_lower(
         places: (0..rank).map(|_| Place::Free).collect(),
         closed: false,
         refused: None,
-        in_flight: 0,
     }));
+    let slots = HandshakeSlots::default();
     let acceptor = Acceptor {
         me,
         secret: options.secret.clone(),
@@ -256,24 +213,20 @@ pub(super) fn accept_lower(
         }
         match listeners.accept() {
             Ok(Some((stream, from))) => {
-                let mut places = lock(&shared);
-                if places.in_flight >= MAX_HANDSHAKES {
+                let Some(slot) = slots.take() else {
                     tracing::warn!(%from, "refused a connection: {MAX_HANDSHAKES} handshakes are under way already");
                     continue;
-                }
-                places.in_flight += 1;
-                drop(places);
+                };
                 let theirs = Arc::clone(&shared);
                 let acceptor = acceptor.clone();
                 let spawned = thread::Builder::new()
                     .name("lockstep-handshake".into())
                     .spawn(move || {
                         acceptor.handshake(stream, &from, &theirs);
-                        lock(&theirs).in_flight -= 1;
+                        drop(slot);
                     });
                 if let Err(e) = spawned {
                     tracing::warn!(%e, "could not start a handshake thread; the connection is dropped");
-                    lock(&shared).in_flight -= 1;
                 }
             }
             Ok(None) => thread::sleep(Duration::from_millis(5)),
@@ -335,7 +288,7 @@ impl Acceptor {
         }
         // Its nonce only once it is one of this group's: a stranger is refused on its hello.
         let mut their_nonce = [0_u8; NONCE_LEN];
-        read_exact_by(stream, &mut their_nonce, deadline)?;
+        ByDeadline::new(stream, deadline).fill(&mut their_nonce)?;
         let peer = theirs.rank;
         let taken = {
             let places = lock(shared);
@@ -396,7 +349,7 @@ impl Acceptor {
     ) -> io::Result<bool> {
         let mut confirm = [0_u8; CONFIRM.len() + PROOF_LEN];
         let mut denied = [0_u8; DENIED.len()];
-        read_exact_by(stream, &mut denied, deadline)?;
+        ByDeadline::new(stream, deadline).fill(&mut denied)?;
         if denied == DENIED {
             tracing::warn!(%from, peer, "a connection found this rank's proof of the cluster secret wrong: the two tasks were given different secrets (or one has none)");
             lock(shared).refused = Some(format!(
@@ -405,7 +358,7 @@ impl Acceptor {
             return Ok(false);
         }
         confirm[..DENIED.len()].copy_from_slice(&denied);
-        read_exact_by(stream, &mut confirm[DENIED.len()..], deadline)?;
+        ByDeadline::new(stream, deadline).fill(&mut confirm[DENIED.len()..])?;
         if confirm[..CONFIRM.len()] != CONFIRM {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -601,7 +554,7 @@ impl Dialler<'_> {
         hello.extend(our_nonce);
         stream.write_all(&hello)?;
         let mut reply = [0_u8; REPLY_LEN];
-        read_exact_by(&mut stream, &mut reply, by)?;
+        ByDeadline::new(&mut stream, by).fill(&mut reply)?;
         let theirs = self.check_reply(&reply, &our_nonce, &mut stream)?;
         if theirs.flags & Hello::USE_UNIX != 0 {
             // The peer's Unix socket is bound by now: try it at once.
@@ -619,7 +572,7 @@ impl Dialler<'_> {
         ));
         stream.write_all(&confirm)?;
         let mut verdict = [0_u8; ACCEPTED.len()];
-        read_exact_by(&mut stream, &mut verdict, by)?;
+        ByDeadline::new(&mut stream, by).fill(&mut verdict)?;
         if verdict != ACCEPTED {
             return Err(io::Error::new(
                 io::ErrorKind::AddrInUse,

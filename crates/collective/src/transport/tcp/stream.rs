@@ -20,6 +20,7 @@ use std::time::Duration;
 use nix::poll::PollFlags;
 
 use super::shared_ring::SharedRing;
+use crate::handshake::SocketTimeouts;
 
 /// The send and receive buffer asked for a Unix socket; Linux doubles it for bookkeeping, so
 /// 1 MiB of data fits: one pack of the default `bytes_per_pack`. Measured beside the default
@@ -49,6 +50,16 @@ pub(super) enum Stream {
     Shared(SharedRing),
 }
 
+impl SocketTimeouts for Stream {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        Stream::set_read_timeout(self, timeout)
+    }
+
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        Stream::set_write_timeout(self, timeout)
+    }
+}
+
 impl Stream {
     /// `tcp`, `unix` or `shm`, for logs and the benchmark's settings line.
     pub(super) fn kind(&self) -> &'static str {
@@ -72,6 +83,14 @@ impl Stream {
             Self::Tcp(s) => s.set_read_timeout(timeout),
             Self::Unix(s) => s.set_read_timeout(timeout),
             Self::Shared(s) => s.socket().set_read_timeout(timeout),
+        }
+    }
+
+    pub(super) fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.set_write_timeout(timeout),
+            Self::Unix(s) => s.set_write_timeout(timeout),
+            Self::Shared(s) => s.socket().set_write_timeout(timeout),
         }
     }
 
