@@ -3,7 +3,8 @@
 //! `criterion` runs them; `mimalloc` is the caching allocator every ML framework ships (the
 //! training benches would otherwise time the system allocator's page faults); `ndarray` is the
 //! reference matrix product; `rayon` builds the 1- and 2-thread pools; `wide` gives the peak-FLOP
-//! loop the 8-lane vectors the kernels use.
+//! loop the 8-lane vectors the kernels use; `serde_json` writes the optimizer settings of the
+//! parameter server's shards (`lockstep-ps`) as their protocol carries them.
 //!
 //! ```text
 //! cargo bench -p lockstep-benches --bench data_pipeline

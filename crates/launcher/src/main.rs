@@ -18,7 +18,7 @@
 //! width, `lockstep-cluster` to write each task's `TF_CONFIG` and make the job's secret,
 //! `tracing` for the launcher's own log lines; `serde_json` and `serde-saphyr` to build the
 //! Kubernetes manifests and write them as YAML, `shlex` to quote arguments in the sbatch
-//! script.
+//! script; in its tests, `proptest` for the property tests of the switches' parsers.
 
 mod cluster_plan;
 mod deploy;
