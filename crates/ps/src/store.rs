@@ -28,9 +28,14 @@ struct Shard {
     rows: usize,
     cols: usize,
     values: Vec<f32>,
+    optimizer: ShardOptimizer,
+    iterations: u64,
+}
+
+/// A shard's optimizer: its settings and its slots, each as long as the shard (made with it).
+struct ShardOptimizer {
     config: OptimizerConfig,
-    /// The optimizer's slots, each `values.len()` long (made with the shard), when `built`
-    /// does not hold them.
+    /// The slots, when `built` does not hold them.
     slots: Vec<(String, Vec<f32>)>,
     /// An optimizer at the shard's step holding every slot, or `None` when `slots` holds
     /// them. A push of the whole shard applies it, so its update copies nothing; a push of
@@ -38,7 +43,6 @@ struct Shard {
     /// of push (a dense layer's or an embedding table's), so its slots change hands, at one
     /// copy, only when the kind does.
     built: Option<Box<dyn Optimizer>>,
-    iterations: u64,
 }
 
 /// Every shard of one parameter server, by key.
@@ -93,6 +97,59 @@ fn optimizer_error(key: &ShardKey, why: impl std::fmt::Display) -> PsError {
     }
 }
 
+impl ShardOptimizer {
+    fn slot_views(&self) -> Vec<(&str, &[f32])> {
+        match &self.built {
+            Some(optimizer) => optimizer.slots(),
+            None => self
+                .slots
+                .iter()
+                .map(|(name, values)| (name.as_str(), values.as_slice()))
+                .collect(),
+        }
+    }
+
+    /// The optimizer at step `iterations` holding every slot, built from the plain slots if
+    /// they hold them.
+    fn built(&mut self, key: &ShardKey, iterations: u64) -> Result<&mut dyn Optimizer, PsError> {
+        let optimizer = if let Some(optimizer) = self.built.take() {
+            optimizer
+        } else {
+            let optimizer = self.fresh(key, iterations, &self.slot_views())?;
+            self.slots = Vec::new();
+            optimizer
+        };
+        Ok(self.built.insert(optimizer).as_mut())
+    }
+
+    /// The plain slots, taken out of the built optimizer if it holds them.
+    fn slots_mut(&mut self) -> &mut Vec<(String, Vec<f32>)> {
+        if let Some(optimizer) = self.built.take() {
+            self.slots = optimizer
+                .slots()
+                .into_iter()
+                .map(|(name, values)| (name.to_owned(), values.to_vec()))
+                .collect();
+        }
+        &mut self.slots
+    }
+
+    /// A new optimizer at step `iterations` holding `slots` (the whole shard's, or the rows
+    /// an update touches).
+    fn fresh(
+        &self,
+        key: &ShardKey,
+        iterations: u64,
+        slots: &[(&str, &[f32])],
+    ) -> Result<Box<dyn Optimizer>, PsError> {
+        let mut optimizer = self.config.build();
+        optimizer
+            .restore(iterations, slots)
+            .map_err(|e| optimizer_error(key, e))?;
+        Ok(optimizer)
+    }
+}
+
 impl Shard {
     /// A shard from `state`, its lengths checked.
     fn from_state(key: &ShardKey, state: &ShardState) -> Result<Self, PsError> {
@@ -125,6 +182,10 @@ impl Shard {
         if slots.is_empty() {
             slots = initial_slots(key, &config, &state.values)?;
         }
+        // A count at its limit could not count this shard's next update.
+        if state.iterations == u64::MAX {
+            return Err(refused(key, "an update count at its limit"));
+        }
         if let Some(slot) = slots.iter().find(|(_, values)| values.len() != len) {
             return Err(refused(
                 key,
@@ -135,18 +196,20 @@ impl Shard {
                 ),
             ));
         }
-        let mut shard = Self {
-            rows,
-            cols,
-            values: state.values.clone(),
+        let mut optimizer = ShardOptimizer {
             config,
             slots,
             built: None,
-            iterations: state.iterations,
         };
         // The optimizer must take these slots back: refuse a state it would refuse later.
-        shard.built(key)?;
-        Ok(shard)
+        optimizer.built(key, state.iterations)?;
+        Ok(Self {
+            rows,
+            cols,
+            values: state.values.clone(),
+            optimizer,
+            iterations: state.iterations,
+        })
     }
 
     fn state(&self, key: &ShardKey) -> Result<ShardState, PsError> {
@@ -155,9 +218,11 @@ impl Shard {
             rows: self.rows as u64,
             cols: self.cols as u64,
             values: self.values.clone(),
-            optimizer: serde_json::to_string(&self.config).map_err(|e| optimizer_error(key, e))?,
+            optimizer: serde_json::to_string(&self.optimizer.config)
+                .map_err(|e| optimizer_error(key, e))?,
             iterations: self.iterations,
             slots: self
+                .optimizer
                 .slot_views()
                 .into_iter()
                 .map(|(name, values)| SlotValues {
@@ -166,55 +231,6 @@ impl Shard {
                 })
                 .collect(),
         })
-    }
-
-    fn slot_views(&self) -> Vec<(&str, &[f32])> {
-        match &self.built {
-            Some(optimizer) => optimizer.slots(),
-            None => self
-                .slots
-                .iter()
-                .map(|(name, values)| (name.as_str(), values.as_slice()))
-                .collect(),
-        }
-    }
-
-    /// The optimizer holding every slot, built from the plain slots if they hold them.
-    fn built(&mut self, key: &ShardKey) -> Result<&mut dyn Optimizer, PsError> {
-        let optimizer = if let Some(optimizer) = self.built.take() {
-            optimizer
-        } else {
-            let optimizer = self.optimizer(key, &self.slot_views())?;
-            self.slots = Vec::new();
-            optimizer
-        };
-        Ok(self.built.insert(optimizer).as_mut())
-    }
-
-    /// The plain slots, taken out of the built optimizer if it holds them.
-    fn slots_mut(&mut self) -> &mut Vec<(String, Vec<f32>)> {
-        if let Some(optimizer) = self.built.take() {
-            self.slots = optimizer
-                .slots()
-                .into_iter()
-                .map(|(name, values)| (name.to_owned(), values.to_vec()))
-                .collect();
-        }
-        &mut self.slots
-    }
-
-    /// The optimizer at this shard's step, holding `slots` (the whole shard's, or the rows
-    /// an update touches).
-    fn optimizer(
-        &self,
-        key: &ShardKey,
-        slots: &[(&str, &[f32])],
-    ) -> Result<Box<dyn Optimizer>, PsError> {
-        let mut optimizer = self.config.build();
-        optimizer
-            .restore(self.iterations, slots)
-            .map_err(|e| optimizer_error(key, e))?;
-        Ok(optimizer)
     }
 
     /// Applies a gradient of every value.
@@ -229,15 +245,10 @@ impl Shard {
                 ),
             ));
         }
-        // Out of the shard while its optimizer is borrowed from it; back whatever happens.
-        let mut values = std::mem::take(&mut self.values);
-        let applied = self.built(key).and_then(|optimizer| {
-            optimizer
-                .apply(&mut values, gradient)
-                .map_err(|e| optimizer_error(key, e))
-        });
-        self.values = values;
-        applied?;
+        self.optimizer
+            .built(key, self.iterations)?
+            .apply(&mut self.values, gradient)
+            .map_err(|e| optimizer_error(key, e))?;
         self.iterations = self.iterations.saturating_add(1);
         Ok(self.iterations)
     }
@@ -277,6 +288,7 @@ impl Shard {
         };
         let mut values = gather(&self.values);
         let gathered_slots: Vec<(String, Vec<f32>)> = self
+            .optimizer
             .slots_mut()
             .iter()
             .map(|(name, slot)| (name.clone(), gather(slot)))
@@ -285,13 +297,13 @@ impl Shard {
             .iter()
             .map(|(name, values)| (name.as_str(), values.as_slice()))
             .collect();
-        let mut optimizer = self.optimizer(key, &views)?;
+        let mut optimizer = self.optimizer.fresh(key, self.iterations, &views)?;
         let gradient: Vec<f32> = summed.values().flatten().copied().collect();
         optimizer
             .apply(&mut values, &gradient)
             .map_err(|e| optimizer_error(key, e))?;
         let len = self.values.len();
-        let slots = self.slots_mut();
+        let slots = self.optimizer.slots_mut();
         for (name, updated) in optimizer.slots() {
             let slot = slots
                 .iter_mut()
@@ -757,6 +769,13 @@ mod tests {
         let mut broken = state(&ShardKey::new("w", 0), 2, 2, &adam());
         broken.values.pop();
         assert!(store.create(&broken).is_err());
+        // A count at its limit: the next update could not be counted (nor Adam's step).
+        broken = state(&ShardKey::new("w", 0), 2, 2, &adam());
+        broken.iterations = u64::MAX;
+        assert!(matches!(
+            store.create(&broken),
+            Err(PsError::Request { .. })
+        ));
         broken = state(&ShardKey::new("w", 0), 2, 2, &adam());
         broken.optimizer = "{\"class_name\": \"Nope\"}".into();
         assert!(matches!(
