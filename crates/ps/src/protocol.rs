@@ -318,12 +318,8 @@ pub fn f32s(bytes: &[u8]) -> Option<Vec<f32>> {
     if !bytes.len().is_multiple_of(size_of::<f32>()) {
         return None;
     }
-    Some(
-        bytes
-            .chunks_exact(size_of::<f32>())
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-    )
+    let mut values = vec![0.0; bytes.len() / size_of::<f32>()];
+    f32s_into(bytes, &mut values).then_some(values)
 }
 
 /// Writes the `f32`s [`f32_bytes`] wrote into `out`; `false` (and `out` untouched) unless
