@@ -9,15 +9,19 @@
 #
 # Usage: sudo benches/side_by_side_links.sh   (from the repository root; needs root for the
 # namespaces, `ip` and `tc`)
-# Needs: PY=/path/to/python with torch. RATES (default "unlimited 1gbit 100mbit"), REPS
-# (default 2), EPOCHS (default 3); LATENCY (say 2ms) adds netem's delay where the kernel has it.
+# Needs: PY=/path/to/python with torch, and GNU time (/usr/bin/time). RATES (default "unlimited
+# 1gbit 100mbit"), REPS (default 2), EPOCHS (default 3); LATENCY (say 2ms) adds netem's delay
+# where the kernel has it; TORCH=0 leaves PyTorch out (Lockstep's runs and limits only).
 #
 # Figures: examples/s over `fit` (every step, the first included) for both: Lockstep's
 # `examples_per_s` (and `comm_wait_share`, the share of worker 0's steps blocked in their
 # collectives), PyTorch's `fit_examples_per_s`; one worker of each alone, for scaling
-# efficiency; and beside them the link's limit for this
-# model, the examples/s at which a step's gradient bytes (each worker sends and receives its
-# 0.9 MB once in a ring of two) take the whole link.
+# efficiency; two Lockstep workers of one-worker jobs at once, one in each namespace (their
+# summed examples/s: the compute of a step of two workers on this machine's cores, nothing
+# sent); each two-worker Lockstep run's `cpu_cores`, the CPU time of both workers (user and
+# system, the kernel's network stack included) over the run's wall time; and beside them the
+# link's limit for this model, the examples/s at which a step's gradient bytes (each worker
+# sends and receives its 0.9 MB once in a ring of two) take the whole link.
 set -euo pipefail
 ANCHORS="${ANCHORS:-../shared/anchors/training}"
 DATA="${DATA:-../shared/data/mnist}"
@@ -26,6 +30,7 @@ RATES="${RATES:-unlimited 1gbit 100mbit}"
 REPS="${REPS:-2}"
 EPOCHS="${EPOCHS:-3}"
 LATENCY="${LATENCY:-}"
+TORCH="${TORCH:-1}"
 # MODEL=cnn (the multi-worker tutorial's two-convolution CNN, 225,034 parameters, on the
 # anchors' MNIST digits), MODEL=tutorial-literal (the one-convolution model of its
 # mnist_setup.py, 2,770,634), or MODEL=cnn-bn-wide (the CNN with batch normalization and
@@ -88,16 +93,40 @@ print(f"{sys.argv[1]},examples_per_s={r.get(sys.argv[3], 0):.0f},test_acc={r.get
 PYEOF
 }
 
+# The CPU time of two processes (GNU time's `%U %S %e` in files $1 and $2) over the longer
+# one's wall time: how many of the machine's cores the pair kept busy.
+cpu_cores() { # file file
+  awk '{ cpu += $1 + $2; if ($3 > wall) wall = $3 } END { printf "%.2f", cpu / wall }' "$1" "$2"
+}
+
 lockstep() { # tag seed flags...
-  local tag=$1 seed=$2 port=$((7200 + RANDOM % 500))
+  local tag=$1 seed=$2 port=$((7200 + RANDOM % 500)) figures
   shift 2
   local cluster="{\"cluster\":{\"worker\":[\"${ADDR[0]}:$port\",\"${ADDR[1]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":IDX}}"
-  ip netns exec "${NS[1]}" env TF_CONFIG="${cluster/IDX/1}" timeout 900 "target/release/$LS_BIN" \
+  ip netns exec "${NS[1]}" env TF_CONFIG="${cluster/IDX/1}" /usr/bin/time -o /tmp/lockstep-links.cpu1 \
+    -f '%U %S %e' timeout 900 "target/release/$LS_BIN" \
     --threads 1 --epochs "$EPOCHS" --seed "$seed" "${LS_ARGS[@]}" "$@" >/dev/null 2>&1 &
-  ip netns exec "${NS[0]}" env TF_CONFIG="${cluster/IDX/0}" timeout 900 "target/release/$LS_BIN" \
+  figures=$(ip netns exec "${NS[0]}" env TF_CONFIG="${cluster/IDX/0}" /usr/bin/time -o /tmp/lockstep-links.cpu0 \
+    -f '%U %S %e' timeout 900 "target/release/$LS_BIN" \
     --threads 1 --epochs "$EPOCHS" --seed "$seed" "${LS_ARGS[@]}" "$@" 2>/dev/null |
-    lockstep_figures "$tag"
+    lockstep_figures "$tag")
   wait
+  echo "$figures,cpu_cores=$(cpu_cores /tmp/lockstep-links.cpu0 /tmp/lockstep-links.cpu1)"
+}
+
+# Two one-worker Lockstep jobs at once, one in each namespace, 1 thread and batch 64 each:
+# their summed examples/s is what two workers compute on this machine with nothing to send.
+alone_pair() { # tag seed
+  local port=$((7200 + RANDOM % 500)) i
+  for i in 0 1; do
+    ip netns exec "${NS[$i]}" env TF_CONFIG="{\"cluster\":{\"worker\":[\"${ADDR[$i]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":0}}" \
+      timeout 900 "target/release/$LS_BIN" --threads 1 --epochs "$EPOCHS" --seed "$2" \
+      "${LS_ARGS[@]}" >"/tmp/lockstep-links.pair$i.out" 2>/dev/null &
+  done
+  wait
+  cat /tmp/lockstep-links.pair0.out /tmp/lockstep-links.pair1.out | lockstep_figures x |
+    awk -F, -v tag="lockstep_2jobs_at_once.$1" '{ split($2, kv, "="); rates[NR] = kv[2]; sum += kv[2] }
+      END { printf "%s,examples_per_s=%d,each=%d/%d\n", tag, sum, rates[1], rates[2] }'
 }
 
 alone() { # tag seed: one Lockstep worker and one PyTorch process, 1 thread, batch 64 (no link)
@@ -105,6 +134,7 @@ alone() { # tag seed: one Lockstep worker and one PyTorch process, 1 thread, bat
   ip netns exec "${NS[0]}" env TF_CONFIG="{\"cluster\":{\"worker\":[\"${ADDR[0]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":0}}" \
     timeout 900 "target/release/$LS_BIN" --threads 1 --epochs "$EPOCHS" --seed "$2" \
     "${LS_ARGS[@]}" 2>/dev/null | lockstep_figures "lockstep_1worker.$1"
+  if [ "$TORCH" = 0 ]; then return; fi
   ip netns exec "${NS[0]}" env RANK=0 WORLD_SIZE=1 timeout 900 "$PY" "$TORCH_SCRIPT" \
     --batch 64 --epochs "$EPOCHS" --threads 1 --seed "$2" "${TORCH_ARGS[@]}" \
     >/tmp/lockstep-links-torch.alone.out 2>&1
@@ -130,7 +160,7 @@ torch() { # tag seed [fp16_hook]
 
 # One worker of each, for scaling efficiency: 2-worker examples/s ÷ (2 × one worker's).
 echo "# one worker, no link"
-for rep in $(seq 0 $((REPS - 1))); do alone "r$rep" "$rep"; done
+for rep in $(seq 0 $((REPS - 1))); do alone "r$rep" "$rep"; alone_pair "r$rep" "$rep"; done
 
 for rate in $RATES; do
   limit "$rate"
@@ -141,8 +171,10 @@ for rate in $RATES; do
        echo "# link $rate: limit $((bits / 8 * 128 / (PARAMS * 4))) examples/s" ;;
   esac
   for rep in $(seq 0 $((REPS - 1))); do
-    torch "torch_ddp.$rate.r$rep" "$rep"
-    torch "torch_ddp_fp16_hook.$rate.r$rep" "$rep" fp16_hook
+    if [ "$TORCH" != 0 ]; then
+      torch "torch_ddp.$rate.r$rep" "$rep"
+      torch "torch_ddp_fp16_hook.$rate.r$rep" "$rep" fp16_hook
+    fi
     lockstep "lockstep.$rate.r$rep" "$rep"
     lockstep "lockstep_packs_256k.$rate.r$rep" "$rep" --bytes-per-pack 262144
     lockstep "lockstep_bf16.$rate.r$rep" "$rep" --compression bf16
