@@ -16,7 +16,7 @@
 # Figures: examples/s over `fit` (every step, the first included) for both: Lockstep's
 # `examples_per_s` (and `comm_wait_share`, the share of worker 0's steps blocked in their
 # collectives), PyTorch's `fit_examples_per_s`; one worker of each alone, for scaling
-# efficiency; two Lockstep workers of one-worker jobs at once, one in each namespace (their
+# efficiency; two one-worker Lockstep jobs at once, one in each namespace (their
 # summed examples/s: the compute of a step of two workers on this machine's cores, nothing
 # sent); each two-worker Lockstep run's `cpu_cores`, the CPU time of both workers (user and
 # system, the kernel's network stack included) over the run's wall time; and beside them the
