@@ -50,6 +50,7 @@ mod error;
 mod estimator;
 mod fit;
 mod history;
+mod kernel_threads;
 mod kill_switch;
 mod model;
 mod packs;

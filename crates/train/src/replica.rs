@@ -207,16 +207,7 @@ impl Replica {
     /// `None` when they cannot start, and the step runs on the calling thread as before.
     fn kernel_threads(&mut self) -> Option<Arc<rayon::ThreadPool>> {
         if self.kernels.is_none() {
-            let built = rayon::ThreadPoolBuilder::new()
-                .num_threads(rayon::current_num_threads())
-                .thread_name(|i| format!("lockstep-kernels-{i}"))
-                .build();
-            match built {
-                Ok(pool) => self.kernels = Some(Arc::new(pool)),
-                Err(e) => {
-                    tracing::warn!(%e, "could not start the replica's kernel threads; its steps run on the calling thread");
-                }
-            }
+            self.kernels = crate::kernel_threads::own_pool();
         }
         self.kernels.clone()
     }
@@ -523,15 +514,11 @@ where
         .next()
         .ok_or_else(|| TrainError::invalid("input", "no batch for replica 0"))?;
     if rest.is_empty() {
-        // A single replica runs its step on a thread of its own kernel pool. A kernel called
-        // from inside a pool forks its parallel parts onto the pool's queues and runs one
-        // itself; called from outside, every kernel hands its whole job in and sleeps until a
-        // pool thread has woken and finished it, a round trip through the scheduler that cost
-        // more than the arithmetic of a small model's step (the Keras guide's MLP: a step
-        // about three times faster inside). The pool is the replica's own, not rayon's global
-        // one: a step blocks its thread in collectives, and a global pool's thread blocked so
-        // may be the one another worker of the same process needs, or may have stolen that
-        // worker's whole step while it waited in a join (both deadlock).
+        // A single replica runs its step on a thread of its own kernel pool
+        // (`kernel_threads`: the Keras guide's MLP's step about three times faster inside). A
+        // global pool's thread blocked in a collective may be the one another worker of the
+        // same process needs, or may have stolen that worker's whole step while it waited in
+        // a join (both deadlock).
         // A replica on a GPU only queues its kernels from the host: it runs on this thread,
         // sparing each step the two hand-offs between threads.
         let pool = if first.net.device() == Device::Cpu {

@@ -121,11 +121,18 @@ where
         steps: 0,
         kill_switch: KillSwitch::from_env()?,
     };
-    let registry = StepRegistry::new().with(TRAIN_STEP, |state: &mut WorkerState, args: &[u8]| {
-        step_id(args)
-            .and_then(|id| train_step(state, id))
+    // Each step runs on a thread of the worker's own kernel pool (`kernel_threads`): its
+    // kernels then run there, not handed one by one to rayon's threads from this one.
+    let kernels = crate::kernel_threads::own_pool();
+    let registry =
+        StepRegistry::new().with(TRAIN_STEP, move |state: &mut WorkerState, args: &[u8]| {
+            let mut step = move || step_id(args).and_then(|id| train_step(state, id));
+            match &kernels {
+                Some(pool) => pool.install(step),
+                None => step(),
+            }
             .map_err(|e| e.to_string())
-    });
+        });
     tracing::info!(index, %address, "serving steps");
     StepServer::new(registry, strategy.secret().cloned()).serve(
         &listener,
