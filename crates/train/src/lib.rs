@@ -34,8 +34,8 @@
 //! strategy places replicas on); `ndarray` for the batches the data pipeline yields; `indicatif` for the
 //! progress bar; `nix` to raise SIGKILL for the `LOCKSTEP_KILL_AT_STEP` fault injection; `serde`/`serde_json` for
 //! the trainer state in checkpoints; `prost` and `crc32c` for `TensorBoard`'s event files (no
-//! maintained crate writes them); `rayon` to run a process's single replica on a kernel pool of
-//! its own; `thiserror` for errors; `tracing` for logs.
+//! maintained crate writes them); `rayon` to run a process's single replica's steps, and a
+//! parameter-server worker's, on a kernel pool of their own (`kernel_threads`); `thiserror` for errors; `tracing` for logs.
 
 /// The README's example, compiled and run as a doctest so that it stays true.
 #[cfg(doctest)]
