@@ -28,6 +28,7 @@ ADDR=(10.231.11.1 10.231.11.2)
 two_hosts_up
 
 busy_jiffies() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
+ticks=$(getconf CLK_TCK)
 
 for rate in $RATES; do
   tbf_limit "$rate"
@@ -44,7 +45,6 @@ for rate in $RATES; do
       wait
       b1=$(busy_jiffies)
       t1=$(date +%s%N)
-      ticks=$(getconf CLK_TCK)
       awk -v b=$((b1 - b0)) -v t=$((t1 - t0)) -v n="$REPEATS" -v hz="$ticks" \
         -v tag="$rate,bytes=$size,r$rep" \
         'BEGIN { printf "%s,busy_cpu_ms_per_exchange=%.2f,wall_ms_per_exchange=%.2f\n", tag, b * 1000 / hz / n, t / 1e6 / n }'

@@ -12,6 +12,8 @@ else:
             s = socket.create_connection((host, port)); break
         except OSError:
             time.sleep(0.05)
+    else:
+        sys.exit(f"no server at {host}:{port} after 5 s")
 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 buf = bytearray(1 << 20)
 def send():
