@@ -11,7 +11,10 @@
 # namespaces, `ip` and `tc`)
 # Needs: PY=/path/to/python with torch, and GNU time (/usr/bin/time). RATES (default "unlimited
 # 1gbit 100mbit"), REPS (default 2), EPOCHS (default 3); LATENCY (say 2ms) adds netem's delay
-# where the kernel has it; TORCH=0 leaves PyTorch out (Lockstep's runs and limits only).
+# where the kernel has it; TORCH=0 leaves PyTorch out (Lockstep's runs and limits only);
+# VARIANTS (say "packs_256k overlap_256k") runs only those of Lockstep's two-worker settings:
+# lockstep (as it comes), packs_256k, bf16, bf16_packs_256k, overlap_256k (packs of 256 KiB
+# whose update lands in the next step's forward pass, `--overlap-update`), bf16_overlap_256k.
 #
 # Figures: examples/s over `fit` (every step, the first included) for both: Lockstep's
 # `examples_per_s` (and `comm_wait_share`, the share of worker 0's steps blocked in their
@@ -31,6 +34,7 @@ REPS="${REPS:-2}"
 EPOCHS="${EPOCHS:-3}"
 LATENCY="${LATENCY:-}"
 TORCH="${TORCH:-1}"
+VARIANTS="${VARIANTS:-}"
 # MODEL=cnn (the multi-worker tutorial's two-convolution CNN, 225,034 parameters, on the
 # anchors' MNIST digits), MODEL=tutorial-literal (the one-convolution model of its
 # mnist_setup.py, 2,770,634), or MODEL=cnn-bn-wide (the CNN with batch normalization and
@@ -158,6 +162,15 @@ torch() { # tag seed [fp16_hook]
   torch_figures "$tag" /tmp/lockstep-links-torch.w0.out
 }
 
+variant() { # setting rate rep flags...: one two-worker Lockstep run, when VARIANTS asks for it
+  local setting=$1 rate=$2 rep=$3 tag
+  shift 3
+  if [ -n "$VARIANTS" ] && [[ " $VARIANTS " != *" $setting "* ]]; then return 0; fi
+  tag=lockstep_$setting
+  if [ "$setting" = lockstep ]; then tag=lockstep; fi
+  lockstep "$tag.$rate.r$rep" "$rep" "$@"
+}
+
 # One worker of each, for scaling efficiency: 2-worker examples/s ÷ (2 × one worker's).
 echo "# one worker, no link"
 for rep in $(seq 0 $((REPS - 1))); do alone "r$rep" "$rep"; alone_pair "r$rep" "$rep"; done
@@ -175,9 +188,12 @@ for rate in $RATES; do
       torch "torch_ddp.$rate.r$rep" "$rep"
       torch "torch_ddp_fp16_hook.$rate.r$rep" "$rep" fp16_hook
     fi
-    lockstep "lockstep.$rate.r$rep" "$rep"
-    lockstep "lockstep_packs_256k.$rate.r$rep" "$rep" --bytes-per-pack 262144
-    lockstep "lockstep_bf16.$rate.r$rep" "$rep" --compression bf16
-    lockstep "lockstep_bf16_packs_256k.$rate.r$rep" "$rep" --compression bf16 --bytes-per-pack 262144
+    variant lockstep "$rate" "$rep"
+    variant packs_256k "$rate" "$rep" --bytes-per-pack 262144
+    variant bf16 "$rate" "$rep" --compression bf16
+    variant bf16_packs_256k "$rate" "$rep" --compression bf16 --bytes-per-pack 262144
+    variant overlap_256k "$rate" "$rep" --bytes-per-pack 262144 --overlap-update
+    variant bf16_overlap_256k "$rate" "$rep" --compression bf16 --bytes-per-pack 262144 \
+      --overlap-update
   done
 done

@@ -51,6 +51,13 @@ pub struct CommunicationOptions {
     /// a step's rounding dropped is sent later instead of lost. A setting for the step, as
     /// `compression`; no effect without one.
     pub error_feedback: bool,
+    /// A training step with several packs returns once its backward pass has handed every
+    /// pack to the collectives, and each pack's update is applied when the next step's forward
+    /// pass first reads its variables: the packs' sums then overlap that pass, and the first
+    /// layers' pack is summed partway through the others, so that the next pass can start
+    /// before the largest pack is summed. The same updates, bit for bit, with the same packs;
+    /// a setting for the step, as `compression`.
+    pub overlap_update: bool,
 }
 
 /// The element type gradients travel in, as Horovod's `Compression` and PyTorch DDP's
@@ -78,6 +85,7 @@ impl Default for CommunicationOptions {
             timeout: Duration::from_mins(5),
             compression: Compression::None,
             error_feedback: false,
+            overlap_update: false,
         }
     }
 }

@@ -91,7 +91,7 @@ pub use model::{Sequential, SequentialConfig};
 pub use network::{Forward, Network, RowLookup};
 pub use optimizers::{
     Adagrad, Adam, AdamW, GradientClipping, LearningRateSchedule, Optimizer, OptimizerConfig,
-    OptimizerSettings, RmsProp, Sgd, apply_clipped, apply_update,
+    OptimizerSettings, RmsProp, Sgd, apply_clipped, apply_update, apply_update_range,
 };
 pub use params::{ParamBuilder, ParamSpec, Parameters, Update, without_initial_values};
 pub use session::TrainingSession;

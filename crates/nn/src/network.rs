@@ -363,7 +363,17 @@ impl Network {
     pub(crate) fn run_inputs(
         &self,
         xs: &[Tensor],
-        variables: &[Tensor],
+        mut variables: &[Tensor],
+        ctx: ForwardContext<'_>,
+    ) -> Result<Vec<Tensor>, NnError> {
+        self.run_inputs_from(xs, &mut variables, ctx)
+    }
+
+    /// [`Network::run_inputs`] taking the variables from `source` as the pass reaches them.
+    fn run_inputs_from(
+        &self,
+        xs: &[Tensor],
+        source: &mut dyn VariableSource,
         ctx: ForwardContext<'_>,
     ) -> Result<Vec<Tensor>, NnError> {
         self.check_inputs(xs)?;
@@ -379,6 +389,14 @@ impl Network {
         };
         let mut index = 0;
         while index < self.nodes.len() {
+            // The fused paths below read this node's variables and the next one's (a batch
+            // normalization's); the nodes after those hold none (an activation, a pooling).
+            let ahead = self.nodes[index..self.nodes.len().min(index + 2)]
+                .iter()
+                .map(|n| n.params.end)
+                .max()
+                .unwrap_or(0);
+            let variables = source.upto(ahead)?;
             let node = &self.nodes[index];
             let params = &variables[node.params.clone()];
             let inputs = node
@@ -522,6 +540,57 @@ impl Network {
     ) -> Result<Forward, NnError> {
         let variables = self.on_device(self.params.tensors()?)?;
         self.forward_on(xs, variables, ctx)
+    }
+
+    /// [`Network::forward_inputs`] for a step whose variables are still being updated as it
+    /// starts: before the pass copies variables `..end` (declaration order) it calls
+    /// `ready(end, parameters)`, which may change their values; `end` grows as the pass reaches
+    /// each layer and the last call covers every variable. A training step whose update is
+    /// applied pack by pack as each pack's sum arrives runs its next forward pass this way,
+    /// each layer as soon as its own variables are updated. On a GPU, `ready` is called once
+    /// for every variable before the pass.
+    ///
+    /// # Errors
+    ///
+    /// `ready`'s errors, and [`Network::forward_inputs`]'.
+    pub fn forward_inputs_as_ready(
+        &mut self,
+        xs: &[Tensor],
+        ctx: ForwardContext<'_>,
+        ready: &mut dyn FnMut(usize, &mut Parameters) -> Result<(), NnError>,
+    ) -> Result<Forward, NnError> {
+        let all = self.params.specs().len();
+        if self.device != Device::Cpu {
+            ready(all, &mut self.params)?;
+            return self.forward_inputs(xs, ctx);
+        }
+        // The pass reads the layers, `ready` writes the values: the values are set aside for
+        // the pass (nothing in it reads `self.params`) and put back whatever happens.
+        let mut params = std::mem::take(&mut self.params);
+        let sink = ObservationSink::default();
+        let mut source = AsReady {
+            made: Vec::with_capacity(all),
+            params: &mut params,
+            ready,
+        };
+        let outputs = self
+            .run_inputs_from(xs, &mut source, ctx.observing(&sink))
+            .and_then(|outputs| source.upto(all).map(|_| outputs));
+        let variables = source.made;
+        self.params = params;
+        let outputs = outputs?;
+        Ok(Forward {
+            output: outputs[0].clone(),
+            outputs,
+            variables,
+            observations: sink.into_inner(),
+            examples: xs
+                .first()
+                .and_then(|x| x.shape().first())
+                .copied()
+                .unwrap_or(0),
+            replaced: Vec::new(),
+        })
     }
 
     /// A forward pass of `xs` on `variables`, recording what layers observe.
@@ -898,5 +967,39 @@ impl Network {
             self.params.len() - trainable
         );
         out
+    }
+}
+
+/// Where a pass takes its variables from: made before it, or each as the pass reaches the
+/// first layer that reads it.
+trait VariableSource {
+    /// The variables `..end` at least, in declaration order.
+    fn upto(&mut self, end: usize) -> Result<&[Tensor], NnError>;
+}
+
+impl VariableSource for &[Tensor] {
+    fn upto(&mut self, _end: usize) -> Result<&[Tensor], NnError> {
+        Ok(self)
+    }
+}
+
+/// The variables of [`Network::forward_inputs_as_ready`]: each copied once `ready` has said
+/// its values are final for the step.
+struct AsReady<'a> {
+    made: Vec<Tensor>,
+    params: &'a mut Parameters,
+    ready: &'a mut dyn FnMut(usize, &mut Parameters) -> Result<(), NnError>,
+}
+
+impl VariableSource for AsReady<'_> {
+    fn upto(&mut self, end: usize) -> Result<&[Tensor], NnError> {
+        let end = end.min(self.params.specs().len());
+        if end > self.made.len() {
+            (self.ready)(end, self.params)?;
+            for index in self.made.len()..end {
+                self.made.push(self.params.tensor(index)?);
+            }
+        }
+        Ok(&self.made)
     }
 }

@@ -128,12 +128,25 @@ impl Parameters {
         grads: &mut [f32],
         scale: f32,
     ) -> Vec<(Range<usize>, Vec<f32>)> {
+        self.next_state_within(grads, scale, &(0..self.values.len()))
+    }
+
+    /// [`Parameters::next_state`] of the variables within `within` only.
+    pub(crate) fn next_state_within(
+        &self,
+        grads: &mut [f32],
+        scale: f32,
+        within: &Range<usize>,
+    ) -> Vec<(Range<usize>, Vec<f32>)> {
         let mut next = Vec::new();
         for spec in &self.specs {
             let Update::MovingAverage { momentum } = spec.update else {
                 continue;
             };
             let range = spec.range();
+            if range.start < within.start || range.end > within.end {
+                continue;
+            }
             let values = self.values[range.clone()]
                 .iter()
                 .zip(&mut grads[range.clone()])
@@ -184,6 +197,37 @@ impl Parameters {
         self.tensors_replacing(Vec::new())
     }
 
+    /// Variable `index` as [`Parameters::tensors`] makes it.
+    ///
+    /// # Errors
+    ///
+    /// An index past the variables; as [`Parameters::tensors`].
+    pub fn tensor(&self, index: usize) -> Result<Tensor, NnError> {
+        let spec = self
+            .specs
+            .get(index)
+            .ok_or_else(|| NnError::InvalidConfig {
+                layer: "parameters".into(),
+                why: format!("variable {index} of {}", self.specs.len()),
+            })?;
+        self.copy_of(spec).map_err(|source| NnError::Tensor {
+            layer: spec.name.clone(),
+            source,
+        })
+    }
+
+    /// A copy of `spec`'s values: a parameter when it is trainable, else a constant.
+    fn copy_of(&self, spec: &ParamSpec) -> Result<Tensor, lockstep_tensor::TensorError> {
+        // Copied in parallel: a dense kernel of a few hundred thousand values copied on one
+        // thread left the other idle at the start of every training step.
+        let values = self.values[spec.range()].par_iter().copied().collect();
+        if spec.is_trainable() {
+            Tensor::parameter(values, &spec.shape)
+        } else {
+            Tensor::from_vec(values, &spec.shape)
+        }
+    }
+
     /// [`Parameters::tensors`] with the variables `replacing` names (`(index, tensor)`)
     /// replaced by their tensor as a trainable parameter: the variables' own values are not
     /// copied (a replacement's are, once).
@@ -214,15 +258,7 @@ impl Parameters {
                     t.to_vec()
                         .and_then(|values| Tensor::parameter(values, t.shape()))
                 } else {
-                    // Copied in parallel: a dense kernel of a few hundred thousand values
-                    // copied on one thread left the other idle at the start of every
-                    // training step.
-                    let values = self.values[s.range()].par_iter().copied().collect();
-                    if s.is_trainable() {
-                        Tensor::parameter(values, &s.shape)
-                    } else {
-                        Tensor::from_vec(values, &s.shape)
-                    }
+                    self.copy_of(s)
                 };
                 tensor.map_err(|source| NnError::Tensor {
                     layer: s.name.clone(),

@@ -53,6 +53,10 @@ pub struct CommunicationArgs {
     /// gradients (error feedback).
     #[arg(long)]
     pub error_feedback: bool,
+    /// With packs, apply each pack's update as the next step's forward pass reaches its
+    /// layers, so that the packs' sums overlap that pass too (the same updates, bit for bit).
+    #[arg(long)]
+    pub overlap_update: bool,
 }
 
 impl CommunicationArgs {
@@ -62,6 +66,7 @@ impl CommunicationArgs {
             bytes_per_pack: self.bytes_per_pack,
             compression: self.compression,
             error_feedback: self.error_feedback,
+            overlap_update: self.overlap_update,
             ..CommunicationOptions::default()
         }
     }

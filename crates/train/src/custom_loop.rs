@@ -272,7 +272,7 @@ impl Model {
         let mut copies = vec![optimizer; self.replicas.len()];
         for replica in self.replicas.iter_mut().rev() {
             if let Some(copy) = copies.pop() {
-                replica.optimizer = Some(Box::new(copy));
+                replica.set_optimizer(Box::new(copy));
             }
         }
     }

@@ -64,6 +64,7 @@ mod step_clock;
 mod stragglers;
 mod strategy;
 mod tensorboard;
+mod update_in_flight;
 
 pub use batch::{BatchTargets, Label, LabeledBatch, LabeledParts};
 pub use callbacks::{

@@ -286,7 +286,7 @@ impl Model {
         let metrics = metrics_named(metrics)?;
         self.leave_devices()?;
         for (replica, optimizer) in self.replicas.iter_mut().zip(optimizers) {
-            replica.optimizer = Some(optimizer);
+            replica.set_optimizer(optimizer);
         }
         self.compiled = Some(Compiled { loss, metrics });
         Ok(())

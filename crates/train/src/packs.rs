@@ -15,17 +15,58 @@ use lockstep_nn::{Forward, Network, ParamSpec};
 use lockstep_tensor::Tensor;
 
 use crate::error::TrainError;
-use crate::strategy::ReplicaLink;
+use crate::strategy::{PackLink, ReplicaLink};
+
+/// What sums a pack: a replica's link, or the handle a thread that outlives the step holds.
+pub(crate) trait SumsPacks {
+    fn all_reduce<E: Element>(
+        &mut self,
+        data: &mut [E],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError>;
+}
+
+impl SumsPacks for ReplicaLink {
+    fn all_reduce<E: Element>(
+        &mut self,
+        data: &mut [E],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        ReplicaLink::all_reduce(self, data, op)
+    }
+}
+
+impl SumsPacks for PackLink {
+    fn all_reduce<E: Element>(
+        &mut self,
+        data: &mut [E],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        PackLink::all_reduce(self, data, op)
+    }
+}
 
 /// The packs of a model's gradient buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Packs {
-    /// Ranges of the gradient buffer, in the order they are reduced.
-    ranges: Vec<Range<usize>>,
+    /// Ranges of the gradient buffer, in the order the backward pass finishes them.
+    pub(crate) ranges: Vec<Range<usize>>,
     /// The pack of each variable.
-    pack_of: Vec<usize>,
+    pub(crate) pack_of: Vec<usize>,
     /// The number of variables in each pack.
-    variables: Vec<usize>,
+    pub(crate) variables: Vec<usize>,
+    /// A step's collectives in the order every replica issues them: each pack whole, or
+    /// ([`Packs::overlapping`]) in pieces, the later packs' pieces among the earlier ones'.
+    pub(crate) pieces: Vec<Piece>,
+    /// Whether the step's totals go first, in a collective of their own.
+    pub(crate) totals_first: bool,
+}
+
+/// One collective of a step: `range` of the gradient buffer, part of pack `pack`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Piece {
+    pub(crate) pack: usize,
+    pub(crate) range: Range<usize>,
 }
 
 impl Packs {
@@ -37,6 +78,8 @@ impl Packs {
             ranges: Vec::new(),
             pack_of: vec![0; specs.len()],
             variables: Vec::new(),
+            pieces: Vec::new(),
+            totals_first: false,
         };
         let mut end = specs.last().map_or(0, |s| s.range().end);
         let mut count = 0;
@@ -51,6 +94,47 @@ impl Packs {
                 (end, count) = (start, 0);
             }
         }
+        packs.pieces = (packs.ranges.iter().enumerate())
+            .map(|(pack, range)| Piece {
+                pack,
+                range: range.clone(),
+            })
+            .collect();
+        packs
+    }
+
+    /// [`Packs::new`]'s packs for a step whose update overlaps the next forward pass: the totals
+    /// first (the update's scale), then each pack in pieces of at most `bytes_per_pack`,
+    /// each later pack's pieces put halfway through what is left of the earlier ones'. The
+    /// backward pass finishes the first layers' pack last and the next forward pass needs it
+    /// first: so it is summed while the largest pack is, and the next pass starts on the first
+    /// layers while the rest of that pack is on the wire. The order is the same on every
+    /// replica (a ring needs every replica to issue the same collectives in the same order),
+    /// and so is where each value is summed whether the step overlaps or not.
+    pub(crate) fn overlapping(specs: &[ParamSpec], bytes_per_pack: usize) -> Self {
+        let mut packs = Self::new(specs, bytes_per_pack);
+        let most = (bytes_per_pack / 4).max(1);
+        let pieces = |pack: usize, range: &Range<usize>| -> Vec<Piece> {
+            (range.clone().step_by(most))
+                .map(|start| Piece {
+                    pack,
+                    range: start..(start + most).min(range.end),
+                })
+                .collect()
+        };
+        // The first pack's pieces in order; each later pack's after half of what follows the
+        // pack before it.
+        let mut order: Vec<Piece> = Vec::new();
+        let mut cursor = 0;
+        for (pack, range) in packs.ranges.iter().enumerate() {
+            let these = pieces(pack, range);
+            let at = cursor + (order.len() - cursor) / 2;
+            let count = these.len();
+            order.splice(at..at, these);
+            cursor = if pack == 0 { 0 } else { at + count };
+        }
+        packs.pieces = order;
+        packs.totals_first = true;
         packs
     }
 
@@ -106,6 +190,16 @@ impl Residuals {
         self.0 = values;
     }
 
+    /// [`Residuals::for_step`] handed over, to a thread that sums the step's packs: what it
+    /// gives back goes in again with [`Residuals::set`] (empty when `wire` keeps none).
+    pub(crate) fn take_for_step(&mut self, n: usize, wire: Wire) -> Vec<f32> {
+        if !wire.keeps_residuals() {
+            return Vec::new();
+        }
+        self.for_step(n, wire);
+        std::mem::take(&mut self.0)
+    }
+
     /// The residuals of a gradient buffer of `n` values (zero at first) when `wire` keeps
     /// them, else an empty slice.
     pub(crate) fn for_step(&mut self, n: usize, wire: Wire) -> &mut [f32] {
@@ -120,7 +214,7 @@ impl Residuals {
 }
 
 /// The residuals of `range` of the gradients, or an empty slice when none are kept.
-fn residuals_of(residuals: &mut [f32], range: Range<usize>) -> &mut [f32] {
+pub(crate) fn residuals_of(residuals: &mut [f32], range: Range<usize>) -> &mut [f32] {
     if residuals.is_empty() {
         &mut []
     } else {
@@ -136,14 +230,21 @@ pub(crate) fn reduce_after(
     n: usize,
     (packs, wire, residuals): (&Packs, Wire, &mut [f32]),
 ) -> Result<(), CollectiveError> {
-    for (k, range) in packs.ranges.iter().enumerate() {
-        let end = if with_totals(k, wire) {
+    if packs.totals_first {
+        link.all_reduce(&mut buffer[n..], ReduceOp::Sum)?;
+    }
+    for (k, piece) in packs.pieces.iter().enumerate() {
+        let range = piece.range.clone();
+        let end = if !packs.totals_first && with_totals(k, wire) {
             buffer.len()
         } else {
             range.end
         };
         let residual = residuals_of(residuals, range.clone());
         reduce_pack(link, &mut buffer[range.start..end], wire, residual)?;
+    }
+    if packs.totals_first {
+        return Ok(());
     }
     reduce_totals(link, &mut buffer[n..], wire)
 }
@@ -239,8 +340,8 @@ fn reduce_totals(
 
 /// Sums one pack over every replica in `wire`'s type, carrying each value's rounding error in
 /// `residual` (its values' residuals, or empty: none kept).
-fn reduce_pack(
-    link: &mut ReplicaLink,
+pub(crate) fn reduce_pack(
+    link: &mut impl SumsPacks,
     values: &mut [f32],
     wire: Wire,
     residual: &mut [f32],
@@ -258,7 +359,7 @@ fn reduce_pack(
 /// Sums `values` over every replica as `E`: each replica's values divided by `divisor` and
 /// rounded to `E` ([`round`]), the sum multiplied back.
 fn reduce_as<E: Element>(
-    link: &mut ReplicaLink,
+    link: &mut impl SumsPacks,
     values: &mut [f32],
     divisor: f32,
     residual: &mut [f32],
@@ -365,6 +466,26 @@ mod tests {
         assert_eq!(packs.ranges, [40..58, 0..40]);
         assert_eq!(packs.pack_of, [1, 1, 0, 0]);
         assert_eq!(packs.variables, [2, 2]);
+        // Overlapping: pieces of at most 10 values (40 bytes); the second pack's pieces go
+        // halfway through the first's, the totals first.
+        let overlapping = Packs::overlapping(specs, 40);
+        assert!(overlapping.totals_first && !packs.totals_first);
+        let pieces: Vec<(usize, Range<usize>)> = overlapping
+            .pieces
+            .iter()
+            .map(|p| (p.pack, p.range.clone()))
+            .collect();
+        assert_eq!(
+            pieces,
+            [
+                (0, 40..50),
+                (1, 0..10),
+                (1, 10..20),
+                (1, 20..30),
+                (1, 30..40),
+                (0, 50..58)
+            ]
+        );
         // The packs of the fit tests' MLP at 4 KiB: several, so those tests overlap.
         let mlp = lockstep_nn::models::mnist_mlp(3).unwrap();
         assert!(Packs::new(mlp.parameters().specs(), 4 * 1024).len() > 1);

@@ -16,6 +16,7 @@ use crate::error::TrainError;
 use crate::packs::{self, Packs, Residuals, Wire};
 use crate::stragglers::Waits;
 use crate::strategy::ReplicaLink;
+use crate::update_in_flight::UpdateInFlight;
 
 /// Statistics of one step (or evaluation batch) summed over every replica in sync: the
 /// weighted loss, the examples, and each compiled metric's state, one after another.
@@ -108,7 +109,13 @@ pub(crate) struct Replica {
     kernels: Option<Arc<rayon::ThreadPool>>,
     /// The gradient buffer's packs and how they travel (made at the first step; shared, so a
     /// step holds them while it borrows the replica).
-    packs: Option<(Arc<Packs>, Wire)>,
+    packs: Option<(Arc<Packs>, Wire, bool)>,
+    /// The last step's update, still being summed, when its packs overlap the next forward
+    /// pass (the `bool` above): the weights are those before it until it lands.
+    in_flight: Option<UpdateInFlight>,
+    /// Why landing the update in flight failed where no error could be returned (a learning
+    /// rate set between steps): the next step's error.
+    landing_failed: Option<TrainError>,
     /// This replica's rounding errors under error feedback (empty without it).
     pub(crate) residuals: Residuals,
     /// The steps' time and the part blocked in their collectives, since the last report.
@@ -140,6 +147,8 @@ impl Replica {
             buffer: Vec::new(),
             kernels: None,
             packs: None,
+            in_flight: None,
+            landing_failed: None,
             residuals: Residuals::default(),
             waits: Waits::default(),
             resident: None,
@@ -148,8 +157,13 @@ impl Replica {
         }
     }
 
-    /// Copies a GPU replica's newer values (its device state's) into `net` and `optimizer`.
+    /// Copies a GPU replica's newer values (its device state's) into `net` and `optimizer`,
+    /// and lands the update in flight of a replica whose packs overlap the next pass.
     pub(crate) fn sync_host(&mut self) -> Result<(), TrainError> {
+        if let Some(e) = self.landing_failed.take() {
+            return Err(e);
+        }
+        self.land_in_flight()?;
         if self.host_stale
             && let (Some(state), Some(optimizer)) = (&self.resident, &mut self.optimizer)
         {
@@ -203,6 +217,62 @@ impl Replica {
         }
     }
 
+    /// Compiles the replica with `optimizer` (after [`Replica::sync_host`]): its steps decide
+    /// again whether they can leave their update in flight.
+    pub(crate) fn set_optimizer(&mut self, optimizer: Box<dyn Optimizer>) {
+        self.optimizer = Some(optimizer);
+        self.packs = None;
+    }
+
+    /// Sets the learning rate, once the update in flight has landed with the rate it was
+    /// computed under.
+    pub(crate) fn set_learning_rate(&mut self, learning_rate: f32) {
+        if let Err(e) = self.land_in_flight() {
+            tracing::error!(error = %e, "the last step's update could not be applied");
+            self.landing_failed = Some(e);
+        }
+        if let Some(optimizer) = &mut self.optimizer {
+            optimizer.set_learning_rate(learning_rate);
+        }
+    }
+
+    /// Waits for the update in flight, applies what is left of it and counts the step.
+    /// Returns the time spent waiting for its sums.
+    fn land_in_flight(&mut self) -> Result<std::time::Duration, TrainError> {
+        let Some(flight) = self.in_flight.take() else {
+            return Ok(std::time::Duration::ZERO);
+        };
+        let n = self.net.parameters().len();
+        if self.buffer.len() < n {
+            self.buffer.resize(n, 0.0);
+        }
+        let optimizer = self.optimizer.as_deref_mut().ok_or_else(not_compiled)?;
+        let landed = flight.finish(self.net.parameters_mut(), optimizer, &mut self.buffer[..n]);
+        self.link.set_spinning(true);
+        let (residuals, blocked) = landed?;
+        self.residuals.set(residuals);
+        Ok(blocked)
+    }
+
+    /// Whether this replica's steps can leave their update in flight, or why not.
+    fn overlap_refused(&self, packs: &Packs) -> Option<&'static str> {
+        if packs.len() < 2 {
+            Some("its gradients make one pack (see bytes_per_pack)")
+        } else if self.net.device() != Device::Cpu {
+            Some("it runs on a GPU")
+        } else if self.net.synchronizes_replicas() {
+            Some("its layers reduce across replicas inside the pass")
+        } else if !self
+            .optimizer
+            .as_deref()
+            .is_some_and(|o| o.applies_ranges() && o.clipping().is_per_variable())
+        {
+            Some("its optimizer or its clipping needs the whole step's gradients at once")
+        } else {
+            None
+        }
+    }
+
     /// This replica's own kernel threads, as many as rayon's global pool has (made once);
     /// `None` when they cannot start, and the step runs on the calling thread as before.
     fn kernel_threads(&mut self) -> Option<Arc<rayon::ThreadPool>> {
@@ -230,14 +300,37 @@ impl Replica {
         let n = self.net.parameters().len();
         self.buffer.clear();
         self.buffer.resize(n + objective.totals_len(), 0.0);
-        let (packs, wire) = self.packs.get_or_insert_with(|| {
+        if let Some(e) = self.landing_failed.take() {
+            return Err(e);
+        }
+        if self.packs.is_none() {
             let options = self.link.options();
-            let packs = Packs::new(self.net.parameters().specs(), options.bytes_per_pack);
+            let specs = self.net.parameters().specs();
+            let packs = Packs::new(specs, options.bytes_per_pack);
             let wire = Wire::new(&options, self.link.world_size());
-            (Arc::new(packs), wire)
-        });
-        let (packs, wire) = (Arc::clone(packs), *wire);
+            let refused = self.overlap_refused(&packs);
+            if let (true, Some(why)) = (options.overlap_update, refused) {
+                tracing::info!(
+                    reason = why,
+                    "each step applies its whole update before it returns"
+                );
+            }
+            let overlap = options.overlap_update && refused.is_none();
+            let packs = if overlap {
+                Packs::overlapping(specs, options.bytes_per_pack)
+            } else {
+                packs
+            };
+            self.packs = Some((Arc::new(packs), wire, overlap));
+        }
+        let Some((packs, wire, overlap)) = &self.packs else {
+            return Err(not_compiled());
+        };
+        let (packs, wire, overlap) = (Arc::clone(packs), *wire, *overlap);
         let packs = &packs;
+        if overlap {
+            return self.overlapped_step(batch, objective, step, (packs, wire), started);
+        }
         if self.on_device_state() {
             return self.train_step_on_device(batch, objective, step, (packs, wire), started);
         }
@@ -298,6 +391,106 @@ impl Replica {
         let totals = self.update(n)?;
         self.waits.add_step(started.elapsed(), blocked);
         Ok(totals)
+    }
+
+    /// [`Replica::train_step`] whose update is left in flight: the forward pass lands the last
+    /// step's update layer by layer as it reaches each layer's variables, the backward pass
+    /// hands each pack to the thread that sums it, and the step returns once the totals are
+    /// summed (see `update_in_flight.rs`). A replica without data lands the last update, then
+    /// issues the same collectives as the others, in the same order, and applies the whole
+    /// update: the same values.
+    fn overlapped_step(
+        &mut self,
+        batch: ReplicaBatch,
+        objective: Objective<'_>,
+        step: u64,
+        (packs, wire): (&Arc<Packs>, Wire),
+        started: Instant,
+    ) -> Result<StepTotals, TrainError> {
+        let n = self.net.parameters().len();
+        let Some(parts) = batch.filter(|parts| !parts.targets.is_empty()) else {
+            let landed = self.land_in_flight()?;
+            // Landing used the buffer; this replica adds nothing to the step's sums.
+            self.buffer.fill(0.0);
+            let reducing = Instant::now();
+            let residuals = self.residuals.for_step(n, wire);
+            packs::reduce_after(
+                &mut self.link,
+                &mut self.buffer,
+                n,
+                (packs, wire, residuals),
+            )?;
+            let blocked = landed + reducing.elapsed();
+            let totals = self.update(n)?;
+            self.waits.add_step(started.elapsed(), blocked);
+            return Ok(totals);
+        };
+        let ctx =
+            ForwardContext::training(step, self.link.replica_id()).with_replicas(&self.across);
+        let mut failure = None;
+        let (in_flight, optimizer, buffer) =
+            (&mut self.in_flight, &mut self.optimizer, &mut self.buffer);
+        let inputs = std::slice::from_ref(&parts.inputs);
+        let forward = self
+            .net
+            .forward_inputs_as_ready(inputs, ctx, &mut |end, params| {
+                let (Some(flight), Some(optimizer)) =
+                    (in_flight.as_mut(), optimizer.as_deref_mut())
+                else {
+                    return Ok(());
+                };
+                flight
+                    .settle_upto(end, params, optimizer, &mut buffer[..n])
+                    .map_err(|e| {
+                        let why = e.to_string();
+                        failure = Some(e);
+                        NnError::InvalidConfig {
+                            layer: "step".into(),
+                            why,
+                        }
+                    })
+            });
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let forward = forward?;
+        let mut blocked = self.land_in_flight()?;
+        let (value, totals) = objective.measure(&forward.output, &parts)?;
+        let totals: Vec<f32> = totals.iter().map(|&t| t as f32).collect();
+        let residuals = self.residuals.take_for_step(n, wire);
+        self.link.set_spinning(false);
+        let (mut flight, to_flight) = UpdateInFlight::start(
+            self.link.pack_link(),
+            Arc::clone(packs),
+            wire,
+            totals,
+            residuals,
+        )?;
+        let mut waiting = packs.variables.clone();
+        let mut next = 0;
+        let pass = self.net.gradients_streamed(
+            &forward,
+            &value,
+            &mut self.buffer[..n],
+            &mut |out, index| {
+                waiting[packs.pack_of[index]] -= 1;
+                while waiting.get(next) == Some(&0) {
+                    // A send fails only once the thread has stopped on an error, which the next
+                    // step's landing returns.
+                    let _ = to_flight.send((next, out[packs.ranges[next].clone()].to_vec()));
+                    next += 1;
+                }
+            },
+        );
+        drop(to_flight);
+        pass?;
+        let totals = flight.totals()?;
+        blocked += flight.take_blocked();
+        self.in_flight = Some(flight);
+        self.waits.add_step(started.elapsed(), blocked);
+        Ok(StepTotals::from_values(
+            totals.iter().map(|&v| f64::from(v)),
+        ))
     }
 
     /// [`Replica::train_step`] on the device state: the passes and the update on the GPU with
@@ -439,6 +632,8 @@ impl Replica {
         batch: ReplicaBatch,
         objective: Objective<'_>,
     ) -> Result<StepTotals, TrainError> {
+        // The collectives of an update in flight come before this batch's.
+        self.land_in_flight()?;
         let mut totals = vec![0.0_f64; objective.totals_len()];
         if let Some(parts) = batch.filter(|parts| !parts.targets.is_empty()) {
             let output = self.net.predict(&parts.inputs)?;

@@ -409,16 +409,20 @@ impl TrainingContext<'_> {
         self.straggler.as_ref()
     }
 
-    /// The model. Replicas training on a GPU keep their newest values on it: in the middle of
-    /// an epoch the model's weights and optimizer state are those of the last sync (the last
-    /// epoch's end, or the last [`chief_writes`](Self::chief_writes)) until
-    /// [`sync_model`](Self::sync_model) copies them; on the CPU they are always current.
+    /// The model. Replicas training on a GPU keep their newest values on it, and replicas
+    /// whose update overlaps the next forward pass
+    /// (`CommunicationOptions::overlap_update`) hold the last step's update in flight: in the
+    /// middle of an epoch the model's weights and optimizer state are then those of the last
+    /// sync (the last epoch's end, or the last [`chief_writes`](Self::chief_writes)) until
+    /// [`sync_model`](Self::sync_model) brings them up to date; otherwise they are always
+    /// current.
     pub fn model(&self) -> &Model {
         self.model
     }
 
     /// Copies the newest weights and optimizer state of replicas training on a GPU into the
-    /// model that [`model`](Self::model) shows (nothing to do on the CPU).
+    /// model that [`model`](Self::model) shows, and lands an update in flight (nothing to do
+    /// otherwise).
     ///
     /// # Errors
     ///
@@ -440,9 +444,7 @@ impl TrainingContext<'_> {
     /// Sets every local replica's learning rate (every worker must set the same).
     pub fn set_learning_rate(&mut self, learning_rate: f32) {
         for replica in &mut self.model.replicas {
-            if let Some(optimizer) = &mut replica.optimizer {
-                optimizer.set_learning_rate(learning_rate);
-            }
+            replica.set_learning_rate(learning_rate);
         }
     }
 

@@ -135,7 +135,29 @@ impl AllReduceSum for SumAcross {
     }
 }
 
+/// A replica's link as a thread that outlives a step holds it: the thread that sums a step's
+/// packs while the next step's forward pass goes on.
+pub(crate) struct PackLink(Arc<Mutex<Link>>);
+
+impl PackLink {
+    pub(crate) fn all_reduce<E: Element>(
+        &mut self,
+        data: &mut [E],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .all_reduce(data, op)
+    }
+}
+
 impl ReplicaLink {
+    /// A handle on this link for [`PackLink`]'s thread.
+    pub(crate) fn pack_link(&self) -> PackLink {
+        PackLink(Arc::clone(&self.link))
+    }
+
     fn new(link: Link) -> Self {
         let rank = match &link {
             Link::InProcess(c) => c.rank(),

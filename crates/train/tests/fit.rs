@@ -186,6 +186,92 @@ fn gradients_reduced_in_packs_during_the_backward_pass_train_to_the_same_bits() 
     );
 }
 
+/// Packs of 4 KiB with each step's update left in flight into the next forward pass.
+fn overlapped_update() -> CommunicationOptions {
+    CommunicationOptions {
+        overlap_update: true,
+        ..small_packs()
+    }
+}
+
+#[test]
+fn an_update_left_in_flight_into_the_next_forward_pass_trains_to_the_same_bits() {
+    // Two epochs: the update in flight lands at each epoch's end and when `fit` returns.
+    let overlapped = workers_with(2, 1, overlapped_update(), |strategy| {
+        train(strategy, 64, 2, Vec::new()).unwrap()
+    });
+    let whole = workers(2, 1, |strategy| train(strategy, 64, 2, Vec::new()).unwrap());
+    assert_eq!(overlapped[0].0, overlapped[1].0);
+    assert_eq!(overlapped[0].0, whole[0].0, "over TCP");
+    assert_eq!(overlapped[0].1.history, whole[0].1.history);
+    // Three replicas in shared memory, global batches of 96: the last step's 64 examples leave
+    // the third replica without data, which lands the update and applies the next whole.
+    let mirrored = |options| {
+        let strategy = MirroredStrategy::with_options(3, options).unwrap();
+        train(strategy, 96, 2, Vec::new()).unwrap().0
+    };
+    assert_eq!(
+        mirrored(overlapped_update()),
+        mirrored(CommunicationOptions::default()),
+        "in shared memory"
+    );
+}
+
+/// Sets a new learning rate after every batch, as a user's schedule in a callback may.
+struct RateEveryBatch;
+
+impl Callback for RateEveryBatch {
+    fn on_train_batch_end(
+        &mut self,
+        batch: u64,
+        _logs: &lockstep_train::Logs,
+        ctx: &mut lockstep_train::TrainingContext<'_>,
+    ) -> Result<(), TrainError> {
+        ctx.set_learning_rate(1e-3 / (batch + 1) as f32);
+        Ok(())
+    }
+}
+
+#[test]
+fn an_update_in_flight_lands_with_the_rate_it_was_computed_under() {
+    let run = |options| {
+        let strategy = MirroredStrategy::with_options(2, options).unwrap();
+        train(strategy, 64, 1, vec![Box::new(RateEveryBatch)])
+            .unwrap()
+            .0
+    };
+    assert_eq!(
+        run(overlapped_update()),
+        run(CommunicationOptions::default())
+    );
+}
+
+#[test]
+fn an_update_in_flight_keeps_error_feedback_and_resumes_bit_identical() {
+    let feedback = |overlap_update| CommunicationOptions {
+        compression: Compression::Bf16,
+        error_feedback: true,
+        overlap_update,
+        ..small_packs()
+    };
+    let strategy = |options| MirroredStrategy::with_options(2, options).unwrap();
+    let (uninterrupted, _) = train(strategy(feedback(true)), 64, 3, Vec::new()).unwrap();
+    let (packed, _) = train(strategy(feedback(false)), 64, 3, Vec::new()).unwrap();
+    assert_eq!(uninterrupted, packed, "each value's residual as without it");
+    let dir = tempfile::tempdir().unwrap();
+    let backup = || BackupAndRestore::new(dir.path().join("backup")).save_freq(SaveFreq::Steps(4));
+    let err = train(
+        strategy(feedback(true)),
+        64,
+        3,
+        vec![Box::new(backup()), Box::new(CrashAt(17))],
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("crashed on purpose"));
+    let (resumed, _) = train(strategy(feedback(true)), 64, 3, vec![Box::new(backup())]).unwrap();
+    assert_eq!(resumed, uninterrupted);
+}
+
 #[test]
 fn two_workers_over_tcp_train_as_one_device_with_the_same_global_batch() {
     let results = workers(2, 1, |strategy| train(strategy, 64, 2, Vec::new()).unwrap());

@@ -2,11 +2,13 @@
 //! `RMSprop` (plain, with momentum, centered) and `Adagrad`, with Keras 3's update rules and
 //! defaults.
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 use super::{
     CHUNK, GradientClipping, LearningRateSchedule, Optimizer, OptimizerConfig, OptimizerSettings,
-    adam_update, check, restore_slots,
+    adam_update, check_range, restore_slots,
 };
 use crate::error::NnError;
 
@@ -95,23 +97,30 @@ impl Default for AdamW {
     }
 }
 
-impl Optimizer for AdamW {
-    fn apply(&mut self, params: &mut [f32], grads: &[f32]) -> Result<(), NnError> {
+impl AdamW {
+    /// The rule on `range` of the buffers, the step not counted.
+    fn update(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        range: Range<usize>,
+    ) -> Result<(), NnError> {
         let lr = self.learning_rate();
         let betas = (self.beta_1, self.beta_2, self.epsilon);
         let slots = (&mut self.m, &mut self.v);
         adam_update(
-            params,
-            grads,
+            (params, grads, range),
             slots,
             self.iterations,
             lr,
             betas,
             self.weight_decay,
-        )?;
-        self.iterations += 1;
-        Ok(())
+        )
     }
+}
+
+impl Optimizer for AdamW {
+    ranged_methods!();
 
     fn slots(&self) -> Vec<(&'static str, &[f32])> {
         vec![("m", &self.m), ("v", &self.v)]
@@ -232,24 +241,30 @@ impl Default for RmsProp {
     }
 }
 
-impl Optimizer for RmsProp {
-    fn apply(&mut self, params: &mut [f32], grads: &[f32]) -> Result<(), NnError> {
+impl RmsProp {
+    /// The rule on `range` of the buffers, the step not counted.
+    fn update(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        range: Range<usize>,
+    ) -> Result<(), NnError> {
         let lr = self.learning_rate();
         let (rho, momentum, eps, centered) = (self.rho, self.momentum, self.epsilon, self.centered);
         {
             let mut slots = self.slot_list();
             let mut refs: Vec<&mut Vec<f32>> = slots.iter_mut().map(|(_, s)| &mut **s).collect();
-            check(params, grads, &mut refs)?;
+            check_range(params, grads, &mut refs, &range)?;
         }
         let n = params.len();
         let (moments, averages) = (
-            slot_chunks(&mut self.moment, n),
-            slot_chunks(&mut self.average_gradient, n),
+            slot_chunks(&mut self.moment, n, range.clone()),
+            slot_chunks(&mut self.average_gradient, n, range.clone()),
         );
-        params
+        params[range.clone()]
             .par_chunks_mut(CHUNK)
-            .zip(grads.par_chunks(CHUNK))
-            .zip(self.velocity.par_chunks_mut(CHUNK))
+            .zip(grads[range.clone()].par_chunks(CHUNK))
+            .zip(self.velocity[range].par_chunks_mut(CHUNK))
             .zip(moments.into_par_iter().zip(averages.into_par_iter()))
             .for_each(|(((p, g), v), (mut m, mut a))| {
                 for (i, ((p, &g), v)) in p.iter_mut().zip(g).zip(v).enumerate() {
@@ -271,9 +286,12 @@ impl Optimizer for RmsProp {
                     }
                 }
             });
-        self.iterations += 1;
         Ok(())
     }
+}
+
+impl Optimizer for RmsProp {
+    ranged_methods!();
 
     fn slots(&self) -> Vec<(&'static str, &[f32])> {
         let mut slots: Vec<(&'static str, &[f32])> = vec![("velocity", &self.velocity)];
@@ -307,11 +325,11 @@ impl Optimizer for RmsProp {
 }
 
 /// A slot cut into the update's chunks, or a `None` per chunk for a slot not in use (empty).
-fn slot_chunks(slot: &mut [f32], n: usize) -> Vec<Option<&mut [f32]>> {
+fn slot_chunks(slot: &mut [f32], n: usize, range: Range<usize>) -> Vec<Option<&mut [f32]>> {
     if slot.len() == n {
-        slot.chunks_mut(CHUNK).map(Some).collect()
+        slot[range].chunks_mut(CHUNK).map(Some).collect()
     } else {
-        (0..n.div_ceil(CHUNK)).map(|_| None).collect()
+        (0..range.len().div_ceil(CHUNK)).map(|_| None).collect()
     }
 }
 
@@ -368,26 +386,35 @@ impl Default for Adagrad {
     }
 }
 
-impl Optimizer for Adagrad {
-    fn apply(&mut self, params: &mut [f32], grads: &[f32]) -> Result<(), NnError> {
+impl Adagrad {
+    /// The rule on `range` of the buffers, the step not counted.
+    fn update(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        range: Range<usize>,
+    ) -> Result<(), NnError> {
         if self.accumulator.is_empty() {
             self.accumulator = vec![self.initial_accumulator_value; params.len()];
         }
-        check(params, grads, &mut [&mut self.accumulator])?;
+        check_range(params, grads, &mut [&mut self.accumulator], &range)?;
         let (lr, eps) = (self.learning_rate(), self.epsilon);
-        params
+        params[range.clone()]
             .par_chunks_mut(CHUNK)
-            .zip(grads.par_chunks(CHUNK))
-            .zip(self.accumulator.par_chunks_mut(CHUNK))
+            .zip(grads[range.clone()].par_chunks(CHUNK))
+            .zip(self.accumulator[range].par_chunks_mut(CHUNK))
             .for_each(|((p, g), a)| {
                 for ((p, &g), a) in p.iter_mut().zip(g).zip(a) {
                     *a += g * g;
                     *p -= lr * g / (*a + eps).sqrt();
                 }
             });
-        self.iterations += 1;
         Ok(())
     }
+}
+
+impl Optimizer for Adagrad {
+    ranged_methods!();
 
     fn slots(&self) -> Vec<(&'static str, &[f32])> {
         vec![("accumulator", &self.accumulator)]

@@ -28,6 +28,12 @@ impl GradientClipping {
         *self == Self::default()
     }
 
+    /// Whether each variable's gradient is clipped on its own (all but `global_clipnorm`), so
+    /// that a step's variables can be clipped and updated a few at a time.
+    pub fn is_per_variable(&self) -> bool {
+        self.global_clipnorm.is_none()
+    }
+
     /// Checks the settings.
     ///
     /// # Errors

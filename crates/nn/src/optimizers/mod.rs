@@ -5,6 +5,35 @@
 //! schedules ([`LearningRateSchedule`], evaluated at the step count, so a resumed run takes the
 //! rates an uninterrupted one would).
 
+/// The trait methods of an optimizer whose inherent `update(params, grads, range)` applies its
+/// rule to `range` of the buffers without counting the step: whole steps and ranged ones.
+macro_rules! ranged_methods {
+    () => {
+        fn apply(&mut self, params: &mut [f32], grads: &[f32]) -> Result<(), NnError> {
+            self.update(params, grads, 0..params.len())?;
+            self.iterations += 1;
+            Ok(())
+        }
+
+        fn applies_ranges(&self) -> bool {
+            true
+        }
+
+        fn apply_range(
+            &mut self,
+            params: &mut [f32],
+            grads: &[f32],
+            range: std::ops::Range<usize>,
+        ) -> Result<(), NnError> {
+            self.update(params, grads, range)
+        }
+
+        fn finish_step(&mut self) {
+            self.iterations += 1;
+        }
+    };
+}
+
 /// The trait methods every optimizer shares: step count, name, rate, schedule and clipping.
 macro_rules! common_methods {
     ($name:literal) => {
@@ -71,6 +100,37 @@ pub trait Optimizer: Send {
     ///
     /// When the buffers differ in length from each other or from the optimizer's slots.
     fn apply(&mut self, params: &mut [f32], grads: &[f32]) -> Result<(), NnError>;
+
+    /// Whether [`Optimizer::apply_range`] works: every built-in optimizer's rule is
+    /// elementwise, so a step applied range by range gives the bits of one applied whole.
+    fn applies_ranges(&self) -> bool {
+        false
+    }
+
+    /// Applies this step's update to `range` of the buffers only (`params` and `grads` are the
+    /// model's whole buffers), without counting the step: a step applied this way is disjoint
+    /// ranges that cover the buffers, then one [`Optimizer::finish_step`]. A training step
+    /// whose update waits for its gradients pack by pack applies each pack as it is summed.
+    ///
+    /// # Errors
+    ///
+    /// As [`Optimizer::apply`]; a range past the buffers; an optimizer that applies whole
+    /// steps only ([`Optimizer::applies_ranges`] is `false`, the default).
+    fn apply_range(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        range: Range<usize>,
+    ) -> Result<(), NnError> {
+        let _ = (params, grads, range);
+        Err(NnError::InvalidConfig {
+            layer: self.name().into(),
+            why: "this optimizer applies whole steps only".into(),
+        })
+    }
+
+    /// Counts a step applied with [`Optimizer::apply_range`].
+    fn finish_step(&mut self) {}
 
     /// Steps applied so far.
     fn iterations(&self) -> u64;
@@ -155,6 +215,63 @@ pub fn apply_update(
     let next = params.next_state(grads, observation_scale);
     let variables = params.ranges();
     apply_clipped(optimizer, params.values_mut(), grads, &variables)?;
+    params.set_state(next);
+    Ok(())
+}
+
+/// [`apply_update`] on the variables within `range` of the buffers only (whole variables), the
+/// step not counted ([`Optimizer::apply_range`]): a step applied pack by pack as each pack's
+/// sum arrives, then [`Optimizer::finish_step`] once. The same bits as [`apply_update`] over
+/// the same step, for an optimizer that [`Optimizer::applies_ranges`] and a clipping other
+/// than `global_clipnorm` (which needs every gradient: [`GradientClipping::is_per_variable`]).
+///
+/// # Errors
+///
+/// A buffer of another length than the parameters, a range that cuts a variable or runs past
+/// them, a clipping across variables; as [`Optimizer::apply_range`].
+pub fn apply_update_range(
+    optimizer: &mut dyn Optimizer,
+    params: &mut Parameters,
+    grads: &mut [f32],
+    range: Range<usize>,
+    observation_scale: f32,
+) -> Result<(), NnError> {
+    if grads.len() != params.len() {
+        return Err(NnError::Length {
+            what: "gradient buffer and parameters",
+            left: grads.len(),
+            right: params.len(),
+        });
+    }
+    let variables: Vec<Range<usize>> = params
+        .ranges()
+        .into_iter()
+        .filter(|v| v.start >= range.start && v.end <= range.end && !v.is_empty())
+        .collect();
+    let covered: usize = variables.iter().map(ExactSizeIterator::len).sum();
+    if covered != range.len() {
+        return Err(NnError::InvalidConfig {
+            layer: optimizer.name().into(),
+            why: format!(
+                "values {}..{} are not whole variables",
+                range.start, range.end
+            ),
+        });
+    }
+    let clipping = optimizer.clipping();
+    if !clipping.is_per_variable() {
+        return Err(NnError::InvalidConfig {
+            layer: optimizer.name().into(),
+            why: "global_clipnorm needs every gradient of the step at once".into(),
+        });
+    }
+    let next = params.next_state_within(grads, observation_scale, &range);
+    let within: Vec<Range<usize>> = variables
+        .iter()
+        .map(|v| v.start - range.start..v.end - range.start)
+        .collect();
+    clipping.apply(&mut grads[range.clone()], &within);
+    optimizer.apply_range(params.values_mut(), grads, range)?;
     params.set_state(next);
     Ok(())
 }
@@ -425,6 +542,28 @@ pub(crate) fn restore_slots(
     Ok(())
 }
 
+/// [`check`], and that `range` lies within the buffers.
+pub(crate) fn check_range(
+    params: &[f32],
+    grads: &[f32],
+    slots: &mut [&mut Vec<f32>],
+    range: &Range<usize>,
+) -> Result<(), NnError> {
+    check(params, grads, slots)?;
+    if range.start > range.end || range.end > params.len() {
+        return Err(NnError::InvalidConfig {
+            layer: "optimizer".into(),
+            why: format!(
+                "values {}..{} of a buffer of {}",
+                range.start,
+                range.end,
+                params.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn check(
     params: &[f32],
     grads: &[f32],
@@ -508,25 +647,31 @@ impl Default for Sgd {
     }
 }
 
-impl Optimizer for Sgd {
-    fn apply(&mut self, params: &mut [f32], grads: &[f32]) -> Result<(), NnError> {
+impl Sgd {
+    /// The rule on `range` of the buffers, the step not counted.
+    fn update(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        range: Range<usize>,
+    ) -> Result<(), NnError> {
         let (lr, momentum, nesterov) = (self.learning_rate(), self.momentum, self.nesterov);
         if momentum == 0.0 {
-            check(params, grads, &mut [])?;
-            params
+            check_range(params, grads, &mut [], &range)?;
+            params[range.clone()]
                 .par_chunks_mut(CHUNK)
-                .zip(grads.par_chunks(CHUNK))
+                .zip(grads[range].par_chunks(CHUNK))
                 .for_each(|(p, g)| {
                     for (p, g) in p.iter_mut().zip(g) {
                         *p -= lr * g;
                     }
                 });
         } else {
-            check(params, grads, &mut [&mut self.velocity])?;
-            params
+            check_range(params, grads, &mut [&mut self.velocity], &range)?;
+            params[range.clone()]
                 .par_chunks_mut(CHUNK)
-                .zip(grads.par_chunks(CHUNK))
-                .zip(self.velocity.par_chunks_mut(CHUNK))
+                .zip(grads[range.clone()].par_chunks(CHUNK))
+                .zip(self.velocity[range].par_chunks_mut(CHUNK))
                 .for_each(|((p, g), v)| {
                     for ((p, g), v) in p.iter_mut().zip(g).zip(v) {
                         *v = momentum * *v - lr * g;
@@ -534,9 +679,12 @@ impl Optimizer for Sgd {
                     }
                 });
         }
-        self.iterations += 1;
         Ok(())
     }
+}
+
+impl Optimizer for Sgd {
+    ranged_methods!();
 
     fn slots(&self) -> Vec<(&'static str, &[f32])> {
         if self.momentum == 0.0 {
@@ -622,22 +770,29 @@ impl Default for Adam {
     }
 }
 
-impl Optimizer for Adam {
-    fn apply(&mut self, params: &mut [f32], grads: &[f32]) -> Result<(), NnError> {
+impl Adam {
+    /// The rule on `range` of the buffers, the step not counted.
+    fn update(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        range: Range<usize>,
+    ) -> Result<(), NnError> {
         let lr = self.learning_rate();
         let betas = (self.beta_1, self.beta_2, self.epsilon);
         adam_update(
-            params,
-            grads,
+            (params, grads, range),
             (&mut self.m, &mut self.v),
             self.iterations,
             lr,
             betas,
             0.0,
-        )?;
-        self.iterations += 1;
-        Ok(())
+        )
     }
+}
+
+impl Optimizer for Adam {
+    ranged_methods!();
 
     fn slots(&self) -> Vec<(&'static str, &[f32])> {
         vec![("m", &self.m), ("v", &self.v)]
@@ -667,15 +822,16 @@ impl Optimizer for Adam {
 /// `(m, v)` are updated and `params` moved; first, when `decay` is not 0, `params −= params ·
 /// decay · lr` (`AdamW`'s decoupled weight decay).
 pub(crate) fn adam_update(
-    params: &mut [f32],
-    grads: &[f32],
+    (params, grads, range): (&mut [f32], &[f32], Range<usize>),
     (m, v): (&mut Vec<f32>, &mut Vec<f32>),
     iterations: u64,
     lr: f32,
     (b1, b2, eps): (f32, f32, f32),
     decay: f32,
 ) -> Result<(), NnError> {
-    check(params, grads, &mut [&mut *m, &mut *v])?;
+    check_range(params, grads, &mut [&mut *m, &mut *v], &range)?;
+    let (params, grads) = (&mut params[range.clone()], &grads[range.clone()]);
+    let (m, v) = (&mut m[range.clone()], &mut v[range]);
     let t = (iterations + 1) as f64;
     let alpha = (f64::from(lr) * (1.0 - f64::from(b2).powf(t)).sqrt()
         / (1.0 - f64::from(b1).powf(t))) as f32;
@@ -764,5 +920,87 @@ mod tests {
             adam.apply(&mut [0.0; 4], &[0.0; 4]).is_err(),
             "slots of another model"
         );
+    }
+
+    /// Every built-in optimizer, with the options that add slots.
+    fn every_optimizer() -> Vec<Box<dyn Optimizer>> {
+        vec![
+            Box::new(Sgd::new(0.1)),
+            Box::new(Sgd::with_momentum(0.1, 0.9, true)),
+            Box::new(Adam::new(0.01)),
+            Box::new(AdamW::new(0.01)),
+            Box::new(RmsProp::new(0.01).momentum(0.5).centered()),
+            Box::new(Adagrad::new(0.1)),
+        ]
+    }
+
+    #[test]
+    fn a_step_applied_range_by_range_gives_the_bits_of_one_applied_whole() {
+        let n = 3 * CHUNK + 17;
+        let gradient = |step: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * 7 + step * 13) % 23) as f32 / 23.0 - 0.4)
+                .collect()
+        };
+        let cuts = [0, 5, CHUNK + 3, 2 * CHUNK, n];
+        for (mut whole, mut ranged) in every_optimizer().into_iter().zip(every_optimizer()) {
+            assert!(ranged.applies_ranges(), "{}", ranged.name());
+            let (mut p, mut q) = (vec![0.5_f32; n], vec![0.5_f32; n]);
+            for step in 0..3 {
+                let g = gradient(step);
+                whole.apply(&mut p, &g).unwrap();
+                // The ranges in another order than the buffer's, as packs land.
+                for pair in cuts.windows(2).rev() {
+                    ranged.apply_range(&mut q, &g, pair[0]..pair[1]).unwrap();
+                }
+                ranged.finish_step();
+            }
+            assert_eq!(p, q, "{}", whole.name());
+            assert_eq!(whole.iterations(), ranged.iterations());
+            assert_eq!(whole.slots(), ranged.slots(), "{}", whole.name());
+        }
+    }
+
+    #[test]
+    fn a_range_past_the_buffers_is_an_error() {
+        let mut sgd = Sgd::new(0.1);
+        let err = sgd.apply_range(&mut [0.0; 3], &[0.0; 3], 2..4).unwrap_err();
+        assert!(err.to_string().contains("2..4"), "{err}");
+    }
+
+    #[test]
+    fn an_update_applied_variable_by_variable_moves_state_and_weights_as_one_applied_whole() {
+        use crate::{BatchNormalization, Dense, Sequential};
+        let net = Sequential::new(
+            &[4],
+            vec![
+                Box::new(Dense::new(6)),
+                Box::new(BatchNormalization::new()),
+                Box::new(Dense::new(2)),
+            ],
+            3,
+        )
+        .unwrap();
+        let mut whole = net.parameters().clone();
+        let mut ranged = net.parameters().clone();
+        let n = whole.len();
+        let g: Vec<f32> = (0..n).map(|i| (i % 11) as f32 / 11.0 - 0.5).collect();
+        let (mut a, mut b): (Box<dyn Optimizer>, Box<dyn Optimizer>) = (
+            Box::new(Adam::new(0.01).clipnorm(0.5)),
+            Box::new(Adam::new(0.01).clipnorm(0.5)),
+        );
+        apply_update(&mut *a, &mut whole, &mut g.clone(), 0.25).unwrap();
+        let mut grads = g.clone();
+        for range in ranged.ranges().into_iter().rev() {
+            apply_update_range(&mut *b, &mut ranged, &mut grads, range, 0.25).unwrap();
+        }
+        b.finish_step();
+        assert_eq!(whole, ranged);
+        // A range that cuts a variable, and a clipping across all of them, are refused.
+        let err = apply_update_range(&mut *b, &mut ranged, &mut grads, 1..3, 1.0).unwrap_err();
+        assert!(err.to_string().contains("whole variables"), "{err}");
+        let mut global = Adam::new(0.01).global_clipnorm(1.0);
+        let err = apply_update_range(&mut global, &mut ranged, &mut grads, 0..n, 1.0).unwrap_err();
+        assert!(err.to_string().contains("global_clipnorm"), "{err}");
     }
 }
