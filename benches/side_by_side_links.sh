@@ -14,7 +14,9 @@
 # where the kernel has it; TORCH=0 leaves PyTorch out (Lockstep's runs and limits only);
 # VARIANTS (say "packs_256k overlap_256k") runs only those of Lockstep's two-worker settings:
 # lockstep (as it comes), packs_256k, bf16, bf16_packs_256k, overlap_256k (packs of 256 KiB
-# whose update lands in the next step's forward pass, `--overlap-update`), bf16_overlap_256k.
+# whose update lands in the next step's forward pass, `--overlap-update`), bf16_overlap_256k;
+# BIN_DIR (default target/release) is where Lockstep's binaries are, for a build before a
+# change beside one after it.
 #
 # Figures: examples/s over `fit` (every step, the first included) for both: Lockstep's
 # `examples_per_s` (and `comm_wait_share`, the share of worker 0's steps blocked in their
@@ -35,6 +37,7 @@ EPOCHS="${EPOCHS:-3}"
 LATENCY="${LATENCY:-}"
 TORCH="${TORCH:-1}"
 VARIANTS="${VARIANTS:-}"
+BIN_DIR="${BIN_DIR:-target/release}"
 # MODEL=cnn (the multi-worker tutorial's two-convolution CNN, 225,034 parameters, on the
 # anchors' MNIST digits), MODEL=tutorial-literal (the one-convolution model of its
 # mnist_setup.py, 2,770,634), or MODEL=cnn-bn-wide (the CNN with batch normalization and
@@ -108,10 +111,10 @@ lockstep() { # tag seed flags...
   shift 2
   local cluster="{\"cluster\":{\"worker\":[\"${ADDR[0]}:$port\",\"${ADDR[1]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":IDX}}"
   ip netns exec "${NS[1]}" env TF_CONFIG="${cluster/IDX/1}" /usr/bin/time -o /tmp/lockstep-links.cpu1 \
-    -f '%U %S %e' timeout 900 "target/release/$LS_BIN" \
+    -f '%U %S %e' timeout 900 "$BIN_DIR/$LS_BIN" \
     --threads 1 --epochs "$EPOCHS" --seed "$seed" "${LS_ARGS[@]}" "$@" >/dev/null 2>&1 &
   figures=$(ip netns exec "${NS[0]}" env TF_CONFIG="${cluster/IDX/0}" /usr/bin/time -o /tmp/lockstep-links.cpu0 \
-    -f '%U %S %e' timeout 900 "target/release/$LS_BIN" \
+    -f '%U %S %e' timeout 900 "$BIN_DIR/$LS_BIN" \
     --threads 1 --epochs "$EPOCHS" --seed "$seed" "${LS_ARGS[@]}" "$@" 2>/dev/null |
     lockstep_figures "$tag")
   wait
@@ -124,7 +127,7 @@ alone_pair() { # tag seed
   local port=$((7200 + RANDOM % 500)) i
   for i in 0 1; do
     ip netns exec "${NS[$i]}" env TF_CONFIG="{\"cluster\":{\"worker\":[\"${ADDR[$i]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":0}}" \
-      timeout 900 "target/release/$LS_BIN" --threads 1 --epochs "$EPOCHS" --seed "$2" \
+      timeout 900 "$BIN_DIR/$LS_BIN" --threads 1 --epochs "$EPOCHS" --seed "$2" \
       "${LS_ARGS[@]}" >"/tmp/lockstep-links.pair$i.out" 2>/dev/null &
   done
   wait
@@ -136,7 +139,7 @@ alone_pair() { # tag seed
 alone() { # tag seed: one Lockstep worker and one PyTorch process, 1 thread, batch 64 (no link)
   local port=$((7200 + RANDOM % 500))
   ip netns exec "${NS[0]}" env TF_CONFIG="{\"cluster\":{\"worker\":[\"${ADDR[0]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":0}}" \
-    timeout 900 "target/release/$LS_BIN" --threads 1 --epochs "$EPOCHS" --seed "$2" \
+    timeout 900 "$BIN_DIR/$LS_BIN" --threads 1 --epochs "$EPOCHS" --seed "$2" \
     "${LS_ARGS[@]}" 2>/dev/null | lockstep_figures "lockstep_1worker.$1"
   if [ "$TORCH" = 0 ]; then return; fi
   ip netns exec "${NS[0]}" env RANK=0 WORLD_SIZE=1 timeout 900 "$PY" "$TORCH_SCRIPT" \

@@ -35,7 +35,9 @@
 //! progress bar; `nix` to raise SIGKILL for the `LOCKSTEP_KILL_AT_STEP` fault injection; `serde`/`serde_json` for
 //! the trainer state in checkpoints; `prost` and `crc32c` for `TensorBoard`'s event files (no
 //! maintained crate writes them); `rayon` to run a process's single replica's steps, and a
-//! parameter-server worker's, on a kernel pool of their own (`kernel_threads`); `thiserror` for errors; `tracing` for logs.
+//! parameter-server worker's, on a kernel pool of their own (`kernel_threads`); `rustix` for
+//! the priority the thread that sums a step's packs asks for (`update_in_flight`: a thread's
+//! nice value, which `std` cannot set); `thiserror` for errors; `tracing` for logs.
 
 /// The README's example, compiled and run as a doctest so that it stays true.
 #[cfg(doctest)]

@@ -1,20 +1,17 @@
 //! A step's gradients in packs (`CommunicationOptions::bytes_per_pack`, as TensorFlow's): runs
 //! of whole variables, the last layers' first, each reduced by its own collective as soon as
-//! the backward pass has finished every variable in it, on a thread of its own while the pass
-//! goes on with the earlier layers (PyTorch DDP's buckets). The same collectives on the same
+//! the backward pass has finished every variable in it, on the replica's communication thread
+//! (`update_in_flight.rs`) while the pass goes on with the earlier layers (PyTorch DDP's
+//! buckets). The same collectives on the same
 //! values in the same order whether they overlap the pass or follow it, so the two give the
 //! same bits. One pack (the default for a model of up to `bytes_per_pack` of gradients) is one
 //! all-reduce of the whole buffer, gradients and totals, as a step had before packs.
 
 use std::ops::Range;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 use lockstep_collective::{CollectiveError, Compression, Element, ReduceOp, bf16, f16};
-use lockstep_nn::{Forward, Network, ParamSpec};
-use lockstep_tensor::Tensor;
+use lockstep_nn::ParamSpec;
 
-use crate::error::TrainError;
 use crate::strategy::{PackLink, ReplicaLink};
 
 /// What sums a pack: a replica's link, or the handle a thread that outlives the step holds.
@@ -58,8 +55,9 @@ pub(crate) struct Packs {
     /// A step's collectives in the order every replica issues them: each pack whole, or
     /// ([`Packs::overlapping`]) in pieces, the later packs' pieces among the earlier ones'.
     pub(crate) pieces: Vec<Piece>,
-    /// Whether the step's totals go first, in a collective of their own.
-    pub(crate) totals_first: bool,
+    /// Whether the step's totals, when the packs go in 16 bits, follow the first piece rather
+    /// than the last (in `f32` they travel in the first piece's collective either way).
+    pub(crate) totals_after_first: bool,
 }
 
 /// One collective of a step: `range` of the gradient buffer, part of pack `pack`.
@@ -79,7 +77,7 @@ impl Packs {
             pack_of: vec![0; specs.len()],
             variables: Vec::new(),
             pieces: Vec::new(),
-            totals_first: false,
+            totals_after_first: false,
         };
         let mut end = specs.last().map_or(0, |s| s.range().end);
         let mut count = 0;
@@ -103,9 +101,12 @@ impl Packs {
         packs
     }
 
-    /// [`Packs::new`]'s packs for a step whose update overlaps the next forward pass: the totals
-    /// first (the update's scale), then each pack in pieces of at most `bytes_per_pack`,
-    /// each later pack's pieces put halfway through what is left of the earlier ones'. The
+    /// [`Packs::new`]'s packs for a step whose update overlaps the next forward pass: each pack
+    /// in pieces of at most `bytes_per_pack` (from its end: the first piece of the last layers'
+    /// pack ends where the totals start, so that in `f32` they go in one collective, as with
+    /// whole packs), each later pack's pieces put halfway through what is left of the earlier
+    /// ones', and the totals (the update's scale, and what the step returns) with the first
+    /// piece, or right after it in 16 bits. The
     /// backward pass finishes the first layers' pack last and the next forward pass needs it
     /// first: so it is summed while the largest pack is, and the next pass starts on the first
     /// layers while the rest of that pack is on the wire. The order is the same on every
@@ -115,26 +116,26 @@ impl Packs {
         let mut packs = Self::new(specs, bytes_per_pack);
         let most = (bytes_per_pack / 4).max(1);
         let pieces = |pack: usize, range: &Range<usize>| -> Vec<Piece> {
-            (range.clone().step_by(most))
-                .map(|start| Piece {
+            (range.clone().rev().step_by(most))
+                .map(|last| Piece {
                     pack,
-                    range: start..(start + most).min(range.end),
+                    range: (last + 1).saturating_sub(most).max(range.start)..last + 1,
                 })
                 .collect()
         };
-        // The first pack's pieces in order; each later pack's after half of what follows the
-        // pack before it.
+        // The first pack's pieces; each later pack's after half (rounded up) of what follows
+        // the pack before it.
         let mut order: Vec<Piece> = Vec::new();
         let mut cursor = 0;
         for (pack, range) in packs.ranges.iter().enumerate() {
             let these = pieces(pack, range);
-            let at = cursor + (order.len() - cursor) / 2;
+            let at = cursor + (order.len() - cursor).div_ceil(2);
             let count = these.len();
             order.splice(at..at, these);
             cursor = if pack == 0 { 0 } else { at + count };
         }
         packs.pieces = order;
-        packs.totals_first = true;
+        packs.totals_after_first = true;
         packs
     }
 
@@ -230,105 +231,33 @@ pub(crate) fn reduce_after(
     n: usize,
     (packs, wire, residuals): (&Packs, Wire, &mut [f32]),
 ) -> Result<(), CollectiveError> {
-    if packs.totals_first {
-        link.all_reduce(&mut buffer[n..], ReduceOp::Sum)?;
-    }
     for (k, piece) in packs.pieces.iter().enumerate() {
         let range = piece.range.clone();
-        let end = if !packs.totals_first && with_totals(k, wire) {
+        let end = if with_totals(k, wire) {
             buffer.len()
         } else {
             range.end
         };
         let residual = residuals_of(residuals, range.clone());
         reduce_pack(link, &mut buffer[range.start..end], wire, residual)?;
+        if k == 0 && packs.totals_after_first {
+            reduce_totals(link, &mut buffer[n..], wire)?;
+        }
     }
-    if packs.totals_first {
+    if packs.totals_after_first {
         return Ok(());
     }
     reduce_totals(link, &mut buffer[n..], wire)
 }
 
-/// The backward pass of `loss` writing `forward`'s gradients into `buffer[..n]`, each pack
-/// reduced on a thread of its own as soon as it is complete, the totals (`n..`) with the first
-/// pack or after the last: the collectives of [`reduce_after`], overlapping the pass. Returns
-/// how long the step waited for them once the pass had ended.
-pub(crate) fn reduce_during(
-    (link, net): (&mut ReplicaLink, &Network),
-    (forward, loss): (&Forward, &Tensor),
-    buffer: &mut [f32],
-    n: usize,
-    (packs, wire, residuals): (&Packs, Wire, &mut [f32]),
-) -> Result<Duration, TrainError> {
-    let (gradients, totals) = buffer.split_at_mut(n);
-    // The packs' waits leave the core to the backward pass.
-    link.set_spinning(false);
-    let reducer = &mut *link;
-    let reduced = std::thread::scope(|scope| {
-        let (send, packed) = mpsc::channel::<(usize, Vec<f32>)>();
-        let communication = std::thread::Builder::new()
-            .name("lockstep-packs".into())
-            .spawn_scoped(scope, move || {
-                let mut reduced = Vec::new();
-                for (k, mut values) in packed {
-                    let residual = residuals_of(residuals, packs.ranges[k].clone());
-                    reduce_pack(reducer, &mut values, wire, residual)?;
-                    reduced.push((k, values));
-                }
-                Ok::<_, CollectiveError>(reduced)
-            })
-            .map_err(|e| {
-                TrainError::invalid(
-                    "step",
-                    format!("no thread to reduce the gradient packs: {e}"),
-                )
-            })?;
-        let first_totals = totals.to_vec();
-        let mut waiting = packs.variables.clone();
-        let mut next = 0;
-        let pass = net.gradients_streamed(forward, loss, gradients, &mut |out, index| {
-            waiting[packs.pack_of[index]] -= 1;
-            while waiting.get(next) == Some(&0) {
-                let mut values = out[packs.ranges[next].clone()].to_vec();
-                if with_totals(next, wire) {
-                    values.extend_from_slice(&first_totals);
-                }
-                // A send fails only once the thread has stopped on an error, which its join
-                // returns.
-                let _ = send.send((next, values));
-                next += 1;
-            }
-        });
-        let waiting_since = Instant::now();
-        drop(send);
-        let joined = communication.join().map_err(|_| {
-            TrainError::invalid("step", "the thread reducing the gradient packs panicked")
-        })?;
-        pass?;
-        Ok::<_, TrainError>((joined?, waiting_since))
-    });
-    link.set_spinning(true);
-    let (reduced, waiting_since) = reduced?;
-    for (k, values) in reduced {
-        let range = packs.ranges[k].clone();
-        let (pack, rest) = values.split_at(range.len());
-        gradients[range].copy_from_slice(pack);
-        if with_totals(k, wire) {
-            totals.copy_from_slice(rest);
-        }
-    }
-    reduce_totals(link, totals, wire)?;
-    Ok(waiting_since.elapsed())
-}
-
-/// Whether pack `k` carries the totals: the first pack, when it goes in `f32`.
-fn with_totals(k: usize, wire: Wire) -> bool {
+/// Whether pack (or piece) `k` carries the totals: the first, when it goes in `f32`.
+pub(crate) fn with_totals(k: usize, wire: Wire) -> bool {
     k == 0 && wire.compression == Compression::None
 }
 
 /// The totals' own collective, after the packs, when the packs go in 16 bits.
-fn reduce_totals(
-    link: &mut ReplicaLink,
+pub(crate) fn reduce_totals(
+    link: &mut impl SumsPacks,
     totals: &mut [f32],
     wire: Wire,
 ) -> Result<(), CollectiveError> {
@@ -466,10 +395,10 @@ mod tests {
         assert_eq!(packs.ranges, [40..58, 0..40]);
         assert_eq!(packs.pack_of, [1, 1, 0, 0]);
         assert_eq!(packs.variables, [2, 2]);
-        // Overlapping: pieces of at most 10 values (40 bytes); the second pack's pieces go
-        // halfway through the first's, the totals first.
+        // Overlapping: pieces of at most 10 values (40 bytes) from each pack's end; the second
+        // pack's pieces go halfway through the first's.
         let overlapping = Packs::overlapping(specs, 40);
-        assert!(overlapping.totals_first && !packs.totals_first);
+        assert!(overlapping.totals_after_first && !packs.totals_after_first);
         let pieces: Vec<(usize, Range<usize>)> = overlapping
             .pieces
             .iter()
@@ -478,12 +407,12 @@ mod tests {
         assert_eq!(
             pieces,
             [
-                (0, 40..50),
-                (1, 0..10),
-                (1, 10..20),
-                (1, 20..30),
+                (0, 48..58),
                 (1, 30..40),
-                (0, 50..58)
+                (1, 20..30),
+                (1, 10..20),
+                (1, 0..10),
+                (0, 40..48)
             ]
         );
         // The packs of the fit tests' MLP at 4 KiB: several, so those tests overlap.

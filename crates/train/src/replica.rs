@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use lockstep_collective::{Compression, ReduceOp};
 use lockstep_nn::{
-    DeviceState, ForwardContext, Loss, Network, NnError, Optimizer, PredictionMetric,
+    DeviceState, Forward, ForwardContext, Loss, Network, NnError, Optimizer, PredictionMetric,
 };
 use lockstep_tensor::ops::AllReduceSum;
 use lockstep_tensor::{Device, Tensor};
@@ -16,7 +16,7 @@ use crate::error::TrainError;
 use crate::packs::{self, Packs, Residuals, Wire};
 use crate::stragglers::Waits;
 use crate::strategy::ReplicaLink;
-use crate::update_in_flight::UpdateInFlight;
+use crate::update_in_flight::{PackThread, UpdateInFlight};
 
 /// Statistics of one step (or evaluation batch) summed over every replica in sync: the
 /// weighted loss, the examples, and each compiled metric's state, one after another.
@@ -113,6 +113,8 @@ pub(crate) struct Replica {
     /// The last step's update, still being summed, when its packs overlap the next forward
     /// pass (the `bool` above): the weights are those before it until it lands.
     in_flight: Option<UpdateInFlight>,
+    /// The thread that sums the packs of an update in flight (made at the first such step).
+    pack_thread: Option<PackThread>,
     /// Why landing the update in flight failed where no error could be returned (a learning
     /// rate set between steps): the next step's error.
     landing_failed: Option<TrainError>,
@@ -148,6 +150,7 @@ impl Replica {
             kernels: None,
             packs: None,
             in_flight: None,
+            pack_thread: None,
             landing_failed: None,
             residuals: Residuals::default(),
             waits: Waits::default(),
@@ -342,18 +345,15 @@ impl Replica {
             Some(parts) if packs.len() > 1 && !self.net.synchronizes_replicas() => {
                 let forward = self.net.forward(&parts.inputs, ctx)?;
                 let (value, totals) = objective.measure(&forward.output, &parts)?;
-                for (slot, total) in self.buffer[n..].iter_mut().zip(totals) {
-                    *slot = total as f32;
-                }
-                let both = (&mut self.link, &self.net);
-                let residuals = self.residuals.for_step(n, wire);
-                let blocked = packs::reduce_during(
-                    both,
-                    (&forward, &value),
-                    &mut self.buffer,
-                    n,
-                    (packs, wire, residuals),
-                )?;
+                let flight =
+                    self.sum_during_backward((&forward, &value), &totals, (packs, wire))?;
+                let waiting = Instant::now();
+                let collected = flight.collect(&mut self.buffer[..n]);
+                self.link.set_spinning(true);
+                let (totals, residuals) = collected?;
+                self.residuals.set(residuals);
+                self.buffer[n..].copy_from_slice(&totals);
+                let blocked = waiting.elapsed();
                 let totals = self.update(n)?;
                 self.waits.add_step(started.elapsed(), blocked);
                 return Ok(totals);
@@ -456,10 +456,37 @@ impl Replica {
         let forward = forward?;
         let mut blocked = self.land_in_flight()?;
         let (value, totals) = objective.measure(&forward.output, &parts)?;
+        let mut flight = self.sum_during_backward((&forward, &value), &totals, (packs, wire))?;
+        let totals = flight.totals()?;
+        blocked += flight.take_blocked();
+        self.in_flight = Some(flight);
+        self.waits.add_step(started.elapsed(), blocked);
+        Ok(StepTotals::from_values(
+            totals.iter().map(|&v| f64::from(v)),
+        ))
+    }
+
+    /// The backward pass of `loss`, each pack handed to this replica's communication thread
+    /// as soon as the pass has finished it, to be summed in `packs`' order with `totals`
+    /// (the collectives of [`packs::reduce_after`], overlapping the pass): the sums still in
+    /// flight when the pass ends.
+    fn sum_during_backward(
+        &mut self,
+        (forward, loss): (&Forward, &Tensor),
+        totals: &[f64],
+        (packs, wire): (&Arc<Packs>, Wire),
+    ) -> Result<UpdateInFlight, TrainError> {
+        let n = self.net.parameters().len();
         let totals: Vec<f32> = totals.iter().map(|&t| t as f32).collect();
         let residuals = self.residuals.take_for_step(n, wire);
+        // The sums' waits leave the core to the passes.
         self.link.set_spinning(false);
-        let (mut flight, to_flight) = UpdateInFlight::start(
+        if self.pack_thread.is_none() {
+            self.pack_thread = Some(PackThread::start()?);
+        }
+        let thread = self.pack_thread.as_ref().ok_or_else(not_compiled)?;
+        let (flight, to_flight) = UpdateInFlight::start(
+            thread,
             self.link.pack_link(),
             Arc::clone(packs),
             wire,
@@ -468,29 +495,20 @@ impl Replica {
         )?;
         let mut waiting = packs.variables.clone();
         let mut next = 0;
-        let pass = self.net.gradients_streamed(
-            &forward,
-            &value,
-            &mut self.buffer[..n],
-            &mut |out, index| {
-                waiting[packs.pack_of[index]] -= 1;
-                while waiting.get(next) == Some(&0) {
-                    // A send fails only once the thread has stopped on an error, which the next
-                    // step's landing returns.
-                    let _ = to_flight.send((next, out[packs.ranges[next].clone()].to_vec()));
-                    next += 1;
-                }
-            },
-        );
+        let pass =
+            self.net
+                .gradients_streamed(forward, loss, &mut self.buffer[..n], &mut |out, index| {
+                    waiting[packs.pack_of[index]] -= 1;
+                    while waiting.get(next) == Some(&0) {
+                        // A send fails only once the thread has stopped on an error, which waiting
+                        // for the sums returns.
+                        let _ = to_flight.send((next, out[packs.ranges[next].clone()].to_vec()));
+                        next += 1;
+                    }
+                });
         drop(to_flight);
         pass?;
-        let totals = flight.totals()?;
-        blocked += flight.take_blocked();
-        self.in_flight = Some(flight);
-        self.waits.add_step(started.elapsed(), blocked);
-        Ok(StepTotals::from_values(
-            totals.iter().map(|&v| f64::from(v)),
-        ))
+        Ok(flight)
     }
 
     /// [`Replica::train_step`] on the device state: the passes and the update on the GPU with

@@ -1,6 +1,8 @@
 //! A step's update still in flight when the step returns
-//! (`CommunicationOptions::overlap_update`): a thread of its own sums the step's totals, then
-//! its packs piece by piece in [`Packs::overlapping`]'s order, and the next step's forward pass
+//! (`CommunicationOptions::overlap_update`): the replica's communication thread
+//! ([`PackThread`]) sums the step's packs piece by piece in [`Packs::overlapping`]'s order, the
+//! totals with the first piece (the step returns once they are summed), and the next step's
+//! forward pass
 //! applies each pack's update as it first reads that pack's variables
 //! ([`lockstep_nn::Network::forward_inputs_as_ready`]). The same collectives in the same order
 //! as [`crate::packs::reduce_after`] over the same packs, and the same update of each value,
@@ -15,26 +17,72 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use lockstep_collective::ReduceOp;
 use lockstep_nn::{Optimizer, Parameters};
 
 use crate::error::TrainError;
-use crate::packs::{Packs, Wire, reduce_pack, residuals_of};
+use crate::packs::{Packs, Wire, reduce_pack, reduce_totals, residuals_of, with_totals};
 use crate::strategy::PackLink;
 
-/// What the thread hands back: the summed totals first, then each piece as it is summed.
+/// A replica's communication thread, which outlives its steps: each step hands it the work of
+/// summing its packs. Made once, it sleeps between steps, so a step wakes it rather than
+/// starting it: on a machine whose cores the steps keep busy, a thread started anew waited
+/// milliseconds for a core (the scheduler puts a new thread behind those already running, a
+/// woken one ahead), and the link idled meanwhile.
+pub(crate) struct PackThread {
+    jobs: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+impl PackThread {
+    pub(crate) fn start() -> Result<Self, TrainError> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("lockstep-packs".into())
+            .spawn(move || {
+                ask_for_priority();
+                for job in queue {
+                    job();
+                }
+            })
+            .map_err(|e| TrainError::invalid("step", format!("no thread to sum packs: {e}")))?;
+        Ok(Self {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        })
+    }
+
+    fn run(&self, job: Job) -> Result<(), TrainError> {
+        self.jobs
+            .as_ref()
+            .and_then(|jobs| jobs.send(job).ok())
+            .ok_or_else(|| TrainError::invalid("step", "the thread summing packs has stopped"))
+    }
+}
+
+impl Drop for PackThread {
+    fn drop(&mut self) {
+        // Its queue closed, the thread ends after the job in hand.
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What the thread hands back: the summed totals, and each pack once its last piece is summed.
 enum Summed {
     Totals(Vec<f32>),
-    Piece(usize, Vec<f32>),
+    Pack(usize, Vec<f32>),
 }
 
 /// The thread summing one step's packs, and what the next forward pass has applied of them.
 pub(crate) struct UpdateInFlight {
     packs: Arc<Packs>,
     summed: Receiver<Summed>,
-    thread: Option<JoinHandle<Result<Vec<f32>, TrainError>>>,
-    /// Pieces of each pack not yet arrived.
-    missing: Vec<usize>,
+    /// The job's end: its error, or the residuals; `None` once taken.
+    done: Option<Receiver<Result<Vec<f32>, TrainError>>>,
     /// Whether each pack's update is applied.
     applied: Vec<bool>,
     /// The variables `..ready` are updated.
@@ -43,6 +91,9 @@ pub(crate) struct UpdateInFlight {
     /// had no examples anywhere (no update, as [`crate::replica::Replica`]'s step).
     scale: Option<f32>,
     totals: Option<Vec<f32>>,
+    /// Whether the packs only land in the gradient buffer, their update applied whole later
+    /// ([`UpdateInFlight::collect`]).
+    land_only: bool,
     /// Time spent waiting for the thread.
     pub(crate) blocked: Duration,
 }
@@ -51,10 +102,11 @@ pub(crate) struct UpdateInFlight {
 pub(crate) type PackSender = Sender<(usize, Vec<f32>)>;
 
 impl UpdateInFlight {
-    /// Starts the thread: it sums `totals` at once, then the pieces of the packs the backward
-    /// pass sends, in order, each with its residuals (kept by error feedback, else empty),
-    /// which the thread hands back when it ends.
+    /// Hands `thread` the step's sums: the pieces of the packs the backward pass sends, in
+    /// order, each with its residuals (kept by error feedback, else empty), which it hands back
+    /// at the end, and `totals` with the first piece (in `f32`) or right after it.
     pub(crate) fn start(
+        thread: &PackThread,
         mut link: PackLink,
         packs: Arc<Packs>,
         wire: Wire,
@@ -64,51 +116,74 @@ impl UpdateInFlight {
         let (send_pack, packed) = mpsc::channel::<(usize, Vec<f32>)>();
         let (send_summed, summed) = mpsc::channel::<Summed>();
         let order = Arc::clone(&packs);
-        let thread = std::thread::Builder::new()
-            .name("lockstep-update".into())
-            .spawn(move || {
-                link.all_reduce(&mut totals, ReduceOp::Sum)?;
-                // The receiver is gone only when the step failed: nothing then reads on.
-                let _ = send_summed.send(Summed::Totals(totals));
-                let mut arrived: Vec<Option<Vec<f32>>> = vec![None; order.ranges.len()];
-                for (index, piece) in order.pieces.iter().enumerate() {
-                    while arrived[piece.pack].is_none() {
-                        let Ok((pack, values)) = packed.recv() else {
-                            return Err(TrainError::invalid(
-                                "step",
-                                "the backward pass stopped before it finished its packs",
-                            ));
-                        };
-                        arrived[pack] = Some(values);
-                    }
-                    let start = order.ranges[piece.pack].start;
-                    let within = piece.range.start - start..piece.range.end - start;
-                    let mut values = arrived[piece.pack]
-                        .as_ref()
-                        .map(|pack| pack[within].to_vec())
-                        .unwrap_or_default();
-                    let residual = residuals_of(&mut residuals, piece.range.clone());
-                    reduce_pack(&mut link, &mut values, wire, residual)?;
-                    let _ = send_summed.send(Summed::Piece(index, values));
+        // The totals' collective: with the first piece's, right after it, or (whole packs in
+        // 16 bits, as `reduce_after`) after the last.
+        let totals_after = if with_totals(0, wire) || packs.totals_after_first {
+            0
+        } else {
+            packs.pieces.len().saturating_sub(1)
+        };
+        let (send_done, done) = mpsc::channel();
+        let job = move || -> Result<Vec<f32>, TrainError> {
+            let mut arrived: Vec<Option<Vec<f32>>> = vec![None; order.ranges.len()];
+            let mut left = vec![0_usize; order.ranges.len()];
+            for piece in &order.pieces {
+                left[piece.pack] += 1;
+            }
+            for (index, piece) in order.pieces.iter().enumerate() {
+                while arrived[piece.pack].is_none() {
+                    let Ok((pack, values)) = packed.recv() else {
+                        return Err(TrainError::invalid(
+                            "step",
+                            "the backward pass stopped before it finished its packs",
+                        ));
+                    };
+                    arrived[pack] = Some(values);
                 }
-                Ok(residuals)
-            })
-            .map_err(|e| {
-                TrainError::invalid("step", format!("no thread to sum the step's packs: {e}"))
-            })?;
-        let mut missing = vec![0; packs.ranges.len()];
-        for piece in &packs.pieces {
-            missing[piece.pack] += 1;
-        }
+                let Some(values) = arrived[piece.pack].as_mut() else {
+                    continue;
+                };
+                // Each piece is summed in place in its pack; in `f32` the totals follow the
+                // first piece, the pack's last values, in its collective.
+                let (length, start) = (values.len(), order.ranges[piece.pack].start);
+                let within = piece.range.start - start..piece.range.end - start;
+                let residual = residuals_of(&mut residuals, piece.range.clone());
+                if with_totals(index, wire) {
+                    values.extend_from_slice(&totals);
+                    reduce_pack(&mut link, &mut values[within.start..], wire, residual)?;
+                    totals = values.split_off(length);
+                } else {
+                    reduce_pack(&mut link, &mut values[within], wire, residual)?;
+                    if index == totals_after {
+                        reduce_totals(&mut link, &mut totals, wire)?;
+                    }
+                }
+                if index == totals_after {
+                    // The receiver is gone only when the step failed: nothing then reads on.
+                    let _ = send_summed.send(Summed::Totals(std::mem::take(&mut totals)));
+                }
+                left[piece.pack] -= 1;
+                if left[piece.pack] == 0
+                    && let Some(values) = arrived[piece.pack].take()
+                {
+                    let _ = send_summed.send(Summed::Pack(piece.pack, values));
+                }
+            }
+            Ok(residuals)
+        };
+        thread.run(Box::new(move || {
+            // The receiver is gone only when the step failed.
+            let _ = send_done.send(job());
+        }))?;
         let flight = Self {
             applied: vec![false; packs.ranges.len()],
             packs,
             summed,
-            thread: Some(thread),
-            missing,
+            done: Some(done),
             ready: 0,
             scale: None,
             totals: None,
+            land_only: false,
             blocked: Duration::ZERO,
         };
         Ok((flight, send_pack))
@@ -134,7 +209,7 @@ impl UpdateInFlight {
         while self.ready < end.min(self.packs.pack_of.len()) {
             let pack = self.packs.pack_of[self.ready];
             while !self.applied[pack] {
-                self.receive(Some(params), Some((optimizer, grads)))?;
+                self.receive(Some((&mut *params, &mut *optimizer)), Some(&mut *grads))?;
             }
             self.ready += 1;
         }
@@ -157,6 +232,18 @@ impl UpdateInFlight {
         Ok((residuals, self.blocked))
     }
 
+    /// Waits for every pack's sum and lands it in `grads` without applying any: for a step
+    /// that sums its packs during the backward pass and applies its whole update at its end.
+    /// Returns the totals and the residuals.
+    pub(crate) fn collect(mut self, grads: &mut [f32]) -> Result<(Vec<f32>, Vec<f32>), TrainError> {
+        self.land_only = true;
+        while self.applied.iter().any(|applied| !applied) || self.totals.is_none() {
+            self.receive(None, Some(grads))?;
+        }
+        let residuals = self.join()?;
+        Ok((self.totals.take().unwrap_or_default(), residuals))
+    }
+
     /// The time spent waiting for the thread so far, counted from zero again.
     pub(crate) fn take_blocked(&mut self) -> Duration {
         std::mem::take(&mut self.blocked)
@@ -164,28 +251,26 @@ impl UpdateInFlight {
 
     /// Ends the thread: its error, or the residuals.
     fn join(&mut self) -> Result<Vec<f32>, TrainError> {
-        let Some(thread) = self.thread.take() else {
+        let Some(done) = self.done.take() else {
             return Err(TrainError::invalid("step", "its packs were already summed"));
         };
         let waited = Instant::now();
-        let joined = thread.join();
+        let joined = done.recv();
         self.blocked += waited.elapsed();
-        match joined {
-            Ok(result) => Ok(result?),
-            Err(_) => Err(TrainError::invalid(
+        joined.unwrap_or_else(|_| {
+            Err(TrainError::invalid(
                 "step",
                 "the thread summing the step's packs panicked",
-            )),
-        }
+            ))
+        })
     }
 
-    /// Takes the thread's next message: the totals, or a piece, which lands in `grads` and
-    /// completes its pack's update when it was the pack's last. The thread's error when it
-    /// has stopped.
+    /// Takes the thread's next message: the totals, or a pack's sum, which lands in `grads`
+    /// and, given `update`, is applied there. The thread's error when it has stopped.
     fn receive(
         &mut self,
-        params: Option<&mut Parameters>,
-        update: Option<(&mut dyn Optimizer, &mut [f32])>,
+        update: Option<(&mut Parameters, &mut dyn Optimizer)>,
+        grads: Option<&mut [f32]>,
     ) -> Result<(), TrainError> {
         let waited = Instant::now();
         let message = self.summed.recv();
@@ -204,29 +289,45 @@ impl UpdateInFlight {
                 self.scale = (examples > 0.0).then(|| (1.0 / f64::from(examples)) as f32);
                 self.totals = Some(totals);
             }
-            Summed::Piece(index, values) => {
-                let (Some(params), Some((optimizer, grads))) = (params, update) else {
+            Summed::Pack(pack, values) => {
+                let Some(grads) = grads else {
                     return Err(TrainError::invalid(
                         "step",
                         "a pack's sum arrived before the step's totals",
                     ));
                 };
-                let piece = &self.packs.pieces[index];
-                grads[piece.range.clone()].copy_from_slice(&values);
-                let pack = piece.pack;
-                self.missing[pack] -= 1;
-                if self.missing[pack] == 0 {
-                    let range = self.packs.ranges[pack].clone();
-                    if let Some(scale) = self.scale {
-                        for g in &mut grads[range.clone()] {
-                            *g *= scale;
-                        }
-                        lockstep_nn::apply_update_range(optimizer, params, grads, range, 1.0)?;
+                let range = self.packs.ranges[pack].clone();
+                grads[range.clone()].copy_from_slice(&values);
+                if let (Some(scale), Some((params, optimizer)), false) =
+                    (self.scale, update, self.land_only)
+                {
+                    for g in &mut grads[range.clone()] {
+                        *g *= scale;
                     }
-                    self.applied[pack] = true;
+                    lockstep_nn::apply_update_range(optimizer, params, grads, range, 1.0)?;
                 }
+                self.applied[pack] = true;
             }
         }
         Ok(())
+    }
+}
+
+/// How much higher than the process's own priority the thread that sums packs asks to run.
+const PRIORITY_ABOVE_STEPS: i32 = 10;
+
+/// Asks the scheduler to run the calling thread (the one that sums packs) ahead of the
+/// process's other threads, where the process may (root, or `CAP_SYS_NICE`): a nice value
+/// `PRIORITY_ABOVE_STEPS` below its own. When a pack is ready the thread then takes a core
+/// from the steps' kernels at once rather than after their time slice, and the link does not
+/// wait for it. Elsewhere it runs at the process's priority, as before.
+fn ask_for_priority() {
+    let thread = rustix::thread::gettid();
+    let Ok(nice) = rustix::process::getpriority_process(Some(thread)) else {
+        return;
+    };
+    let wanted = (nice - PRIORITY_ABOVE_STEPS).max(-20);
+    if let Err(e) = rustix::process::setpriority_process(Some(thread), wanted) {
+        tracing::debug!(error = %e, nice, "the thread that sums packs runs at the process's priority");
     }
 }
