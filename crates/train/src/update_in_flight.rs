@@ -1,14 +1,18 @@
-//! A step's update still in flight when the step returns
-//! (`CommunicationOptions::overlap_update`): the replica's communication thread
-//! ([`PackThread`]) sums the step's packs piece by piece in [`Packs::overlapping`]'s order, the
-//! totals with the first piece (the step returns once they are summed), and the next step's
-//! forward pass
-//! applies each pack's update as it first reads that pack's variables
-//! ([`lockstep_nn::Network::forward_inputs_as_ready`]). The same collectives in the same order
-//! as [`crate::packs::reduce_after`] over the same packs, and the same update of each value,
-//! so the same bits; only when each is done changes.
+//! A replica's communication thread ([`PackThread`]) and the sums of a step it runs
+//! ([`UpdateInFlight`]): the step's packs, handed over by its backward pass as it finishes
+//! each, summed in [`Packs`]' order with the totals, each pack handed back whole once summed.
 //!
-//! Between two steps the replica's weights are those before the update in flight, as a GPU
+//! A step that sums its packs during the backward pass collects them all at its end
+//! ([`UpdateInFlight::collect`]) and applies its update whole. A step whose update overlaps the
+//! next forward pass (`CommunicationOptions::overlap_update`, [`Packs::overlapping`]'s order:
+//! the totals with the first piece, the first layers' pack partway through the largest)
+//! returns once the totals are summed, and the next step's forward pass applies each pack's
+//! update as it first reads that pack's variables
+//! ([`lockstep_nn::Network::forward_inputs_as_ready`]). Either way the collectives are
+//! [`crate::packs::reduce_after`]'s over the same packs, in the same order, and each value's
+//! update is the same, so the bits are the same; only when each is done changes.
+//!
+//! Between two steps a replica's weights are those before an update in flight, as a GPU
 //! replica's host values are between syncs: [`crate::replica::Replica::sync_host`] lands it
 //! first wherever anything reads the model.
 
@@ -95,7 +99,7 @@ pub(crate) struct UpdateInFlight {
     /// ([`UpdateInFlight::collect`]).
     land_only: bool,
     /// Time spent waiting for the thread.
-    pub(crate) blocked: Duration,
+    blocked: Duration,
 }
 
 /// The sending end a backward pass hands its finished packs to (pack index, its values).
