@@ -107,13 +107,15 @@ pub(crate) struct Replica {
     /// The kernel threads a process's single replica runs its steps on (made at its first
     /// step; see [`on_replicas`]).
     kernels: Option<Arc<rayon::ThreadPool>>,
-    /// The gradient buffer's packs and how they travel (made at the first step; shared, so a
-    /// step holds them while it borrows the replica).
+    /// The gradient buffer's packs, how they travel, and whether the steps leave their update
+    /// in flight (made at the first step; shared, so a step holds them while it borrows the
+    /// replica).
     packs: Option<(Arc<Packs>, Wire, bool)>,
     /// The last step's update, still being summed, when its packs overlap the next forward
     /// pass (the `bool` above): the weights are those before it until it lands.
     in_flight: Option<UpdateInFlight>,
-    /// The thread that sums the packs of an update in flight (made at the first such step).
+    /// The communication thread that sums this replica's packs (made at the first step with
+    /// several).
     pack_thread: Option<PackThread>,
     /// Why landing the update in flight failed where no error could be returned (a learning
     /// rate set between steps): the next step's error.
