@@ -389,13 +389,14 @@ impl Network {
         };
         let mut index = 0;
         while index < self.nodes.len() {
-            // The fused paths below read this node's variables and the next one's (a batch
-            // normalization's); the nodes after those hold none (an activation, a pooling).
-            let ahead = self.nodes[index..self.nodes.len().min(index + 2)]
-                .iter()
-                .map(|n| n.params.end)
-                .max()
-                .unwrap_or(0);
+            // This node's variables, and a batch normalization's after it, which the fused
+            // path below reads with them (the nodes it fuses after those hold none).
+            let ahead = self
+                .nodes
+                .get(index + 1)
+                .filter(|next| next.layer.as_batch_norm().is_some())
+                .map_or(0, |next| next.params.end)
+                .max(self.nodes[index].params.end);
             let variables = source.upto(ahead)?;
             let node = &self.nodes[index];
             let params = &variables[node.params.clone()];

@@ -189,3 +189,69 @@ fn two_inputs_of_ids_and_features_meet_in_one_model() {
     assert_eq!(out[0].shape(), [2, 1]);
     assert!(model.summary().contains("embedding (Embedding)"));
 }
+
+#[test]
+fn a_pass_as_ready_takes_each_variable_after_ready_has_changed_it() {
+    let make = || {
+        lockstep_nn::Sequential::new(
+            &[4],
+            vec![Box::new(Dense::new(3)), Box::new(Dense::new(2))],
+            5,
+        )
+        .unwrap()
+    };
+    let x = Tensor::from_vec((0..8).map(|i| i as f32 / 8.0).collect(), &[2, 4]).unwrap();
+    // The first layer's kernel and bias (variables 0 and 1) zeroed before the pass.
+    let mut expected = make();
+    let first = expected.parameters().specs()[1].range().end;
+    expected.parameters_mut().values_mut()[..first].fill(0.0);
+    let want = expected.forward(&x, ForwardContext::default()).unwrap();
+    let mut model = make();
+    let mut ends = Vec::new();
+    let got = model
+        .forward_inputs_as_ready(
+            std::slice::from_ref(&x),
+            ForwardContext::default(),
+            &mut |end, params| {
+                if ends.is_empty() {
+                    params.values_mut()[..first].fill(0.0);
+                }
+                ends.push(end);
+                Ok(())
+            },
+        )
+        .unwrap();
+    assert_eq!(got.output.to_vec().unwrap(), want.output.to_vec().unwrap());
+    // The first layer's variables first, every variable by the end, in growing steps.
+    assert_eq!(ends.first(), Some(&2));
+    assert_eq!(ends.last(), Some(&4));
+    assert!(ends.windows(2).all(|w| w[0] < w[1]), "{ends:?}");
+    // What `ready` wrote stays in the model; its gradients are the whole pass's.
+    assert!(
+        model.parameters().values()[..first]
+            .iter()
+            .all(|&v| v == 0.0)
+    );
+    let mut grads = vec![0.0; model.parameters().len()];
+    let loss = lockstep_tensor::ops::sum(&got.output, &[0, 1], false).unwrap();
+    model
+        .gradients(&got, &loss.backward().unwrap(), &mut grads)
+        .unwrap();
+    assert!(grads.iter().any(|&g| g != 0.0));
+    // An error from `ready` stops the pass and leaves the values in place.
+    let failed = model.forward_inputs_as_ready(
+        std::slice::from_ref(&x),
+        ForwardContext::default(),
+        &mut |_, _| {
+            Err(lockstep_nn::NnError::InvalidConfig {
+                layer: "test".into(),
+                why: "not ready".into(),
+            })
+        },
+    );
+    let Err(err) = failed else {
+        panic!("a pass whose variables are never ready ran");
+    };
+    assert!(err.to_string().contains("not ready"), "{err}");
+    assert_eq!(model.parameters().len(), grads.len());
+}
