@@ -87,6 +87,28 @@ pub struct Forward {
 }
 
 impl Forward {
+    /// A pass of inputs `xs` that gave `outputs` on `variables`, the layers' observations in
+    /// `sink`.
+    fn of_pass(
+        xs: &[Tensor],
+        outputs: Vec<Tensor>,
+        variables: Vec<Tensor>,
+        sink: ObservationSink,
+    ) -> Self {
+        Self {
+            output: outputs[0].clone(),
+            outputs,
+            variables,
+            observations: sink.into_inner(),
+            examples: xs
+                .first()
+                .and_then(|x| x.shape().first())
+                .copied()
+                .unwrap_or(0),
+            replaced: Vec::new(),
+        }
+    }
+
     /// The tensor that stood for variable `index` in this pass (its gradient is
     /// `gradients.get(tensor)`), or `None` past the variables.
     pub fn variable(&self, index: usize) -> Option<&Tensor> {
@@ -579,19 +601,7 @@ impl Network {
             .and_then(|outputs| source.upto(all).map(|_| outputs));
         let variables = source.made;
         self.params = params;
-        let outputs = outputs?;
-        Ok(Forward {
-            output: outputs[0].clone(),
-            outputs,
-            variables,
-            observations: sink.into_inner(),
-            examples: xs
-                .first()
-                .and_then(|x| x.shape().first())
-                .copied()
-                .unwrap_or(0),
-            replaced: Vec::new(),
-        })
+        Ok(Forward::of_pass(xs, outputs?, variables, sink))
     }
 
     /// A forward pass of `xs` on `variables`, recording what layers observe.
@@ -604,18 +614,7 @@ impl Network {
         let xs = self.inputs_on_device(xs)?;
         let sink = ObservationSink::default();
         let outputs = self.run_inputs(&xs, &variables, ctx.observing(&sink))?;
-        Ok(Forward {
-            output: outputs[0].clone(),
-            outputs,
-            variables,
-            observations: sink.into_inner(),
-            examples: xs
-                .first()
-                .and_then(|x| x.shape().first())
-                .copied()
-                .unwrap_or(0),
-            replaced: Vec::new(),
-        })
+        Ok(Forward::of_pass(&xs, outputs, variables, sink))
     }
 
     /// The embedding tables that read their ids straight from one of the model's inputs,

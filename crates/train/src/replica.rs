@@ -2,7 +2,7 @@
 //! does in a step. Replicas of one process run on threads of their own for each step.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use lockstep_collective::{Compression, ReduceOp};
 use lockstep_nn::{
@@ -243,9 +243,9 @@ impl Replica {
 
     /// Waits for the update in flight, applies what is left of it and counts the step.
     /// Returns the time spent waiting for its sums.
-    fn land_in_flight(&mut self) -> Result<std::time::Duration, TrainError> {
+    fn land_in_flight(&mut self) -> Result<Duration, TrainError> {
         let Some(flight) = self.in_flight.take() else {
-            return Ok(std::time::Duration::ZERO);
+            return Ok(Duration::ZERO);
         };
         let n = self.net.parameters().len();
         if self.buffer.len() < n {
@@ -381,6 +381,18 @@ impl Replica {
             }
             None => {}
         }
+        self.sum_after_and_update((packs, wire), started, Duration::ZERO)
+    }
+
+    /// The end of a step whose gradients are in the buffer: [`packs::reduce_after`], the
+    /// whole update, and the step's times (`blocked` already before the sums).
+    fn sum_after_and_update(
+        &mut self,
+        (packs, wire): (&Packs, Wire),
+        started: Instant,
+        blocked: Duration,
+    ) -> Result<StepTotals, TrainError> {
+        let n = self.net.parameters().len();
         let reducing = Instant::now();
         let residuals = self.residuals.for_step(n, wire);
         packs::reduce_after(
@@ -389,7 +401,7 @@ impl Replica {
             n,
             (packs, wire, residuals),
         )?;
-        let blocked = reducing.elapsed();
+        let blocked = blocked + reducing.elapsed();
         let totals = self.update(n)?;
         self.waits.add_step(started.elapsed(), blocked);
         Ok(totals)
@@ -414,18 +426,7 @@ impl Replica {
             let landed = self.land_in_flight()?;
             // Landing used the buffer; this replica adds nothing to the step's sums.
             self.buffer.fill(0.0);
-            let reducing = Instant::now();
-            let residuals = self.residuals.for_step(n, wire);
-            packs::reduce_after(
-                &mut self.link,
-                &mut self.buffer,
-                n,
-                (packs, wire, residuals),
-            )?;
-            let blocked = landed + reducing.elapsed();
-            let totals = self.update(n)?;
-            self.waits.add_step(started.elapsed(), blocked);
-            return Ok(totals);
+            return self.sum_after_and_update((packs, wire), started, landed);
         };
         let ctx =
             ForwardContext::training(step, self.link.replica_id()).with_replicas(&self.across);
