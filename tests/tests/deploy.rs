@@ -166,15 +166,15 @@ fn the_tfjobs_tasks_train_and_evaluate_with_tf_config_as_the_operator_writes_it(
 
     // The operator's TF_CONFIG names the chief and the workers, not the evaluator; here each
     // pod is a process on its own port of localhost, its volume a folder.
-    let ports: Vec<u16> = (0..2)
-        .map(|_| {
-            TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        })
+    // Both bound before either is released: a released port may be handed out again.
+    let listeners: Vec<TcpListener> = (0..2)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
         .collect();
+    let ports: Vec<u16> = listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect();
+    drop(listeners);
     let cluster = json!({
         "chief": [format!("localhost:{}", ports[0])],
         "worker": [format!("localhost:{}", ports[1])],

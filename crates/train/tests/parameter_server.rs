@@ -21,28 +21,32 @@ use lockstep_train::{
     serve_steps,
 };
 
-/// A free loopback port (bound and released: the task binds it again).
-fn port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// `n` distinct free loopback ports: each bound, all held until every one is chosen (the
+/// kernel may hand a released port out again, and a cluster refuses an address listed twice),
+/// then released for the tasks to bind again.
+fn ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
 }
 
 fn strategies(workers: usize, ps: usize) -> Vec<ParameterServerStrategy> {
-    let list = |n: usize| {
-        (0..n)
-            .map(|_| format!("\"127.0.0.1:{}\"", port()))
+    let mut ports = ports(1 + workers + ps).into_iter();
+    let mut list = |n: usize| {
+        ports
+            .by_ref()
+            .take(n)
+            .map(|port| format!("\"127.0.0.1:{port}\""))
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let cluster = format!(
-        "{{\"chief\": [{}], \"worker\": [{}], \"ps\": [{}]}}",
-        list(1),
-        list(workers),
-        list(ps)
-    );
+    let (chiefs, worker_list, ps_list) = (list(1), list(workers), list(ps));
+    let cluster =
+        format!("{{\"chief\": [{chiefs}], \"worker\": [{worker_list}], \"ps\": [{ps_list}]}}");
     let secret = ClusterSecret::new(*b"the parameter-server test secret").unwrap();
     let tasks = std::iter::once(("chief", 0))
         .chain((0..workers).map(|i| ("worker", i)))
@@ -110,14 +114,17 @@ fn two_workers_and_two_ps_tasks_train_the_mlp_to_the_accuracy_of_synchronous_tra
         .unwrap();
     let logs = tempfile::tempdir().unwrap();
     model.tensorboard(logs.path());
-    let history = model.fit(4, 40, false).unwrap();
-    assert_eq!(history.steps, 160);
-    assert_eq!(history.examples, 160 * 32);
+    let history = model.fit(8, 40, false).unwrap();
+    assert_eq!(history.steps, 320);
+    assert_eq!(history.examples, 320 * 32);
     let losses = &history.history["loss"];
-    assert!(losses[3] < losses[0], "the loss falls: {losses:?}");
+    assert!(losses[7] < losses[0], "the loss falls: {losses:?}");
     // One event of the epoch's scalars per epoch, at the epoch's index (the helper sees the
     // steps written: epoch 0's is protobuf's default, left out).
-    assert_eq!(common::event_steps(&logs.path().join("train")), [1, 2, 3]);
+    assert_eq!(
+        common::event_steps(&logs.path().join("train")),
+        [1, 2, 3, 4, 5, 6, 7]
+    );
     let logs = model.evaluate(&common::digits().batch(128, false)).unwrap();
     let accuracy = logs.0["accuracy"];
     // Training is over: every worker's and ps task's service returns.
@@ -126,7 +133,10 @@ fn two_workers_and_two_ps_tasks_train_the_mlp_to_the_accuracy_of_synchronous_tra
         task.join().unwrap();
     }
     // As many batches trained synchronously on one replica, with the same SGD: asynchronous
-    // steps (a gradient may come from values a step older) land within a few points.
+    // steps (a gradient may come from values a step older) land within two points. Measured
+    // over 20 runs: 0.980-0.991 against 0.984. After 4 epochs, still on the steep part of the
+    // curve, the spread was 0.89-0.95 against 0.947 and failed the bar one run in five; half
+    // of the steps lost would read about 0.95 here.
     let mut synchronous = Model::new(MirroredStrategy::new(1).unwrap(), common::mlp).unwrap();
     synchronous
         .compile(Sgd::new(0.05), common::loss(), &["accuracy"])
@@ -136,7 +146,7 @@ fn two_workers_and_two_ps_tasks_train_the_mlp_to_the_accuracy_of_synchronous_tra
         .unwrap();
     synchronous
         .fit(&data)
-        .epochs(4)
+        .epochs(8)
         .steps_per_epoch(40)
         .verbose(false)
         .run()
@@ -146,7 +156,7 @@ fn two_workers_and_two_ps_tasks_train_the_mlp_to_the_accuracy_of_synchronous_tra
         .unwrap();
     let reference = synchronous.evaluate(&all).unwrap().0["accuracy"];
     assert!(
-        (accuracy - reference).abs() < 0.05 && accuracy > 0.85,
+        (accuracy - reference).abs() < 0.02 && accuracy > 0.96,
         "asynchronous {accuracy}, synchronous {reference}"
     );
 }
