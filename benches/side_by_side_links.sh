@@ -14,7 +14,8 @@
 # where the kernel has it; TORCH=0 leaves PyTorch out (Lockstep's runs and limits only);
 # VARIANTS (say "packs_256k overlap_256k") runs only those of Lockstep's two-worker settings:
 # lockstep (as it comes), packs_256k, bf16, bf16_packs_256k, overlap_256k (packs of 256 KiB
-# whose update lands in the next step's forward pass, `--overlap-update`), bf16_overlap_256k;
+# whose update lands in the next step's forward pass, `--overlap-update`), bf16_overlap_256k,
+# and any pack size as packs_BYTES, overlap_BYTES, bf16_packs_BYTES or bf16_overlap_BYTES;
 # BIN_DIR (default target/release) is where Lockstep's binaries are, for a build before a
 # change beside one after it.
 #
@@ -198,5 +199,15 @@ for rate in $RATES; do
     variant overlap_256k "$rate" "$rep" --bytes-per-pack 262144 --overlap-update
     variant bf16_overlap_256k "$rate" "$rep" --compression bf16 --bytes-per-pack 262144 \
       --overlap-update
+    # Any other pack size VARIANTS names: packs_BYTES, overlap_BYTES, bf16_packs_BYTES,
+    # bf16_overlap_BYTES (BYTES a number, say overlap_4194304).
+    for setting in $VARIANTS; do
+      if [[ $setting =~ ^(bf16_)?(packs|overlap)_([0-9]+)$ ]]; then
+        flags=(--bytes-per-pack "${BASH_REMATCH[3]}")
+        if [ -n "${BASH_REMATCH[1]}" ]; then flags+=(--compression bf16); fi
+        if [ "${BASH_REMATCH[2]}" = overlap ]; then flags+=(--overlap-update); fi
+        variant "$setting" "$rate" "$rep" "${flags[@]}"
+      fi
+    done
   done
 done

@@ -20,17 +20,59 @@ impl<F> Backward for F where
 {
 }
 
+/// A backward rule that computes only the inputs' gradients `wanted` names (one flag per
+/// input; `None` for the others): so that a parameter's gradient can be handed over before
+/// the rest of the operation's are computed.
+pub(crate) trait BackwardInParts:
+    Fn(&Tensor, &Tensor, &[bool]) -> Result<Vec<Option<Tensor>>, TensorError> + Send + Sync + 'static
+{
+}
+
+impl<F> BackwardInParts for F where
+    F: Fn(&Tensor, &Tensor, &[bool]) -> Result<Vec<Option<Tensor>>, TensorError>
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+enum Rule {
+    Whole(Box<dyn Backward>),
+    InParts(Box<dyn BackwardInParts>),
+}
+
 /// A recorded operation: its inputs and its backward rule.
 pub(crate) struct GradFn {
     inputs: Vec<Tensor>,
-    backward: Box<dyn Backward>,
+    rule: Rule,
 }
 
 impl GradFn {
     pub(crate) fn new(inputs: Vec<Tensor>, backward: impl Backward) -> Self {
         Self {
             inputs,
-            backward: Box::new(backward),
+            rule: Rule::Whole(Box::new(backward)),
+        }
+    }
+
+    pub(crate) fn in_parts(inputs: Vec<Tensor>, backward: impl BackwardInParts) -> Self {
+        Self {
+            inputs,
+            rule: Rule::InParts(Box::new(backward)),
+        }
+    }
+
+    /// The gradients of the inputs `wanted` names (all of them when `None`).
+    fn run(
+        &self,
+        grad: &Tensor,
+        output: &Tensor,
+        wanted: Option<&[bool]>,
+    ) -> Result<Vec<Option<Tensor>>, TensorError> {
+        match (&self.rule, wanted) {
+            (Rule::Whole(rule), _) => rule(grad, output),
+            (Rule::InParts(rule), Some(wanted)) => rule(grad, output, wanted),
+            (Rule::InParts(rule), None) => rule(grad, output, &vec![true; self.inputs.len()]),
         }
     }
 }
@@ -91,6 +133,21 @@ impl Tensor {
             ));
         }
         let order = topological_order(self);
+        // How many recorded operations read each tensor that needs a gradient: a parameter's
+        // gradient is whole once the last of them has run, and is handed over then.
+        let mut readers: HashMap<TensorId, usize> = HashMap::new();
+        for node in &order {
+            if let Grad::Node(f) = &node.inner.grad {
+                for input in f.inputs.iter().filter(|t| t.requires_grad()) {
+                    *readers.entry(input.id()).or_default() += 1;
+                }
+            }
+        }
+        // A rule in parts computes the gradients of the parameters it is the last to read
+        // first, and they are handed over before the rest of its gradients are computed. On
+        // one thread its parts would run one after the other anyway; on more, run whole, they
+        // run side by side.
+        let split = rayon::current_num_threads() == 1;
         let mut pending: HashMap<TensorId, Tensor> = HashMap::new();
         pending.insert(self.id(), seed(self)?);
         let mut result = Gradients::default();
@@ -101,25 +158,53 @@ impl Tensor {
             match &node.inner.grad {
                 Grad::None => {}
                 Grad::Leaf => {
-                    // Every operation that reads a leaf comes after it in the order, so its
-                    // gradient is whole once the reverse walk reaches it.
+                    // A parameter no recorded operation reads: the loss itself.
                     complete(node, &grad)?;
                     result.by_id.insert(node.id(), grad);
                 }
                 Grad::Node(f) => {
-                    let input_grads = (f.backward)(&grad, node)?;
-                    for (input, input_grad) in f.inputs.iter().zip(input_grads) {
-                        let Some(input_grad) = input_grad else {
-                            continue;
-                        };
-                        if !input.requires_grad() {
-                            continue;
+                    let completes: Vec<bool> = f
+                        .inputs
+                        .iter()
+                        .map(|t| {
+                            matches!(t.inner.grad, Grad::Leaf) && readers.get(&t.id()) == Some(&1)
+                        })
+                        .collect();
+                    let parts: Vec<Option<Vec<bool>>> = match &f.rule {
+                        Rule::InParts(_) if split && completes.contains(&true) => {
+                            let rest = completes.iter().map(|c| !c).collect();
+                            vec![Some(completes), Some(rest)]
                         }
-                        let summed = match pending.remove(&input.id()) {
-                            Some(earlier) => add_same_shape(&earlier, &input_grad)?,
-                            None => input_grad,
-                        };
-                        pending.insert(input.id(), summed);
+                        _ => vec![None],
+                    };
+                    for wanted in parts {
+                        let input_grads = f.run(&grad, node, wanted.as_deref())?;
+                        for (index, (input, input_grad)) in
+                            f.inputs.iter().zip(input_grads).enumerate()
+                        {
+                            if !input.requires_grad() || wanted.as_ref().is_some_and(|w| !w[index])
+                            {
+                                continue;
+                            }
+                            if let Some(input_grad) = input_grad {
+                                let summed = match pending.remove(&input.id()) {
+                                    Some(earlier) => add_same_shape(&earlier, &input_grad)?,
+                                    None => input_grad,
+                                };
+                                pending.insert(input.id(), summed);
+                            }
+                            let left = readers.entry(input.id()).or_default();
+                            *left = left.saturating_sub(1);
+                            // Every operation that reads this parameter has run: its
+                            // gradient is whole.
+                            if *left == 0
+                                && matches!(input.inner.grad, Grad::Leaf)
+                                && let Some(whole) = pending.remove(&input.id())
+                            {
+                                complete(input, &whole)?;
+                                result.by_id.insert(input.id(), whole);
+                            }
+                        }
                     }
                 }
             }
@@ -196,6 +281,87 @@ mod tests {
         assert_eq!(ids, [w2.id(), w1.id()]);
         for (parameter, (_, handed)) in [&w2, &w1].into_iter().zip(&seen) {
             assert_eq!(&grads.get(parameter).unwrap().to_vec().unwrap(), handed);
+        }
+    }
+    /// `Σ relu(relu(x · w1 + b1) · w2 + b2)` on values that make every gradient non-trivial.
+    fn two_dense_layers() -> (Tensor, Vec<Tensor>) {
+        let values = |n: usize, seed: f32| -> Vec<f32> {
+            (0..n).map(|i| (i as f32 * 0.37 + seed).sin()).collect()
+        };
+        let x = Tensor::from_vec(values(6 * 40, 0.1), &[6, 40]).unwrap();
+        let w1 = Tensor::parameter(values(40 * 30, 0.2), &[40, 30]).unwrap();
+        let b1 = Tensor::parameter(values(30, 0.3), &[30]).unwrap();
+        let w2 = Tensor::parameter(values(30 * 5, 0.4), &[30, 5]).unwrap();
+        let b2 = Tensor::parameter(values(5, 0.5), &[5]).unwrap();
+        let h = ops::dense(&x, &w1, Some(&b1), true).unwrap();
+        let y = ops::dense(&h, &w2, Some(&b2), true).unwrap();
+        (ops::sum(&y, &[0, 1], false).unwrap(), vec![w1, b1, w2, b2])
+    }
+
+    #[test]
+    fn gradients_taken_in_parts_on_one_thread_are_the_bits_of_those_taken_whole() {
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                let (loss, parameters) = two_dense_layers();
+                let mut order = Vec::new();
+                let grads = loss
+                    .backward_with(&mut |parameter, _| {
+                        order.push(parameters.iter().position(|p| p.id() == parameter.id()));
+                        Ok(())
+                    })
+                    .unwrap();
+                let values: Vec<Vec<u32>> = parameters
+                    .iter()
+                    .map(|p| {
+                        let g = grads.get(p).unwrap().to_vec().unwrap();
+                        g.iter().map(|v| v.to_bits()).collect()
+                    })
+                    .collect();
+                (order, values)
+            })
+        };
+        let (in_parts, whole) = (on(1), on(2));
+        assert_eq!(in_parts.1, whole.1);
+        // The last layer's weights, then its bias, then the first layer's.
+        assert_eq!(in_parts.0, [Some(2), Some(3), Some(0), Some(1)]);
+        assert_eq!(whole.0, in_parts.0);
+    }
+
+    #[test]
+    fn a_parameter_read_twice_is_handed_over_once_its_last_reader_has_run() {
+        let x = Tensor::from_vec(vec![1.0, 2.0, -1.0, 0.5], &[2, 2]).unwrap();
+        let w = Tensor::parameter(vec![1.0, 0.5, -1.0, 2.0], &[2, 2]).unwrap();
+        let v = Tensor::parameter(vec![0.25, -2.0], &[2, 1]).unwrap();
+        // loss = Σ(x · w) + Σ((x · w) · v): w feeds two products.
+        let xw = ops::dense(&x, &w, None, false).unwrap();
+        let first = ops::sum(&xw, &[0, 1], false).unwrap();
+        let second = ops::sum(&ops::dense(&xw, &v, None, false).unwrap(), &[0, 1], false).unwrap();
+        let loss = ops::add(&first, &second).unwrap();
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut seen = Vec::new();
+            let grads = pool
+                .install(|| {
+                    loss.backward_with(&mut |parameter, gradient| {
+                        seen.push((parameter.id(), gradient.to_vec()?));
+                        Ok(())
+                    })
+                })
+                .unwrap();
+            let ids: Vec<_> = seen.iter().map(|(id, _)| *id).collect();
+            assert_eq!(ids, [v.id(), w.id()], "on {threads} threads");
+            // d/dw[i][j] = (Σ_r x[r][i]) · (1 + v[j]), the two readers' parts summed:
+            // x's column sums are [0, 2.5].
+            let whole = grads.get(&w).unwrap().to_vec().unwrap();
+            assert_eq!(seen[1].1, whole);
+            assert_eq!(whole, [0.0, 0.0, 3.125, -2.5]);
         }
     }
 }

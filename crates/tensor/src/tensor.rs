@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use lockstep_cuda::CudaBuffer;
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
-use crate::autograd::{Backward, GradFn};
+use crate::autograd::{Backward, BackwardInParts, GradFn};
 use crate::device::Device;
 use crate::error::TensorError;
 use crate::storage::Storage;
@@ -216,6 +216,28 @@ impl Tensor {
         debug_assert_eq!(Some(data.len()), element_count(&shape));
         let grad = if inputs.iter().any(|t| t.requires_grad()) {
             Grad::Node(GradFn::new(
+                inputs.iter().map(|t| (*t).clone()).collect(),
+                backward,
+            ))
+        } else {
+            Grad::None
+        };
+        Self::build(data, shape, grad)
+    }
+
+    /// [`Tensor::from_op`] whose backward rule computes the gradients of the inputs it is
+    /// asked for only, so that a parameter's can be handed over first
+    /// ([`Tensor::backward_with`]).
+    pub(crate) fn from_op_in_parts(
+        data: impl Into<Storage>,
+        shape: Vec<usize>,
+        inputs: &[&Tensor],
+        backward: impl BackwardInParts,
+    ) -> Self {
+        let data = data.into();
+        debug_assert_eq!(Some(data.len()), element_count(&shape));
+        let grad = if inputs.iter().any(|t| t.requires_grad()) {
+            Grad::Node(GradFn::in_parts(
                 inputs.iter().map(|t| (*t).clone()).collect(),
                 backward,
             ))

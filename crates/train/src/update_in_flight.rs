@@ -301,14 +301,17 @@ impl UpdateInFlight {
                     ));
                 };
                 let range = self.packs.ranges[pack].clone();
-                grads[range.clone()].copy_from_slice(&values);
                 if let (Some(scale), Some((params, optimizer)), false) =
                     (self.scale, update, self.land_only)
                 {
-                    for g in &mut grads[range.clone()] {
-                        *g *= scale;
+                    // Scaled as it lands: one pass over the pack, where a copy and then the
+                    // scale took two.
+                    for (g, v) in grads[range.clone()].iter_mut().zip(&values) {
+                        *g = v * scale;
                     }
                     lockstep_nn::apply_update_range(optimizer, params, grads, range, 1.0)?;
+                } else {
+                    grads[range].copy_from_slice(&values);
                 }
                 self.applied[pack] = true;
             }

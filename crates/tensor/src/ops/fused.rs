@@ -316,17 +316,20 @@ pub(crate) fn product(
         relu_in_place(&mut out);
     }
     let (input, weights, has_bias) = (x.clone(), w.clone(), bias.is_some());
-    Ok(Tensor::from_op(
+    // In parts: the weights' and the bias' gradients can be asked for before the input's, so
+    // that a data-parallel step sends them while the input's is computed.
+    Ok(Tensor::from_op_in_parts(
         out,
         vec![m, n],
         &inputs(x, w, bias),
-        move |d, y| {
+        move |d, y, wanted| {
+            let wants = |index: usize| wanted.get(index).copied().unwrap_or(false);
             let d = if relu { relu_grad(d, y)? } else { d.clone() };
             // The two products are independent: run side by side, each GEMM's own threads
             // have more to share (a 64-row product alone keeps two threads only ~70% busy).
             let (dx, dw) = rayon::join(
                 || {
-                    input.requires_grad().then(|| {
+                    (wants(0) && input.requires_grad()).then(|| {
                         let dx = gemm_new(
                             plain(&d, m, n),
                             MatRef {
@@ -340,7 +343,7 @@ pub(crate) fn product(
                     })
                 },
                 || {
-                    weights.requires_grad().then(|| {
+                    (wants(1) && weights.requires_grad()).then(|| {
                         let dw = gemm_new(
                             MatRef {
                                 data: input.host(),
@@ -356,7 +359,7 @@ pub(crate) fn product(
             );
             let mut grads = vec![dx.transpose()?, dw.transpose()?];
             if has_bias {
-                grads.push(Some(Tensor::raw(sum_rows(d.host(), n), vec![n])));
+                grads.push(wants(2).then(|| Tensor::raw(sum_rows(d.host(), n), vec![n])));
             }
             Ok(grads)
         },
