@@ -110,10 +110,21 @@ impl Packs {
     /// backward pass finishes the first layers' pack last and the next forward pass needs it
     /// first: so it is summed while the largest pack is, and the next pass starts on the first
     /// layers while the rest of that pack is on the wire. The order is the same on every
-    /// replica (a ring needs every replica to issue the same collectives in the same order),
-    /// and so is where each value is summed whether the step overlaps or not.
-    pub(crate) fn overlapping(specs: &[ParamSpec], bytes_per_pack: usize) -> Self {
+    /// replica (a ring needs every replica to issue the same collectives in the same order).
+    ///
+    /// Cut into pieces only `in_pieces`: where each value's sum does not depend on where its
+    /// collective cuts the buffer (two processes, whose sum of two values is the same in
+    /// either order; shared memory, which sums in rank order). Among more processes a ring
+    /// sums each segment of a collective starting from another rank, so a piece would sum
+    /// its values in another order than the whole pack: the packs then go whole, in
+    /// [`Packs::new`]'s order, with only the totals (their own collective in 16 bits) first,
+    /// and every value is summed as in the step that does not overlap.
+    pub(crate) fn overlapping(specs: &[ParamSpec], bytes_per_pack: usize, in_pieces: bool) -> Self {
         let mut packs = Self::new(specs, bytes_per_pack);
+        packs.totals_after_first = true;
+        if !in_pieces {
+            return packs;
+        }
         let most = (bytes_per_pack / 4).max(1);
         let pieces = |pack: usize, range: &Range<usize>| -> Vec<Piece> {
             (range.clone().rev().step_by(most))
@@ -135,7 +146,6 @@ impl Packs {
             cursor = if pack == 0 { 0 } else { at + count };
         }
         packs.pieces = order;
-        packs.totals_after_first = true;
         packs
     }
 
@@ -397,7 +407,7 @@ mod tests {
         assert_eq!(packs.variables, [2, 2]);
         // Overlapping: pieces of at most 10 values (40 bytes) from each pack's end; the second
         // pack's pieces go halfway through the first's.
-        let overlapping = Packs::overlapping(specs, 40);
+        let overlapping = Packs::overlapping(specs, 40, true);
         assert!(overlapping.totals_after_first && !packs.totals_after_first);
         let pieces: Vec<(usize, Range<usize>)> = overlapping
             .pieces
@@ -415,6 +425,11 @@ mod tests {
                 (0, 40..48)
             ]
         );
+        // Not in pieces (more than two processes): the packs whole, in their order; only the
+        // totals move up.
+        let whole = Packs::overlapping(specs, 40, false);
+        assert_eq!(whole.pieces, packs.pieces);
+        assert!(whole.totals_after_first);
         // The packs of the fit tests' MLP at 4 KiB: several, so those tests overlap.
         let mlp = lockstep_nn::models::mnist_mlp(3).unwrap();
         assert!(Packs::new(mlp.parameters().specs(), 4 * 1024).len() > 1);

@@ -322,7 +322,7 @@ impl Replica {
             }
             let overlap = options.overlap_update && refused.is_none();
             let packs = if overlap {
-                Packs::overlapping(specs, options.bytes_per_pack)
+                Packs::overlapping(specs, options.bytes_per_pack, self.link.processes() <= 2)
             } else {
                 packs
             };

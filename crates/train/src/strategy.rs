@@ -257,6 +257,14 @@ impl ReplicaLink {
         }
     }
 
+    /// The number of processes the replicas are in.
+    pub(crate) fn processes(&self) -> usize {
+        match &*self.lock() {
+            Link::InProcess(c) => c.processes(),
+            Link::Cluster(c) => c.processes(),
+        }
+    }
+
     /// The number of replicas in sync, over every process.
     pub(crate) fn world_size(&self) -> usize {
         match &*self.lock() {

@@ -217,6 +217,21 @@ fn an_update_left_in_flight_into_the_next_forward_pass_trains_to_the_same_bits()
     );
 }
 
+#[test]
+fn an_update_left_in_flight_among_three_processes_trains_to_the_bits_of_the_same_packs_after_it() {
+    // Among three processes a ring sums each value in an order that depends on where its
+    // collective cuts the buffer: the packs go whole there, as in the step without overlap.
+    let run = |options| {
+        workers_with(3, 1, options, |strategy| {
+            train(strategy, 96, 2, Vec::new()).unwrap()
+        })
+    };
+    let (overlapped, packed) = (run(overlapped_update()), run(small_packs()));
+    assert_eq!(overlapped[0].0, overlapped[2].0);
+    assert_eq!(overlapped[0].0, packed[0].0);
+    assert_eq!(overlapped[0].1.history, packed[0].1.history);
+}
+
 /// Sets a new learning rate after every batch, as a user's schedule in a callback may.
 struct RateEveryBatch;
 
