@@ -158,7 +158,9 @@ impl Tensor {
             match &node.inner.grad {
                 Grad::None => {}
                 Grad::Leaf => {
-                    // A parameter no recorded operation reads: the loss itself.
+                    // The loss itself, or a parameter one of whose readers got no gradient
+                    // (so it was not handed over at its last reader): every reader comes
+                    // before it in this walk, so its gradient is whole here.
                     complete(node, &grad)?;
                     result.by_id.insert(node.id(), grad);
                 }
@@ -182,7 +184,8 @@ impl Tensor {
                         for (index, (input, input_grad)) in
                             f.inputs.iter().zip(input_grads).enumerate()
                         {
-                            if !input.requires_grad() || wanted.as_ref().is_some_and(|w| !w[index])
+                            if !input.requires_grad()
+                                || wanted.as_ref().is_some_and(|w| w.get(index) != Some(&true))
                             {
                                 continue;
                             }
@@ -283,6 +286,7 @@ mod tests {
             assert_eq!(&grads.get(parameter).unwrap().to_vec().unwrap(), handed);
         }
     }
+
     /// `Σ relu(relu(x · w1 + b1) · w2 + b2)` on values that make every gradient non-trivial.
     fn two_dense_layers() -> (Tensor, Vec<Tensor>) {
         let values = |n: usize, seed: f32| -> Vec<f32> {
