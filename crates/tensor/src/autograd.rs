@@ -302,14 +302,19 @@ mod tests {
         (ops::sum(&y, &[0, 1], false).unwrap(), vec![w1, b1, w2, b2])
     }
 
+    /// `f` run on a rayon pool of `threads` threads.
+    fn on_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(f)
+    }
+
     #[test]
     fn gradients_taken_in_parts_on_one_thread_are_the_bits_of_those_taken_whole() {
         let on = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            pool.install(|| {
+            on_threads(threads, || {
                 let (loss, parameters) = two_dense_layers();
                 let mut order = Vec::new();
                 let grads = loss
@@ -346,19 +351,14 @@ mod tests {
         let second = ops::sum(&ops::dense(&xw, &v, None, false).unwrap(), &[0, 1], false).unwrap();
         let loss = ops::add(&first, &second).unwrap();
         for threads in [1, 2] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
             let mut seen = Vec::new();
-            let grads = pool
-                .install(|| {
-                    loss.backward_with(&mut |parameter, gradient| {
-                        seen.push((parameter.id(), gradient.to_vec()?));
-                        Ok(())
-                    })
+            let grads = on_threads(threads, || {
+                loss.backward_with(&mut |parameter, gradient| {
+                    seen.push((parameter.id(), gradient.to_vec()?));
+                    Ok(())
                 })
-                .unwrap();
+            })
+            .unwrap();
             let ids: Vec<_> = seen.iter().map(|(id, _)| *id).collect();
             assert_eq!(ids, [v.id(), w.id()], "on {threads} threads");
             // d/dw[i][j] = (Σ_r x[r][i]) · (1 + v[j]), the two readers' parts summed:

@@ -212,17 +212,9 @@ impl Tensor {
         inputs: &[&Tensor],
         backward: impl Backward,
     ) -> Self {
-        let data = data.into();
-        debug_assert_eq!(Some(data.len()), element_count(&shape));
-        let grad = if inputs.iter().any(|t| t.requires_grad()) {
-            Grad::Node(GradFn::new(
-                inputs.iter().map(|t| (*t).clone()).collect(),
-                backward,
-            ))
-        } else {
-            Grad::None
-        };
-        Self::build(data, shape, grad)
+        Self::recorded(data.into(), shape, inputs, |inputs| {
+            GradFn::new(inputs, backward)
+        })
     }
 
     /// [`Tensor::from_op`] whose backward rule computes the gradients of the inputs it is
@@ -234,13 +226,22 @@ impl Tensor {
         inputs: &[&Tensor],
         backward: impl BackwardInParts,
     ) -> Self {
-        let data = data.into();
+        Self::recorded(data.into(), shape, inputs, |inputs| {
+            GradFn::in_parts(inputs, backward)
+        })
+    }
+
+    /// An operation's result, with the rule `record` makes of its inputs when some input
+    /// needs a gradient.
+    fn recorded(
+        data: Storage,
+        shape: Vec<usize>,
+        inputs: &[&Tensor],
+        record: impl FnOnce(Vec<Tensor>) -> GradFn,
+    ) -> Self {
         debug_assert_eq!(Some(data.len()), element_count(&shape));
         let grad = if inputs.iter().any(|t| t.requires_grad()) {
-            Grad::Node(GradFn::in_parts(
-                inputs.iter().map(|t| (*t).clone()).collect(),
-                backward,
-            ))
+            Grad::Node(record(inputs.iter().map(|t| (*t).clone()).collect()))
         } else {
             Grad::None
         };

@@ -9,8 +9,10 @@
 //! returns once the totals are summed, and the next step's forward pass applies each pack's
 //! update as it first reads that pack's variables
 //! ([`lockstep_nn::Network::forward_inputs_as_ready`]). Either way the collectives are
-//! [`crate::packs::reduce_after`]'s over the same packs, in the same order, and each value's
-//! update is the same, so the bits are the same; only when each is done changes.
+//! [`crate::packs::reduce_after`]'s over the same pieces, in the same order, and each value's
+//! update is the same; where the pieces cut packs that the step without overlap sums whole
+//! (at most two processes), no value's sum depends on the cut. So the bits are the same;
+//! only when each is done changes.
 //!
 //! Between two steps a replica's weights are those before an update in flight, as a GPU
 //! replica's host values are between syncs: [`crate::replica::Replica::sync_host`] lands it
