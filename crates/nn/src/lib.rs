@@ -75,9 +75,10 @@ pub use functional::{Input, LayerCall, ModelConfig, SymbolicTensor};
 pub use initializers::Initializer;
 pub use layers::{
     Activation, ActivationLayer, ActivationName, Add, AveragePooling2D, BatchNormalization,
-    BuiltinLayerConfig, Concatenate, Conv2D, CustomLayerConfig, Dense, Dropout, Embedding, Flatten,
-    ForwardContext, GlobalAveragePooling2D, Layer, LayerConfig, LayerFactory, LayerNormalization,
-    MaxPooling2D, Multiply, NormalizationStep, PaddingName, Reshape, register_layer,
+    BuiltinLayerConfig, Concatenate, Conv2D, CustomLayerConfig, Dense, DenseProduct, Dropout,
+    Embedding, Flatten, ForwardContext, GlobalAveragePooling2D, Layer, LayerConfig, LayerFactory,
+    LayerNormalization, MaxPooling2D, Multiply, NormalizationStep, PaddingName, Reshape,
+    register_layer,
 };
 pub use loss::{
     BinaryCrossentropy, CategoricalCrossentropy, FnLoss, Huber, Loss, LossConfig,
@@ -88,7 +89,7 @@ pub use metrics::{
     METRIC_NAMES, Mean, Metric, PredictionMetric, SparseCategoricalAccuracy, metric_by_name,
 };
 pub use model::{Sequential, SequentialConfig};
-pub use network::{Forward, Network, RowLookup};
+pub use network::{Forward, Network, RowLookup, ValuesReady};
 pub use optimizers::{
     Adagrad, Adam, AdamW, GradientClipping, LearningRateSchedule, Optimizer, OptimizerConfig,
     OptimizerSettings, RmsProp, Sgd, apply_clipped, apply_update, apply_update_range,

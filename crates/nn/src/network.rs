@@ -11,11 +11,14 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::ops::Range;
 
+use lockstep_tensor::ops::{self, DenseByBlocks};
 use lockstep_tensor::{Device, Gradients, Tensor, TensorError};
 use rayon::prelude::*;
 
 use crate::error::{InLayer, NnError};
-use crate::layers::{Activation, ForwardContext, Layer, NormalizationStep, ObservationSink};
+use crate::layers::{
+    Activation, DenseProduct, ForwardContext, Layer, NormalizationStep, ObservationSink,
+};
 use crate::params::{ParamBuilder, Parameters};
 
 /// Values per task when gradients are copied into the flat buffer.
@@ -411,6 +414,19 @@ impl Network {
         };
         let mut index = 0;
         while index < self.nodes.len() {
+            // A dense layer whose variables become final piece by piece, one block of its
+            // kernel's rows at a time.
+            if source.is_live()
+                && let Some(product) = self.nodes[index].layer.as_dense_product()
+                && let [only] = self.nodes[index].inputs[..]
+            {
+                let x = value(&values, only)?;
+                if let Some(y) = self.dense_by_blocks(index, product, &x, source)? {
+                    values[index] = Some(y);
+                    index += 1;
+                    continue;
+                }
+            }
             // This node's variables, and a batch normalization's after it, which the fused
             // path below reads with them (the nodes it fuses after those hold none).
             let ahead = self
@@ -481,6 +497,59 @@ impl Network {
             index += 1;
         }
         self.outputs.iter().map(|&o| value(&values, o)).collect()
+    }
+
+    /// Dense node `index` computed from `source`'s live values one block of its kernel's rows
+    /// at a time ([`DenseByBlocks`]), each as soon as `source` has it final; `None` (nothing
+    /// read) when its kernel is one block, its input is not 2-D, or a batch normalization
+    /// follows (the fused path reads both).
+    fn dense_by_blocks(
+        &self,
+        index: usize,
+        product: DenseProduct,
+        x: &Tensor,
+        source: &mut dyn VariableSource,
+    ) -> Result<Option<Tensor>, NnError> {
+        let node = &self.nodes[index];
+        let DenseProduct {
+            inputs: k,
+            units: n,
+            relu,
+            bias,
+        } = product;
+        let followed_by_norm =
+            (self.nodes.get(index + 1)).is_some_and(|next| next.layer.as_batch_norm().is_some());
+        if !matches!(x.shape(), &[_, cols] if cols == k)
+            || node.params.len() != 1 + usize::from(bias)
+            || followed_by_norm
+            || ops::dense_blocks(k, n).len() < 2
+        {
+            return Ok(None);
+        }
+        let name = node.name.as_str();
+        let kernel = node.params.start;
+        source.upto(kernel)?;
+        let bias = if bias {
+            Some(source.values(kernel + 1, 0..n)?.to_vec())
+        } else {
+            None
+        };
+        let start = (bias.clone())
+            .map(|values| Tensor::from_vec(values, &[n]))
+            .transpose()
+            .in_layer(name)?;
+        let mut blocks = DenseByBlocks::new(x, (k, n), start.as_ref()).in_layer(name)?;
+        let mut kernel_values = vec![0.0; k * n];
+        while let Some(rows) = blocks.next_rows() {
+            let slot = &mut kernel_values[rows.clone()];
+            slot.copy_from_slice(source.values(kernel, rows)?);
+            blocks.add(slot).in_layer(name)?;
+        }
+        let w = source.make(kernel, kernel_values)?;
+        let b = bias
+            .map(|values| source.make(kernel + 1, values))
+            .transpose()?;
+        blocks.finish(&w, b.as_ref(), relu).in_layer(name).map(Some)
     }
 
     /// When node `index` (`next` after it) starts `layer → BatchNormalization → activation? →
@@ -566,12 +635,16 @@ impl Network {
     }
 
     /// [`Network::forward_inputs`] for a step whose variables are still being updated as it
-    /// starts: before the pass copies variables `..end` (declaration order) it calls
-    /// `ready(end, parameters)`, which may change their values; `end` grows as the pass reaches
-    /// each layer and the last call covers every variable. A training step whose update is
-    /// applied pack by pack as each pack's sum arrives runs its next forward pass this way,
-    /// each layer as soon as its own variables are updated. On a GPU, `ready` is called once
-    /// for every variable before the pass.
+    /// starts: before the pass reads values `range` of the parameters (as
+    /// [`Parameters::values`] lays them out) it calls `ready(range, parameters)`, which may
+    /// change them and must leave them final. The pass asks for each layer's variables as it
+    /// reaches the layer, and for a dense layer whose kernel is summed in several blocks
+    /// ([`lockstep_tensor::ops::dense_blocks`]) for its bias, then each block of the kernel's
+    /// rows in turn, the last first; by its end it has asked for every value. A training step
+    /// whose update is applied piece by piece as each piece's sum arrives runs its next forward
+    /// pass this way, each layer (each block of a large kernel) as soon as its own values are
+    /// updated, with the bits of a pass on the whole update. On a GPU, `ready` is called once
+    /// for every value before the pass.
     ///
     /// # Errors
     ///
@@ -580,11 +653,11 @@ impl Network {
         &mut self,
         xs: &[Tensor],
         ctx: ForwardContext<'_>,
-        ready: &mut dyn FnMut(usize, &mut Parameters) -> Result<(), NnError>,
+        ready: &mut ValuesReady<'_>,
     ) -> Result<Forward, NnError> {
         let all = self.params.specs().len();
         if self.device != Device::Cpu {
-            ready(all, &mut self.params)?;
+            ready(0..self.params.len(), &mut self.params)?;
             return self.forward_inputs(xs, ctx);
         }
         // The pass reads the layers, `ready` writes the values: the values are set aside for
@@ -801,11 +874,14 @@ impl Network {
     }
 
     /// [`Network::gradients`] of `loss`, taken by its backward pass: each variable's slot of
-    /// `out` is written as soon as the pass has finished its gradient, and `ready(out, index)`
-    /// is called once per variable when its slot is final, so that a data-parallel step can
+    /// `out` is written as soon as the pass has finished its gradient, and `ready(out, range)`
+    /// is called once the values `range` of `out` are final, so that a data-parallel step can
     /// start reducing the last layers' gradients while the first layers' are still being
-    /// computed. State variables (their observations) come first, then trainable ones in the
-    /// pass's fixed order, then those the loss does not depend on (zeros).
+    /// computed. Each value is in exactly one call's range: a variable's whole, or, for a dense
+    /// kernel whose gradient is computed one block of rows at a time
+    /// ([`Tensor::backward_in_blocks`]), each block's. State variables (their observations)
+    /// come first, then trainable ones in the pass's fixed order, then those the loss does not
+    /// depend on (zeros).
     ///
     /// # Errors
     ///
@@ -815,11 +891,13 @@ impl Network {
         forward: &Forward,
         loss: &Tensor,
         out: &mut [f32],
-        ready: &mut dyn FnMut(&[f32], usize),
+        ready: &mut dyn FnMut(&[f32], Range<usize>),
     ) -> Result<(), NnError> {
         self.check_gradient_buffer(out)?;
         let specs = self.params.specs();
         let mut done = vec![false; specs.len()];
+        // Values of each variable handed over in blocks.
+        let mut in_blocks = vec![0_usize; specs.len()];
         let mut trainable = HashMap::new();
         if !forward.replaced.is_empty() {
             // A streamed slot is reduced as it is: a replaced table's would be stale.
@@ -836,41 +914,68 @@ impl Network {
             } else {
                 observation(forward, index, &mut out[spec.range()])?;
                 done[index] = true;
-                ready(out, index);
+                ready(out, spec.range());
             }
         }
-        loss.backward_with(&mut |parameter, gradient| {
-            let Some(&index) = trainable.get(&parameter.id()) else {
-                return Ok(());
-            };
-            let slot = &mut out[specs[index].range()];
-            match gradient.host_data() {
-                Ok(values) if values.len() == slot.len() => slot.copy_from_slice(values),
-                _ => {
-                    let values = gradient.to_vec()?;
-                    if values.len() != slot.len() {
-                        return Err(TensorError::InvalidArgument {
-                            op: "gradients",
-                            why: format!(
-                                "{} holds {} values, its gradient {}",
-                                specs[index].name,
-                                slot.len(),
-                                values.len()
-                            ),
-                        });
-                    }
-                    slot.copy_from_slice(&values);
+        let length = |index: usize, values: usize| TensorError::InvalidArgument {
+            op: "gradients",
+            why: format!(
+                "{} holds {} values, its gradient {values}",
+                specs[index].name,
+                specs[index].len()
+            ),
+        };
+        // Both callbacks write `out` and call `ready`; the pass calls one at a time.
+        let shared = std::cell::RefCell::new((&mut *out, &mut *ready, &mut done, &mut in_blocks));
+        loss.backward_in_blocks(
+            &mut |parameter, gradient| {
+                let Some(&index) = trainable.get(&parameter.id()) else {
+                    return Ok(());
+                };
+                let mut guard = shared.borrow_mut();
+                let (out, ready, done, in_blocks) = &mut *guard;
+                let range = specs[index].range();
+                done[index] = true;
+                if in_blocks[index] == range.len() {
+                    // Every value is in `out` and handed over already.
+                    return Ok(());
                 }
-            }
-            done[index] = true;
-            ready(out, index);
-            Ok(())
-        })
+                let slot = &mut out[range.clone()];
+                match gradient.host_data() {
+                    Ok(values) if values.len() == slot.len() => slot.copy_from_slice(values),
+                    _ => {
+                        let values = gradient.to_vec()?;
+                        if values.len() != slot.len() {
+                            return Err(length(index, values.len()));
+                        }
+                        slot.copy_from_slice(&values);
+                    }
+                }
+                ready(out, range);
+                Ok(())
+            },
+            &mut |parameter, within, values| {
+                let Some(&index) = trainable.get(&parameter.id()) else {
+                    return Ok(());
+                };
+                let mut guard = shared.borrow_mut();
+                let (out, ready, _, in_blocks) = &mut *guard;
+                let range = specs[index].range();
+                if within.end > range.len() || within.len() != values.len() {
+                    return Err(length(index, within.end));
+                }
+                let values_range = range.start + within.start..range.start + within.end;
+                out[values_range.clone()].copy_from_slice(values);
+                in_blocks[index] += within.len();
+                ready(out, values_range);
+                Ok(())
+            },
+        )
         .in_layer("gradients")?;
         for (index, spec) in specs.iter().enumerate() {
             if !done[index] {
                 out[spec.range()].fill(0.0);
-                ready(out, index);
+                ready(out, spec.range());
             }
         }
         Ok(())
@@ -970,11 +1075,41 @@ impl Network {
     }
 }
 
+/// What [`Network::forward_inputs_as_ready`] calls before it reads values `range` of the
+/// parameters, to make them final.
+pub type ValuesReady<'a> = dyn FnMut(Range<usize>, &mut Parameters) -> Result<(), NnError> + 'a;
+
 /// Where a pass takes its variables from: made before it, or each as the pass reaches the
 /// first layer that reads it.
 trait VariableSource {
     /// The variables `..end` at least, in declaration order.
     fn upto(&mut self, end: usize) -> Result<&[Tensor], NnError>;
+
+    /// Whether the values become final as the pass goes, and are read with
+    /// [`VariableSource::values`] as they do.
+    fn is_live(&self) -> bool {
+        false
+    }
+
+    /// Values `within` of variable `index`, once final.
+    fn values(&mut self, index: usize, within: Range<usize>) -> Result<&[f32], NnError> {
+        let _ = within;
+        Err(not_live(index))
+    }
+
+    /// Variable `index`, the next to be made, made of `values` (read with
+    /// [`VariableSource::values`]).
+    fn make(&mut self, index: usize, values: Vec<f32>) -> Result<Tensor, NnError> {
+        let _ = values;
+        Err(not_live(index))
+    }
+}
+
+fn not_live(index: usize) -> NnError {
+    NnError::InvalidConfig {
+        layer: "parameters".into(),
+        why: format!("variable {index} was read before the pass, not as it went"),
+    }
 }
 
 impl VariableSource for &[Tensor] {
@@ -988,18 +1123,74 @@ impl VariableSource for &[Tensor] {
 struct AsReady<'a> {
     made: Vec<Tensor>,
     params: &'a mut Parameters,
-    ready: &'a mut dyn FnMut(usize, &mut Parameters) -> Result<(), NnError>,
+    ready: &'a mut ValuesReady<'a>,
 }
 
 impl VariableSource for AsReady<'_> {
     fn upto(&mut self, end: usize) -> Result<&[Tensor], NnError> {
-        let end = end.min(self.params.specs().len());
+        let specs = self.params.specs();
+        let end = end.min(specs.len());
         if end > self.made.len() {
-            (self.ready)(end, self.params)?;
+            let values = specs[self.made.len()].range().start..specs[end - 1].range().end;
+            (self.ready)(values, self.params)?;
             for index in self.made.len()..end {
                 self.made.push(self.params.tensor(index)?);
             }
         }
         Ok(&self.made)
+    }
+
+    fn is_live(&self) -> bool {
+        true
+    }
+
+    fn values(&mut self, index: usize, within: Range<usize>) -> Result<&[f32], NnError> {
+        let spec = self
+            .params
+            .specs()
+            .get(index)
+            .ok_or_else(|| not_live(index))?;
+        let range = spec.range();
+        if within.start > within.end || within.end > range.len() {
+            return Err(NnError::InvalidConfig {
+                layer: spec.name.clone(),
+                why: format!(
+                    "values {}..{} of a variable of {}",
+                    within.start,
+                    within.end,
+                    range.len()
+                ),
+            });
+        }
+        let values = range.start + within.start..range.start + within.end;
+        (self.ready)(values.clone(), self.params)?;
+        Ok(&self.params.values()[values])
+    }
+
+    fn make(&mut self, index: usize, values: Vec<f32>) -> Result<Tensor, NnError> {
+        let spec = self
+            .params
+            .specs()
+            .get(index)
+            .ok_or_else(|| not_live(index))?;
+        if index != self.made.len() || values.len() != spec.len() {
+            return Err(NnError::InvalidConfig {
+                layer: spec.name.clone(),
+                why: format!(
+                    "made as variable {} of {} values, not {index} of {}",
+                    self.made.len(),
+                    values.len(),
+                    spec.len()
+                ),
+            });
+        }
+        let made = if spec.is_trainable() {
+            Tensor::parameter(values, &spec.shape)
+        } else {
+            Tensor::from_vec(values, &spec.shape)
+        }
+        .in_layer(&spec.name)?;
+        self.made.push(made.clone());
+        Ok(made)
     }
 }

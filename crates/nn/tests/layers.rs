@@ -212,20 +212,20 @@ fn a_pass_as_ready_takes_each_variable_after_ready_has_changed_it() {
         .forward_inputs_as_ready(
             std::slice::from_ref(&x),
             ForwardContext::default(),
-            &mut |end, params| {
+            &mut |values, params| {
                 if ends.is_empty() {
                     params.values_mut()[..first].fill(0.0);
                 }
-                ends.push(end);
+                ends.push(values);
                 Ok(())
             },
         )
         .unwrap();
     assert_eq!(got.output.to_vec().unwrap(), want.output.to_vec().unwrap());
-    // The first layer's variables first, every variable by the end, in growing steps.
-    assert_eq!(ends.first(), Some(&2));
-    assert_eq!(ends.last(), Some(&4));
-    assert!(ends.windows(2).all(|w| w[0] < w[1]), "{ends:?}");
+    // The first layer's variables first, every value by the end, each once, in order.
+    assert_eq!(ends.first(), Some(&(0..first)));
+    assert_eq!(ends.last().map(|r| r.end), Some(model.parameters().len()));
+    assert!(ends.windows(2).all(|w| w[0].end == w[1].start), "{ends:?}");
     // What `ready` wrote stays in the model; its gradients are the whole pass's.
     assert!(
         model.parameters().values()[..first]
@@ -255,4 +255,125 @@ fn a_pass_as_ready_takes_each_variable_after_ready_has_changed_it() {
     };
     assert!(err.to_string().contains("not ready"), "{err}");
     assert_eq!(model.parameters().values(), &before[..]);
+}
+
+/// A model whose first dense kernel (1200 × 128) is summed in three blocks of rows.
+fn large_dense_model() -> lockstep_nn::Sequential {
+    lockstep_nn::Sequential::new(
+        &[1200],
+        vec![
+            Box::new(Dense::new(128).activation(lockstep_nn::Activation::Relu)),
+            Box::new(Dense::new(3)),
+        ],
+        9,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_pass_as_ready_takes_a_large_kernel_block_by_block_with_the_bits_of_a_whole_pass() {
+    let x = Tensor::from_vec(
+        (0..2 * 1200)
+            .map(|i| ((i * 7) % 13) as f32 / 13.0 - 0.4)
+            .collect(),
+        &[2, 1200],
+    )
+    .unwrap();
+    // The kernel halved before the pass, as an update landing would change it.
+    let mut expected = large_dense_model();
+    let kernel = expected.parameters().specs()[0].range();
+    let bias = expected.parameters().specs()[1].range();
+    for v in &mut expected.parameters_mut().values_mut()[kernel.clone()] {
+        *v *= 0.5;
+    }
+    let want = expected.forward(&x, ForwardContext::default()).unwrap();
+    let mut model = large_dense_model();
+    let mut asked: Vec<std::ops::Range<usize>> = Vec::new();
+    let got = model
+        .forward_inputs_as_ready(
+            std::slice::from_ref(&x),
+            ForwardContext::default(),
+            &mut |values, params| {
+                // Each block is changed only when it is asked for.
+                if values.start < kernel.end {
+                    for v in &mut params.values_mut()[values.clone()] {
+                        *v *= 0.5;
+                    }
+                }
+                asked.push(values);
+                Ok(())
+            },
+        )
+        .unwrap();
+    let bits =
+        |t: &Tensor| -> Vec<u32> { t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect() };
+    assert_eq!(bits(&got.output), bits(&want.output));
+    // The bias, then the kernel's blocks, the last rows first, then the last layer.
+    let blocks: Vec<_> = lockstep_tensor::ops::dense_blocks(1200, 128)
+        .into_iter()
+        .map(|rows| rows.start * 128..rows.end * 128)
+        .collect();
+    assert_eq!(blocks.len(), 3);
+    assert_eq!(asked[0], bias);
+    assert_eq!(asked[1..4], blocks[..]);
+    assert_eq!(asked[4], bias.end..model.parameters().len());
+    assert_eq!(asked.len(), 5);
+    // Its gradients are those of the same pass on the whole kernel.
+    let grads = |forward: &lockstep_nn::Forward, net: &lockstep_nn::Sequential| {
+        let loss = lockstep_tensor::ops::sum(&forward.output, &[0, 1], false).unwrap();
+        let mut out = vec![0.0; net.parameters().len()];
+        net.gradients(forward, &loss.backward().unwrap(), &mut out)
+            .unwrap();
+        out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    };
+    assert_eq!(grads(&got, &model), grads(&want, &expected));
+}
+
+#[test]
+fn streamed_gradients_hand_over_a_large_kernel_block_by_block_on_one_thread() {
+    let model = large_dense_model();
+    let x = Tensor::from_vec(
+        (0..2 * 1200)
+            .map(|i| ((i * 5) % 11) as f32 / 11.0 - 0.4)
+            .collect(),
+        &[2, 1200],
+    )
+    .unwrap();
+    let n = model.parameters().len();
+    let kernel = model.parameters().specs()[0].range();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let (streamed, handed) = pool.install(|| {
+        let forward = model.forward(&x, ForwardContext::default()).unwrap();
+        let loss = lockstep_tensor::ops::sum(&forward.output, &[0, 1], false).unwrap();
+        let mut out = vec![f32::NAN; n];
+        let mut handed = Vec::new();
+        model
+            .gradients_streamed(&forward, &loss, &mut out, &mut |_, values| {
+                handed.push(values);
+            })
+            .unwrap();
+        (out, handed)
+    });
+    let forward = model.forward(&x, ForwardContext::default()).unwrap();
+    let loss = lockstep_tensor::ops::sum(&forward.output, &[0, 1], false).unwrap();
+    let mut whole = vec![0.0; n];
+    model
+        .gradients(&forward, &loss.backward().unwrap(), &mut whole)
+        .unwrap();
+    assert_eq!(streamed, whole);
+    // Every value in exactly one range; the kernel's in its three blocks.
+    let mut covered = vec![0; n];
+    for range in &handed {
+        for c in &mut covered[range.clone()] {
+            *c += 1;
+        }
+    }
+    assert!(covered.iter().all(|&c| c == 1), "{handed:?}");
+    let in_kernel = handed
+        .iter()
+        .filter(|r| r.start >= kernel.start && r.end <= kernel.end);
+    assert_eq!(in_kernel.count(), 3, "{handed:?}");
 }

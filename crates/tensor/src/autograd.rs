@@ -1,6 +1,7 @@
 //! Reverse-mode differentiation over the graph that operations record.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 
 use crate::error::TensorError;
 use crate::ops::gpu::{self, On, on};
@@ -24,17 +25,29 @@ impl<F> Backward for F where
 /// input; `None` for the others): so that a parameter's gradient can be handed over before
 /// the rest of the operation's are computed.
 pub(crate) trait BackwardInParts:
-    Fn(&Tensor, &Tensor, &[bool]) -> Result<Vec<Option<Tensor>>, TensorError> + Send + Sync + 'static
+    Fn(&Tensor, &Tensor, &[bool], &mut HandOver<'_>) -> Result<Vec<Option<Tensor>>, TensorError>
+    + Send
+    + Sync
+    + 'static
 {
 }
 
 impl<F> BackwardInParts for F where
-    F: Fn(&Tensor, &Tensor, &[bool]) -> Result<Vec<Option<Tensor>>, TensorError>
+    F: Fn(&Tensor, &Tensor, &[bool], &mut HandOver<'_>) -> Result<Vec<Option<Tensor>>, TensorError>
         + Send
         + Sync
         + 'static
 {
 }
+
+/// Where a rule in parts hands over a block of an input's gradient before it returns: the
+/// input's index, the block's range of its values (row-major), and the values, final.
+/// Where [`Tensor::backward_in_blocks`] hands a block of a parameter's gradient: the
+/// parameter, the block's range of its values (row-major), and the values, final.
+pub type BlockOf<'a> = dyn FnMut(&Tensor, Range<usize>, &[f32]) -> Result<(), TensorError> + 'a;
+
+pub(crate) type HandOver<'a> =
+    dyn FnMut(usize, Range<usize>, &[f32]) -> Result<(), TensorError> + 'a;
 
 enum Rule {
     Whole(Box<dyn Backward>),
@@ -68,11 +81,14 @@ impl GradFn {
         grad: &Tensor,
         output: &Tensor,
         wanted: Option<&[bool]>,
+        hand_over: &mut HandOver<'_>,
     ) -> Result<Vec<Option<Tensor>>, TensorError> {
         match (&self.rule, wanted) {
             (Rule::Whole(rule), _) => rule(grad, output),
-            (Rule::InParts(rule), Some(wanted)) => rule(grad, output, wanted),
-            (Rule::InParts(rule), None) => rule(grad, output, &vec![true; self.inputs.len()]),
+            (Rule::InParts(rule), Some(wanted)) => rule(grad, output, wanted, hand_over),
+            (Rule::InParts(rule), None) => {
+                rule(grad, output, &vec![true; self.inputs.len()], hand_over)
+            }
         }
     }
 }
@@ -126,6 +142,24 @@ impl Tensor {
         &self,
         complete: &mut dyn FnMut(&Tensor, &Tensor) -> Result<(), TensorError>,
     ) -> Result<Gradients, TensorError> {
+        self.backward_in_blocks(complete, &mut |_, _, _| Ok(()))
+    }
+
+    /// [`Tensor::backward_with`], also calling `block(parameter, range, values)` with blocks
+    /// of a parameter's gradient (`range` of its values, row-major) that are final before the
+    /// rule that computes them returns: a dense layer's bias, whole, then its kernel's blocks
+    /// of rows one at a time ([`crate::ops::dense_blocks`]), when the pass runs the layer's
+    /// rule in parts (on one thread) and the layer is their only reader. `complete` is still
+    /// called with each whole gradient afterwards.
+    ///
+    /// # Errors
+    ///
+    /// As [`Tensor::backward_with`], and the first error `block` returns.
+    pub fn backward_in_blocks(
+        &self,
+        complete: &mut dyn FnMut(&Tensor, &Tensor) -> Result<(), TensorError>,
+        block: &mut BlockOf<'_>,
+    ) -> Result<Gradients, TensorError> {
         if self.len() != 1 {
             return Err(TensorError::invalid(
                 "backward",
@@ -175,12 +209,26 @@ impl Tensor {
                     let parts: Vec<Option<Vec<bool>>> = match &f.rule {
                         Rule::InParts(_) if split && completes.contains(&true) => {
                             let rest = completes.iter().map(|c| !c).collect();
-                            vec![Some(completes), Some(rest)]
+                            vec![Some(completes.clone()), Some(rest)]
                         }
                         _ => vec![None],
                     };
                     for wanted in parts {
-                        let input_grads = f.run(&grad, node, wanted.as_deref())?;
+                        // Blocks are handed over only of the parameters this part completes.
+                        let input_grads = f.run(
+                            &grad,
+                            node,
+                            wanted.as_deref(),
+                            &mut |index, range, values| match (&wanted, f.inputs.get(index)) {
+                                (Some(wanted), Some(input))
+                                    if wanted.get(index) == Some(&true)
+                                        && completes.get(index) == Some(&true) =>
+                                {
+                                    block(input, range, values)
+                                }
+                                _ => Ok(()),
+                            },
+                        )?;
                         for (index, (input, input_grad)) in
                             f.inputs.iter().zip(input_grads).enumerate()
                         {
@@ -366,6 +414,58 @@ mod tests {
             let whole = grads.get(&w).unwrap().to_vec().unwrap();
             assert_eq!(seen[1].1, whole);
             assert_eq!(whole, [0.0, 0.0, 3.125, -2.5]);
+        }
+    }
+
+    #[test]
+    fn a_large_kernels_gradient_is_handed_over_block_by_block_before_it_is_whole() {
+        // A kernel of three blocks of rows (`dense_blocks`), the layer's only reader.
+        let (m, k, n) = (4, 1200, 128);
+        let values = |n: usize, seed: f32| -> Vec<f32> {
+            (0..n).map(|i| (i as f32 * 0.37 + seed).sin()).collect()
+        };
+        let x = Tensor::from_vec(values(m * k, 0.1), &[m, k]).unwrap();
+        let w = Tensor::parameter(values(k * n, 0.2), &[k, n]).unwrap();
+        let b = Tensor::parameter(values(n, 0.3), &[n]).unwrap();
+        let loss = ops::sum(&ops::dense(&x, &w, Some(&b), true).unwrap(), &[0, 1], false).unwrap();
+        for threads in [1, 2] {
+            let events = std::sync::Mutex::new(Vec::new());
+            let mut assembled = vec![f32::NAN; k * n];
+            let grads = on_threads(threads, || {
+                loss.backward_in_blocks(
+                    &mut |parameter, _| {
+                        events.lock().unwrap().push((parameter.id(), None));
+                        Ok(())
+                    },
+                    &mut |parameter, range, block| {
+                        if parameter.id() == w.id() {
+                            assembled[range.clone()].copy_from_slice(block);
+                        }
+                        events.lock().unwrap().push((parameter.id(), Some(range)));
+                        Ok(())
+                    },
+                )
+            })
+            .unwrap();
+            let events = events.into_inner().unwrap();
+            let whole = grads.get(&w).unwrap().to_vec().unwrap();
+            if threads == 1 {
+                let blocks: Vec<_> = ops::dense_blocks(k, n)
+                    .into_iter()
+                    .map(|rows| (w.id(), Some(rows.start * n..rows.end * n)))
+                    .collect();
+                assert_eq!(blocks.len(), 3);
+                // The bias first, whole, then the kernel's blocks, the last rows first.
+                assert_eq!(events[0], (b.id(), Some(0..n)));
+                assert_eq!(events[1..4], blocks[..]);
+                assert_eq!(events[4], (w.id(), None));
+                assert_eq!(assembled, whole);
+            } else {
+                // Run whole, the rule hands over no block.
+                assert!(events.iter().all(|(_, range)| range.is_none()));
+            }
+            let expected = on_threads(1, || loss.backward().unwrap());
+            assert_eq!(whole, expected.get(&w).unwrap().to_vec().unwrap());
         }
     }
 }

@@ -43,7 +43,7 @@ pub mod ops;
 mod storage;
 mod tensor;
 
-pub use autograd::Gradients;
+pub use autograd::{BlockOf, Gradients};
 pub use device::Device;
 pub use error::TensorError;
 pub use tensor::{Tensor, TensorId, element_count};

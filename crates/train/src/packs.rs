@@ -7,6 +7,7 @@
 //! same bits. One pack (the default for a model of up to `bytes_per_pack` of gradients) is one
 //! all-reduce of the whole buffer, gradients and totals, as a step had before packs.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 
 use lockstep_collective::{CollectiveError, Compression, Element, ReduceOp, bf16, f16};
@@ -64,7 +65,9 @@ pub(crate) struct Packs {
 /// `bytes_per_pack` is larger. With an update in flight, the tutorial's literal model (11 MB
 /// of gradients a step) in bf16 at 10 Gbit/s ran 6,332–6,392 examples/s with pieces of 4 MiB
 /// and 5,192–5,609 with pieces of 256 KiB; at 1 Gbit/s in `f32`, pieces from 256 KiB to
-/// 16 MiB ran alike (PERFORMANCE, thirty-second session).
+/// 16 MiB ran alike (PERFORMANCE, thirty-second session). Since each piece lands on its own,
+/// at 1 Gbit/s in `f32` pieces of 4 MiB ran 1,277–1,280 examples/s against 1,253–1,264 for
+/// 1 MiB (thirty-third session).
 pub(crate) const LARGE_PIECE_BYTES: usize = 4 << 20;
 
 /// One collective of a step: `range` of the gradient buffer, part of pack `pack`.
@@ -115,8 +118,8 @@ impl Packs {
     /// `bytes_per_pack`, if larger), each later pack's pieces put halfway through what is left
     /// of the earlier ones', and the totals (the update's scale, and what the step returns)
     /// with the first piece, or right after it in 16 bits. The first piece is small so that
-    /// the step returns early; the rest are large because a pack's update lands only once
-    /// all its pieces are summed, and each collective costs its own round trips. The
+    /// the step returns early and the wire starts as soon as the backward pass has its
+    /// values; the rest are large because each collective costs its own round trips. The
     /// backward pass finishes the first layers' pack last and the next forward pass needs it
     /// first: so it is summed while the largest pack is, and the next pass starts on the first
     /// layers while the rest of that pack is on the wire. The order is the same on every
@@ -166,6 +169,82 @@ impl Packs {
 
     pub(crate) fn len(&self) -> usize {
         self.ranges.len()
+    }
+
+    /// For each pack, whether every variable its pieces cut satisfies `may_cut`: then each
+    /// piece's update can be applied as soon as it lands, else the pack's once all its pieces
+    /// have.
+    pub(crate) fn pieces_cut_only(
+        &self,
+        specs: &[ParamSpec],
+        may_cut: impl Fn(&ParamSpec) -> bool,
+    ) -> Vec<bool> {
+        let mut by_piece = vec![true; self.ranges.len()];
+        for piece in &self.pieces {
+            let cut = specs.iter().filter(|spec| {
+                let v = spec.range();
+                v.start < piece.range.end
+                    && piece.range.start < v.end
+                    && (v.start < piece.range.start || piece.range.end < v.end)
+            });
+            for spec in cut {
+                by_piece[piece.pack] &= may_cut(spec);
+            }
+        }
+        by_piece
+    }
+}
+
+/// Which of a step's pieces its backward pass has finished, from the ranges of the gradient
+/// buffer the pass hands over as they become final (whole variables, or blocks of a dense
+/// kernel): a pack is finished from its end down, as the backward pass runs from the last
+/// layers to the first, and each piece is sent once every value from its start to its pack's
+/// end is.
+#[derive(Debug)]
+pub(crate) struct Arrivals {
+    /// Each pack's values from here to its end are final.
+    low: Vec<usize>,
+    /// Final ranges below `low`, not yet joined to it: by end, their starts.
+    early: Vec<BTreeMap<usize, usize>>,
+    /// Each pack's pieces not yet sent, the one nearest the pack's end last.
+    unsent: Vec<Vec<usize>>,
+}
+
+impl Arrivals {
+    pub(crate) fn new(packs: &Packs) -> Self {
+        let mut unsent: Vec<Vec<usize>> = vec![Vec::new(); packs.ranges.len()];
+        for (index, piece) in packs.pieces.iter().enumerate() {
+            unsent[piece.pack].push(index);
+        }
+        for pieces in &mut unsent {
+            pieces.sort_by_key(|&index| packs.pieces[index].range.start);
+        }
+        Self {
+            low: packs.ranges.iter().map(|range| range.end).collect(),
+            early: vec![BTreeMap::new(); packs.ranges.len()],
+            unsent,
+        }
+    }
+
+    /// Takes `range` as final: the pieces that can be sent now.
+    pub(crate) fn arrived(&mut self, packs: &Packs, range: Range<usize>) -> Vec<usize> {
+        let Some(pack) = (packs.ranges.iter())
+            .position(|p| p.start <= range.start && range.end <= p.end && !range.is_empty())
+        else {
+            return Vec::new();
+        };
+        self.early[pack].insert(range.end, range.start);
+        while let Some(start) = self.early[pack].remove(&self.low[pack]) {
+            self.low[pack] = start;
+        }
+        let mut ready = Vec::new();
+        while let Some(&index) = self.unsent[pack].last()
+            && packs.pieces[index].range.start >= self.low[pack]
+        {
+            ready.push(index);
+            self.unsent[pack].pop();
+        }
+        ready
     }
 }
 
@@ -399,6 +478,40 @@ mod tests {
         assert!(f16::to_f32(sent[0]).is_infinite());
         assert_eq!(residual[0], 0.0);
         assert_eq!(f16::to_f32(sent[1]), 1.25);
+    }
+
+    #[test]
+    fn a_piece_is_sent_once_every_value_from_its_start_to_its_packs_end_is_final() {
+        // 4 → 8 → 2 in packs of 40 bytes: pieces (0, 48..58), (1, 30..40), (1, 0..30),
+        // (0, 40..48).
+        let net = Sequential::new(
+            &[4],
+            vec![Box::new(Dense::new(8)), Box::new(Dense::new(2))],
+            0,
+        )
+        .unwrap();
+        let packs = Packs::overlapping(net.parameters().specs(), 40, true);
+        let mut arrivals = Arrivals::new(&packs);
+        // The last bias (56..58), then the last kernel (40..56): both of pack 0's pieces.
+        assert_eq!(arrivals.arrived(&packs, 56..58), Vec::<usize>::new());
+        assert_eq!(arrivals.arrived(&packs, 40..56), [0, 3]);
+        // The first kernel in blocks, the bias (32..40) after the first: nothing goes until
+        // the values from its start up are in.
+        assert_eq!(arrivals.arrived(&packs, 16..32), Vec::<usize>::new());
+        assert_eq!(arrivals.arrived(&packs, 32..40), [1]);
+        assert_eq!(arrivals.arrived(&packs, 0..16), [2]);
+        // A range in no pack, or empty, sends nothing.
+        assert_eq!(arrivals.arrived(&packs, 58..60), Vec::<usize>::new());
+        assert_eq!(arrivals.arrived(&packs, 3..3), Vec::<usize>::new());
+        // Pack 0's pieces cut the last kernel, pack 1's the first.
+        let specs = net.parameters().specs();
+        let last_layer = |spec: &ParamSpec| spec.name.starts_with("dense_1/");
+        assert_eq!(packs.pieces_cut_only(specs, last_layer), [true, false]);
+        assert_eq!(packs.pieces_cut_only(specs, |_| true), [true, true]);
+        assert_eq!(
+            Packs::new(specs, 40).pieces_cut_only(specs, |_| false),
+            [true, true]
+        );
     }
 
     #[test]

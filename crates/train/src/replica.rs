@@ -13,7 +13,7 @@ use lockstep_tensor::{Device, Tensor};
 
 use crate::batch::LabeledParts;
 use crate::error::TrainError;
-use crate::packs::{self, Packs, Residuals, Wire};
+use crate::packs::{self, Arrivals, Packs, Residuals, Wire};
 use crate::stragglers::Waits;
 use crate::strategy::ReplicaLink;
 use crate::update_in_flight::{PackThread, UpdateInFlight};
@@ -436,14 +436,14 @@ impl Replica {
         let inputs = std::slice::from_ref(&parts.inputs);
         let forward = self
             .net
-            .forward_inputs_as_ready(inputs, ctx, &mut |end, params| {
+            .forward_inputs_as_ready(inputs, ctx, &mut |values, params| {
                 let (Some(flight), Some(optimizer)) =
                     (in_flight.as_mut(), optimizer.as_deref_mut())
                 else {
                     return Ok(());
                 };
                 flight
-                    .settle_upto(end, params, optimizer, &mut buffer[..n])
+                    .settle(values, params, optimizer, &mut buffer[..n])
                     .map_err(|e| {
                         let why = e.to_string();
                         failure = Some(e);
@@ -488,25 +488,28 @@ impl Replica {
             self.pack_thread = Some(PackThread::start()?);
         }
         let thread = self.pack_thread.as_ref().ok_or_else(not_compiled)?;
+        // A piece's update applies as it lands where it cuts only trainable variables and
+        // nothing is clipped (each value's update is then its own).
+        let unclipped = (self.optimizer.as_deref()).is_some_and(|o| o.clipping().is_none());
+        let specs = self.net.parameters().specs();
+        let by_piece = packs.pieces_cut_only(specs, |spec| unclipped && spec.is_trainable());
         let (flight, to_flight) = UpdateInFlight::start(
             thread,
             self.link.pack_link(),
             Arc::clone(packs),
             wire,
-            totals,
-            residuals,
+            (totals, residuals),
+            by_piece,
         )?;
-        let mut waiting = packs.variables.clone();
-        let mut next = 0;
+        let mut arrivals = Arrivals::new(packs);
         let pass =
             self.net
-                .gradients_streamed(forward, loss, &mut self.buffer[..n], &mut |out, index| {
-                    waiting[packs.pack_of[index]] -= 1;
-                    while waiting.get(next) == Some(&0) {
-                        // A send fails only once the thread has stopped on an error, which waiting
-                        // for the sums returns.
-                        let _ = to_flight.send((next, out[packs.ranges[next].clone()].to_vec()));
-                        next += 1;
+                .gradients_streamed(forward, loss, &mut self.buffer[..n], &mut |out, range| {
+                    for index in arrivals.arrived(packs, range) {
+                        // A send fails only once the thread has stopped on an error, which
+                        // waiting for the sums returns.
+                        let values = out[packs.pieces[index].range.clone()].to_vec();
+                        let _ = to_flight.send((index, values));
                     }
                 });
         drop(to_flight);

@@ -1,23 +1,25 @@
 //! A replica's communication thread ([`PackThread`]) and the sums of a step it runs
-//! ([`UpdateInFlight`]): the step's packs, handed over by its backward pass as it finishes
-//! each, summed in [`Packs`]' order with the totals, each pack handed back whole once summed.
+//! ([`UpdateInFlight`]): the step's pieces, each handed over by its backward pass as soon as
+//! the pass has finished its values ([`crate::packs::Arrivals`]), summed in [`Packs`]' order
+//! with the totals, each handed back once summed.
 //!
 //! A step that sums its packs during the backward pass collects them all at its end
 //! ([`UpdateInFlight::collect`]) and applies its update whole. A step whose update overlaps the
 //! next forward pass (`CommunicationOptions::overlap_update`, [`Packs::overlapping`]'s order:
 //! the totals with the first piece, the first layers' pack partway through the largest)
-//! returns once the totals are summed, and the next step's forward pass applies each pack's
-//! update as it first reads that pack's variables
-//! ([`lockstep_nn::Network::forward_inputs_as_ready`]). Either way the collectives are
-//! [`crate::packs::reduce_after`]'s over the same pieces, in the same order, and each value's
-//! update is the same; where the pieces cut packs that the step without overlap sums whole
-//! (at most two processes), no value's sum depends on the cut. So the bits are the same;
-//! only when each is done changes.
+//! returns once the totals are summed, and the next step's forward pass applies each piece's
+//! update (or, where a piece cuts a variable whose update needs it whole, its pack's) before
+//! it reads that piece's values ([`lockstep_nn::Network::forward_inputs_as_ready`]). Either
+//! way the collectives are [`crate::packs::reduce_after`]'s over the same pieces, in the same
+//! order, and each value's update is the same; where the pieces cut packs that the step
+//! without overlap sums whole (at most two processes), no value's sum depends on the cut. So
+//! the bits are the same; only when each is done changes.
 //!
 //! Between two steps a replica's weights are those before an update in flight, as a GPU
 //! replica's host values are between syncs: [`crate::replica::Replica::sync_host`] lands it
 //! first wherever anything reads the model.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
@@ -77,10 +79,10 @@ impl Drop for PackThread {
     }
 }
 
-/// What the thread hands back: the summed totals, and each pack once its last piece is summed.
+/// What the thread hands back: the summed totals, and each piece once summed.
 enum Summed {
     Totals(Vec<f32>),
-    Pack(usize, Vec<f32>),
+    Piece(usize, Vec<f32>),
 }
 
 /// The thread summing one step's packs, and what the next forward pass has applied of them.
@@ -89,10 +91,14 @@ pub(crate) struct UpdateInFlight {
     summed: Receiver<Summed>,
     /// The job's end: its error, or the residuals; `None` once taken.
     done: Option<Receiver<Result<Vec<f32>, TrainError>>>,
-    /// Whether each pack's update is applied.
+    /// Whether each piece's update is applied (landed only, for [`UpdateInFlight::collect`]).
     applied: Vec<bool>,
-    /// The variables `..ready` are updated.
-    ready: usize,
+    /// Whether each pack's pieces are applied as each lands, or the pack's update once all
+    /// have ([`Packs::pieces_cut_only`]).
+    by_piece: Vec<bool>,
+    /// The pieces of each pack landed so far, and in all.
+    landed: Vec<usize>,
+    pieces_of: Vec<usize>,
     /// `1 / examples` of the step; `None` while the totals have not arrived, or when the step
     /// had no examples anywhere (no update, as [`crate::replica::Replica`]'s step).
     scale: Option<f32>,
@@ -104,22 +110,23 @@ pub(crate) struct UpdateInFlight {
     blocked: Duration,
 }
 
-/// The sending end a backward pass hands its finished packs to (pack index, its values).
-pub(crate) type PackSender = Sender<(usize, Vec<f32>)>;
+/// The sending end a backward pass hands its finished pieces to (piece index, its values).
+pub(crate) type PieceSender = Sender<(usize, Vec<f32>)>;
 
 impl UpdateInFlight {
-    /// Hands `thread` the step's sums: the pieces of the packs the backward pass sends, in
-    /// order, each with its residuals (kept by error feedback, else empty), which it hands back
-    /// at the end, and `totals` with the first piece (in `f32`) or right after it.
+    /// Hands `thread` the step's sums: the pieces the backward pass sends, in order, each with
+    /// its residuals (kept by error feedback, else empty), which it hands back at the end, and
+    /// `totals` with the first piece (in `f32`) or right after it. `by_piece` says, for each
+    /// pack, whether its pieces' updates may be applied one at a time.
     pub(crate) fn start(
         thread: &PackThread,
         mut link: PackLink,
         packs: Arc<Packs>,
         wire: Wire,
-        mut totals: Vec<f32>,
-        mut residuals: Vec<f32>,
-    ) -> Result<(Self, PackSender), TrainError> {
-        let (send_pack, packed) = mpsc::channel::<(usize, Vec<f32>)>();
+        (mut totals, mut residuals): (Vec<f32>, Vec<f32>),
+        by_piece: Vec<bool>,
+    ) -> Result<(Self, PieceSender), TrainError> {
+        let (send_piece, handed) = mpsc::channel::<(usize, Vec<f32>)>();
         let (send_summed, summed) = mpsc::channel::<Summed>();
         let order = Arc::clone(&packs);
         // The totals' collective: with the first piece's, right after it, or (whole packs in
@@ -131,35 +138,32 @@ impl UpdateInFlight {
         };
         let (send_done, done) = mpsc::channel();
         let job = move || -> Result<Vec<f32>, TrainError> {
-            let mut arrived: Vec<Option<Vec<f32>>> = vec![None; order.ranges.len()];
-            let mut left = vec![0_usize; order.ranges.len()];
-            for piece in &order.pieces {
-                left[piece.pack] += 1;
-            }
+            let mut arrived: Vec<Option<Vec<f32>>> = vec![None; order.pieces.len()];
             for (index, piece) in order.pieces.iter().enumerate() {
-                while arrived[piece.pack].is_none() {
-                    let Ok((pack, values)) = packed.recv() else {
+                let mut values = loop {
+                    if let Some(values) = arrived[index].take() {
+                        break values;
+                    }
+                    let Ok((at, values)) = handed.recv() else {
                         return Err(TrainError::invalid(
                             "step",
                             "the backward pass stopped before it finished its packs",
                         ));
                     };
-                    arrived[pack] = Some(values);
-                }
-                let Some(values) = arrived[piece.pack].as_mut() else {
-                    continue;
+                    if let Some(slot) = arrived.get_mut(at) {
+                        *slot = Some(values);
+                    }
                 };
-                // Each piece is summed in place in its pack; in `f32` the totals follow the
-                // first piece, the pack's last values, in its collective.
-                let (length, start) = (values.len(), order.ranges[piece.pack].start);
-                let within = piece.range.start - start..piece.range.end - start;
                 let residual = residuals_of(&mut residuals, piece.range.clone());
                 if with_totals(index, wire) {
+                    // In `f32` the totals follow the first piece, its pack's last values, in
+                    // its collective.
+                    let length = values.len();
                     values.extend_from_slice(&totals);
-                    reduce_pack(&mut link, &mut values[within.start..], wire, residual)?;
+                    reduce_pack(&mut link, &mut values, wire, residual)?;
                     totals = values.split_off(length);
                 } else {
-                    reduce_pack(&mut link, &mut values[within], wire, residual)?;
+                    reduce_pack(&mut link, &mut values, wire, residual)?;
                     if index == totals_after {
                         reduce_totals(&mut link, &mut totals, wire)?;
                     }
@@ -168,12 +172,7 @@ impl UpdateInFlight {
                     // The receiver is gone only when the step failed: nothing then reads on.
                     let _ = send_summed.send(Summed::Totals(std::mem::take(&mut totals)));
                 }
-                left[piece.pack] -= 1;
-                if left[piece.pack] == 0
-                    && let Some(values) = arrived[piece.pack].take()
-                {
-                    let _ = send_summed.send(Summed::Pack(piece.pack, values));
-                }
+                let _ = send_summed.send(Summed::Piece(index, values));
             }
             Ok(residuals)
         };
@@ -181,18 +180,24 @@ impl UpdateInFlight {
             // The receiver is gone only when the step failed.
             let _ = send_done.send(job());
         }))?;
+        let mut pieces_of = vec![0; packs.ranges.len()];
+        for piece in &packs.pieces {
+            pieces_of[piece.pack] += 1;
+        }
         let flight = Self {
-            applied: vec![false; packs.ranges.len()],
+            applied: vec![false; packs.pieces.len()],
+            by_piece,
+            landed: vec![0; packs.ranges.len()],
+            pieces_of,
             packs,
             summed,
             done: Some(done),
-            ready: 0,
             scale: None,
             totals: None,
             land_only: false,
             blocked: Duration::ZERO,
         };
-        Ok((flight, send_pack))
+        Ok((flight, send_piece))
     }
 
     /// The step's totals, summed over every replica (waits for them).
@@ -203,21 +208,23 @@ impl UpdateInFlight {
         Ok(self.totals.clone().unwrap_or_default())
     }
 
-    /// Applies the update of every pack that holds one of the variables `..end`, waiting for
+    /// Applies the update of every piece that holds one of the values `range`, waiting for
     /// their sums; `grads` is the gradient buffer to land them in (as long as the parameters).
-    pub(crate) fn settle_upto(
+    pub(crate) fn settle(
         &mut self,
-        end: usize,
+        range: Range<usize>,
         params: &mut Parameters,
         optimizer: &mut dyn Optimizer,
         grads: &mut [f32],
     ) -> Result<(), TrainError> {
-        while self.ready < end.min(self.packs.pack_of.len()) {
-            let pack = self.packs.pack_of[self.ready];
-            while !self.applied[pack] {
+        for index in 0..self.packs.pieces.len() {
+            let piece = &self.packs.pieces[index].range;
+            if piece.start >= range.end || range.start >= piece.end {
+                continue;
+            }
+            while !self.applied[index] {
                 self.receive(Some((&mut *params, &mut *optimizer)), Some(&mut *grads))?;
             }
-            self.ready += 1;
         }
         Ok(())
     }
@@ -230,7 +237,7 @@ impl UpdateInFlight {
         optimizer: &mut dyn Optimizer,
         grads: &mut [f32],
     ) -> Result<(Vec<f32>, Duration), TrainError> {
-        self.settle_upto(usize::MAX, params, optimizer, grads)?;
+        self.settle(0..usize::MAX, params, optimizer, grads)?;
         let residuals = self.join()?;
         if self.scale.is_some() {
             optimizer.finish_step();
@@ -295,27 +302,43 @@ impl UpdateInFlight {
                 self.scale = (examples > 0.0).then(|| (1.0 / f64::from(examples)) as f32);
                 self.totals = Some(totals);
             }
-            Summed::Pack(pack, values) => {
+            Summed::Piece(index, values) => {
                 let Some(grads) = grads else {
                     return Err(TrainError::invalid(
                         "step",
                         "a pack's sum arrived before the step's totals",
                     ));
                 };
-                let range = self.packs.ranges[pack].clone();
+                let Some(piece) = self.packs.pieces.get(index) else {
+                    return Err(TrainError::invalid(
+                        "step",
+                        "a piece the step does not have",
+                    ));
+                };
+                let (range, pack) = (piece.range.clone(), piece.pack);
+                self.landed[pack] += 1;
                 if let (Some(scale), Some((params, optimizer)), false) =
                     (self.scale, update, self.land_only)
                 {
-                    // Scaled as it lands: one pass over the pack, where a copy and then the
+                    // Scaled as it lands: one pass over the piece, where a copy and then the
                     // scale took two.
                     for (g, v) in grads[range.clone()].iter_mut().zip(&values) {
                         *g = v * scale;
                     }
-                    lockstep_nn::apply_update_range(optimizer, params, grads, range, 1.0)?;
+                    if self.by_piece[pack] {
+                        lockstep_nn::apply_update_range(optimizer, params, grads, range, 1.0)?;
+                        self.applied[index] = true;
+                    } else if self.landed[pack] == self.pieces_of[pack] {
+                        let whole = self.packs.ranges[pack].clone();
+                        lockstep_nn::apply_update_range(optimizer, params, grads, whole, 1.0)?;
+                        for (applied, piece) in self.applied.iter_mut().zip(&self.packs.pieces) {
+                            *applied |= piece.pack == pack;
+                        }
+                    }
                 } else {
                     grads[range].copy_from_slice(&values);
+                    self.applied[index] = true;
                 }
-                self.applied[pack] = true;
             }
         }
         Ok(())

@@ -204,6 +204,16 @@ fn an_update_left_in_flight_into_the_next_forward_pass_trains_to_the_same_bits()
     assert_eq!(overlapped[0].0, overlapped[1].0);
     assert_eq!(overlapped[0].0, whole[0].0, "over TCP");
     assert_eq!(overlapped[0].1.history, whole[0].1.history);
+    // On one kernel thread the backward pass hands the first layer's kernel (784 × 256, four
+    // blocks of rows) over block by block, and its pieces go as soon as their blocks are in.
+    let one_thread = workers_with(2, 1, overlapped_update(), |strategy| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        pool.install(|| train(strategy, 64, 2, Vec::new()).unwrap())
+    });
+    assert_eq!(one_thread[0].0, whole[0].0, "on one thread");
     // Three replicas in shared memory, global batches of 96: the last step's 64 examples leave
     // the third replica without data, which lands the update and applies the next whole.
     let mirrored = |options| {

@@ -67,7 +67,36 @@ impl Dense {
     }
 }
 
+/// A dense layer's product, as [`Layer::as_dense_product`] describes it: a `[rows, inputs]`
+/// input times a `[inputs, units]` kernel, plus the bias when there is one, then a relu when
+/// `relu` is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DenseProduct {
+    /// The kernel's rows: the values of each input row.
+    pub inputs: usize,
+    /// The kernel's columns: the outputs.
+    pub units: usize,
+    /// Whether a relu follows.
+    pub relu: bool,
+    /// Whether the layer has a bias (its second variable).
+    pub bias: bool,
+}
+
 impl Layer for Dense {
+    fn as_dense_product(&self) -> Option<DenseProduct> {
+        let relu = match self.activation {
+            Activation::Linear => false,
+            Activation::Relu => true,
+            Activation::Softmax | Activation::Sigmoid => return None,
+        };
+        Some(DenseProduct {
+            inputs: self.input_dim,
+            units: self.units,
+            relu,
+            bias: self.use_bias,
+        })
+    }
+
     fn config(&self) -> LayerConfig {
         BuiltinLayerConfig::Dense {
             units: self.units,

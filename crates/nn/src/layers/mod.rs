@@ -22,7 +22,7 @@ pub use config::{
     register_layer,
 };
 pub use conv::Conv2D;
-pub use dense::Dense;
+pub use dense::{Dense, DenseProduct};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use merge::{Add, Concatenate, Multiply};
@@ -293,6 +293,14 @@ pub trait Layer: Send + Sync {
         ctx: ForwardContext<'_>,
     ) -> Option<Result<Tensor, NnError>> {
         let _ = (name, x, params, activation, pool, ctx);
+        None
+    }
+
+    /// The product this layer is, when it is a dense layer `relu?(x · kernel + bias)` whose
+    /// variables are its kernel (and bias, after it): a pass whose variables become final
+    /// piece by piece then computes it one block of the kernel's rows at a time, as each block
+    /// is final ([`lockstep_tensor::ops::DenseByBlocks`], the same bits as its forward pass).
+    fn as_dense_product(&self) -> Option<DenseProduct> {
         None
     }
 

@@ -219,16 +219,18 @@ pub fn apply_update(
     Ok(())
 }
 
-/// [`apply_update`] on the variables within `range` of the buffers only (whole variables), the
-/// step not counted ([`Optimizer::apply_range`]): a step applied pack by pack as each pack's
-/// sum arrives, then [`Optimizer::finish_step`] once. The same bits as [`apply_update`] over
-/// the same step, for an optimizer that [`Optimizer::applies_ranges`] and a clipping other
-/// than `global_clipnorm` (which needs every gradient: [`GradientClipping::is_per_variable`]).
+/// [`apply_update`] on the values within `range` of the buffers only, the step not counted
+/// ([`Optimizer::apply_range`]): a step applied piece by piece as each piece's sum arrives,
+/// then [`Optimizer::finish_step`] once. The same bits as [`apply_update`] over the same step,
+/// for an optimizer that [`Optimizer::applies_ranges`] and a clipping other than
+/// `global_clipnorm` (which needs every gradient: [`GradientClipping::is_per_variable`]).
+/// `range` may cut a trainable variable when nothing is clipped (the update of each value is
+/// its own then); a clipped or non-trainable variable must be within it whole.
 ///
 /// # Errors
 ///
-/// A buffer of another length than the parameters, a range that cuts a variable or runs past
-/// them, a clipping across variables; as [`Optimizer::apply_range`].
+/// A buffer of another length than the parameters, a range that cuts a variable it may not or
+/// runs past them, a clipping across variables; as [`Optimizer::apply_range`].
 pub fn apply_update_range(
     optimizer: &mut dyn Optimizer,
     params: &mut Parameters,
@@ -243,19 +245,10 @@ pub fn apply_update_range(
             right: params.len(),
         });
     }
-    let variables: Vec<Range<usize>> = params
-        .ranges()
-        .into_iter()
-        .filter(|v| v.start >= range.start && v.end <= range.end && !v.is_empty())
-        .collect();
-    let covered: usize = variables.iter().map(ExactSizeIterator::len).sum();
-    if covered != range.len() {
+    if range.end > grads.len() || range.start > range.end {
         return Err(NnError::InvalidConfig {
             layer: optimizer.name().into(),
-            why: format!(
-                "values {}..{} are not whole variables",
-                range.start, range.end
-            ),
+            why: format!("values {}..{} of {}", range.start, range.end, grads.len()),
         });
     }
     let clipping = optimizer.clipping();
@@ -264,6 +257,25 @@ pub fn apply_update_range(
             layer: optimizer.name().into(),
             why: "global_clipnorm needs every gradient of the step at once".into(),
         });
+    }
+    let mut variables = Vec::new();
+    for spec in params.specs() {
+        let v = spec.range();
+        if v.is_empty() || v.end <= range.start || v.start >= range.end {
+            continue;
+        }
+        if v.start >= range.start && v.end <= range.end {
+            variables.push(v);
+        } else if !(spec.is_trainable() && clipping.is_none()) {
+            return Err(NnError::InvalidConfig {
+                layer: optimizer.name().into(),
+                why: format!(
+                    "values {}..{} cut {}, whose update needs whole variables (it is clipped \
+                     or not trained)",
+                    range.start, range.end, spec.name
+                ),
+            });
+        }
     }
     let next = params.next_state_within(grads, observation_scale, &range);
     let within: Vec<Range<usize>> = variables
@@ -996,7 +1008,29 @@ mod tests {
         }
         b.finish_step();
         assert_eq!(whole, ranged);
-        // A range that cuts a variable, and a clipping across all of them, are refused.
+        // Without clipping, ranges may cut the trainable variables: the same bits again.
+        let (mut c, mut d): (Box<dyn Optimizer>, Box<dyn Optimizer>) =
+            (Box::new(Adam::new(0.01)), Box::new(Adam::new(0.01)));
+        let mut whole = net.parameters().clone();
+        let mut cut = net.parameters().clone();
+        apply_update(&mut *c, &mut whole, &mut g.clone(), 0.25).unwrap();
+        let mut grads = g.clone();
+        let ranges = cut.ranges();
+        // The first Dense's kernel in three pieces, the last first, then the rest whole.
+        let kernel = ranges[0].clone();
+        for piece in [13..kernel.end, 5..13, 0..5] {
+            apply_update_range(&mut *d, &mut cut, &mut grads, piece, 0.25).unwrap();
+        }
+        apply_update_range(&mut *d, &mut cut, &mut grads, kernel.end..n, 0.25).unwrap();
+        d.finish_step();
+        assert_eq!(whole, cut);
+        // A moving average cut, or one past the buffers, is refused.
+        let state = ranges[4].clone();
+        let err =
+            apply_update_range(&mut *d, &mut cut, &mut grads, state.start + 1..n, 1.0).unwrap_err();
+        assert!(err.to_string().contains("whole variables"), "{err}");
+        assert!(apply_update_range(&mut *d, &mut cut, &mut grads, 0..n + 1, 1.0).is_err());
+        // A range that cuts a clipped variable, and a clipping across all of them, are refused.
         let err = apply_update_range(&mut *b, &mut ranged, &mut grads, 1..3, 1.0).unwrap_err();
         assert!(err.to_string().contains("whole variables"), "{err}");
         let mut global = Adam::new(0.01).global_clipnorm(1.0);

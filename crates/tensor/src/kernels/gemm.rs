@@ -1,6 +1,8 @@
 //! Single-precision matrix products on row-major slices, through the `gemm` crate (runtime
 //! AVX2/AVX-512 dispatch, rayon parallelism).
 
+use std::ops::Range;
+
 use gemm::Parallelism;
 
 use crate::error::TensorError;
@@ -124,6 +126,74 @@ fn product(
     Ok(())
 }
 
+/// `dst = a[:, cols] · b`, or `dst += a[:, cols] · b` when `accumulate` is set: the product
+/// over a block of `a`'s stored columns (read transposed when `a.transposed`, the block then
+/// being rows as read). A dense layer's product over one block of its kernel's rows reads its
+/// input so, without copying the block out.
+///
+/// ```
+/// use lockstep_tensor::kernels::gemm::{MatRef, matmul_block};
+///
+/// let a = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]; // [[1, 2, 3], [4, 5, 6]]
+/// let b = [1.0, 10.0]; // [[1], [10]]
+/// let mut c = [0.0; 2];
+/// let lhs = MatRef { data: &a, rows: 2, cols: 3, transposed: false };
+/// let rhs = MatRef { data: &b, rows: 2, cols: 1, transposed: false };
+/// matmul_block(&mut c, lhs, 1..3, rhs, false)?; // [[2, 3], [5, 6]] · b
+/// assert_eq!(c, [32.0, 65.0]);
+/// # Ok::<(), lockstep_tensor::TensorError>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`matmul`], and when `cols` is not within `a`'s stored columns.
+pub fn matmul_block(
+    dst: &mut [f32],
+    a: MatRef<'_>,
+    cols: Range<usize>,
+    b: MatRef<'_>,
+    accumulate: bool,
+) -> Result<(), TensorError> {
+    if cols.start > cols.end || cols.end > a.cols {
+        return Err(TensorError::invalid(
+            "matmul",
+            format!(
+                "columns {}..{} of a matrix of {} columns",
+                cols.start, cols.end, a.cols
+            ),
+        ));
+    }
+    // `a` as stored must be covered by its slice, as `Sizes::check` requires of an operand.
+    if a.rows
+        .checked_mul(a.cols)
+        .is_none_or(|len| len > a.data.len())
+    {
+        return Err(TensorError::invalid(
+            "matmul",
+            format!(
+                "the left operand holds {} values, its dimensions {}×{} need more",
+                a.data.len(),
+                a.rows,
+                a.cols
+            ),
+        ));
+    }
+    // The block's dimensions as read; its values start `cols.start` into the stored rows,
+    // with the stored strides.
+    let sizes = Sizes::check(
+        MatRef {
+            cols: cols.len(),
+            ..a
+        },
+        b,
+    )?;
+    let shifted = MatRef {
+        data: a.data.get(cols.start..).unwrap_or(&[]),
+        ..a
+    };
+    product(dst, shifted, b, sizes, accumulate, None)
+}
+
 /// `a · b` as a new row-major buffer. The product writes every element before anything reads
 /// it, so the buffer skips the zero-fill a `vec![0.0; m·n]` would cost (megabytes for a
 /// convolution's gradient).
@@ -238,7 +308,10 @@ unsafe fn product_into(
     // checked product is at most the slice's length: every dimension, and so every stride,
     // is below `isize::MAX` and the `cast_signed`s in `strides` keep their values. gemm reads
     // a[i·a_rs + p·a_cs] for i < m, p < k, whose largest offset is rows·cols − 1 of `a` as
-    // stored (likewise b[p·b_rs + j·b_cs] for p < k, j < n), in bounds by `Sizes::check`; it
+    // stored (likewise b[p·b_rs + j·b_cs] for p < k, j < n), in bounds by `Sizes::check`
+    // (for a block of columns from `matmul_block`, `a` starts at the block's first column c
+    // and k or m is the block's width w ≤ cols − c: the largest offset is then
+    // (rows − 1)·cols + w − 1 < rows·cols − c, the shifted slice's length); it
     // writes (and, accumulating, reads) dst[i·n + j] < m·n = `sizes.dst`, in bounds by the
     // caller.
     unsafe {

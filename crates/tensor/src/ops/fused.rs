@@ -3,6 +3,8 @@
 //! operations; they exist because the separate passes over large activations (and their
 //! allocations) cost as much as the products themselves.
 
+use std::ops::Range;
+
 use super::activation::relu_grad;
 use super::conv::{Padding, geometry, max_pool2d};
 use super::gpu::{self, On, on};
@@ -10,7 +12,7 @@ use crate::error::TensorError;
 use crate::kernels::conv::{conv2d as conv_kernel, conv2d_backward};
 use crate::kernels::conv_pool::PooledConv;
 use crate::kernels::elementwise::{relu_in_place, repeat_rows};
-use crate::kernels::gemm::{MatRef, matmul as gemm, matmul_new as gemm_new};
+use crate::kernels::gemm::{MatRef, matmul_block as gemm_block, matmul_new as gemm_new};
 use crate::kernels::geometry::{Geometry, Grads, OutputGrad, PoolWindow, Wanted};
 use crate::kernels::reduce::sum_rows;
 use crate::kernels::window_max::PooledGrad;
@@ -303,67 +305,312 @@ pub(crate) fn product(
     if let On::Cuda(buffers) = on(op, &inputs(x, w, bias))? {
         return gpu::product(op, (x, w, bias), &buffers, (m, k, n), relu);
     }
-    let mut out = match bias {
-        // Without a bias the product overwrites its destination: none is zero-filled first.
-        None => gemm_new(plain(x, m, k), plain(w, k, n))?,
-        Some(bias) => {
-            let mut out = repeat_rows(Some(bias.host()), m, n);
-            gemm(&mut out, plain(x, m, k), plain(w, k, n), true)?;
-            out
-        }
-    };
-    if relu {
-        relu_in_place(&mut out);
+    let mut blocks = DenseByBlocks::new(x, (k, n), bias)?;
+    while let Some(rows) = blocks.next_rows() {
+        blocks.add(&w.host()[rows])?;
     }
+    blocks.finish(w, bias, relu)
+}
+
+/// Bytes of a dense layer's kernel in each block of rows its product is summed over
+/// ([`dense_blocks`]).
+pub const DENSE_BLOCK_BYTES: usize = 256 << 10;
+
+/// The blocks of rows of a `k × n` dense kernel, in the order a dense layer's product sums
+/// them, the last first: on the CPU the product is `bias + Σ x[:, rows] · w[rows, :]` summed
+/// in this order in every path, and the kernel's gradient is computed block by block in it.
+/// A pass can then take each block as soon as its rows are final (an update that lands piece by
+/// piece from the end of the gradient buffer, [`DenseByBlocks`]) and a backward pass can hand
+/// each block's gradient over as soon as it is computed, and both give the bits of a pass that
+/// has the whole kernel at once. One block for a kernel of at most [`DENSE_BLOCK_BYTES`].
+///
+/// ```
+/// use lockstep_tensor::ops::dense_blocks;
+///
+/// assert_eq!(dense_blocks(784, 10), [0..784]);
+/// assert_eq!(dense_blocks(1200, 128), [1024..1200, 512..1024, 0..512]);
+/// ```
+pub fn dense_blocks(k: usize, n: usize) -> Vec<Range<usize>> {
+    let rows = (DENSE_BLOCK_BYTES / 4 / n.max(1)).max(1);
+    let mut blocks: Vec<Range<usize>> = (0..k)
+        .step_by(rows)
+        .map(|start| start..(start + rows).min(k))
+        .collect();
+    blocks.reverse();
+    if blocks.is_empty() {
+        blocks.push(0..0);
+    }
+    blocks
+}
+
+/// A dense layer's product `relu?(x · w + bias)` on the CPU computed one block of the kernel's
+/// rows at a time, in [`dense_blocks`]' order, each as soon as the caller has its rows: the
+/// same bits as [`dense`].
+///
+/// ```
+/// use lockstep_tensor::{Tensor, ops::{self, DenseByBlocks}};
+///
+/// let x = Tensor::from_vec(vec![1.0, 2.0], &[1, 2])?;
+/// let w = Tensor::from_vec(vec![3.0, 4.0], &[2, 1])?;
+/// let mut blocks = DenseByBlocks::new(&x, (2, 1), None)?;
+/// while let Some(rows) = blocks.next_rows() {
+///     blocks.add(&w.host_data()?[rows])?;
+/// }
+/// let y = blocks.finish(&w, None, false)?;
+/// assert_eq!(y.host_data()?, ops::dense(&x, &w, None, false)?.host_data()?);
+/// # Ok::<(), lockstep_tensor::TensorError>(())
+/// ```
+pub struct DenseByBlocks {
+    x: Tensor,
+    m: usize,
+    k: usize,
+    n: usize,
+    out: Vec<f32>,
+    blocks: Vec<Range<usize>>,
+    next: usize,
+    has_bias: bool,
+}
+
+impl DenseByBlocks {
+    /// The product of `x [m, k]` and a `k × n` kernel, started from `bias` (`[n]`).
+    ///
+    /// # Errors
+    ///
+    /// When `x` is not `[m, k]` on the CPU, or the bias is not `[n]`.
+    pub fn new(
+        x: &Tensor,
+        (k, n): (usize, usize),
+        bias: Option<&Tensor>,
+    ) -> Result<Self, TensorError> {
+        let &[m, k2] = x.shape() else {
+            return Err(TensorError::mismatch(
+                "dense",
+                x.shape(),
+                &[k, n],
+                "both operands must be 2-D",
+            ));
+        };
+        if k2 != k {
+            return Err(TensorError::mismatch(
+                "dense",
+                x.shape(),
+                &[k, n],
+                format!("inner dimensions {k2} and {k} differ"),
+            ));
+        }
+        check_bias("dense", bias, x, n)?;
+        count_values("dense", &[m, n])?;
+        if !matches!(
+            on("dense", &[x].into_iter().chain(bias).collect::<Vec<_>>())?,
+            On::Cpu
+        ) {
+            return Err(TensorError::invalid(
+                "dense",
+                "a product by blocks runs on the CPU",
+            ));
+        }
+        let out = match bias {
+            Some(bias) => repeat_rows(Some(bias.host()), m, n),
+            None => vec![0.0; m * n],
+        };
+        Ok(Self {
+            x: x.clone(),
+            m,
+            k,
+            n,
+            out,
+            blocks: dense_blocks(k, n),
+            next: 0,
+            has_bias: bias.is_some(),
+        })
+    }
+
+    /// The kernel rows [`DenseByBlocks::add`] takes next, as a range of the kernel's values
+    /// (row-major); `None` once every block is in.
+    pub fn next_rows(&self) -> Option<Range<usize>> {
+        let rows = self.blocks.get(self.next)?;
+        Some(rows.start * self.n..rows.end * self.n)
+    }
+
+    /// Adds the product of the next block: `values` are the kernel's values
+    /// [`DenseByBlocks::next_rows`] names.
+    ///
+    /// # Errors
+    ///
+    /// When every block is in, or `values` is not the block's length.
+    pub fn add(&mut self, values: &[f32]) -> Result<(), TensorError> {
+        let Some(rows) = self.blocks.get(self.next).cloned() else {
+            return Err(TensorError::invalid(
+                "dense",
+                "every block of the kernel is in",
+            ));
+        };
+        if values.len() != rows.len() * self.n {
+            return Err(TensorError::invalid(
+                "dense",
+                format!(
+                    "kernel rows {}..{} hold {} values, not {}",
+                    rows.start,
+                    rows.end,
+                    rows.len() * self.n,
+                    values.len()
+                ),
+            ));
+        }
+        // Without a bias the first block's product overwrites the zeros.
+        let accumulate = self.has_bias || self.next > 0;
+        gemm_block(
+            &mut self.out,
+            plain(&self.x, self.m, self.k),
+            rows.clone(),
+            MatRef {
+                data: values,
+                rows: rows.len(),
+                cols: self.n,
+                transposed: false,
+            },
+            accumulate,
+        )?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// The layer's output, recorded for the backward pass with `w` as the kernel (the one
+    /// whose rows were added) and `bias` as given to [`DenseByBlocks::new`].
+    ///
+    /// # Errors
+    ///
+    /// When a block is missing, `w` is not `[k, n]`, or `bias` is not the one the product
+    /// started from.
+    pub fn finish(
+        self,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+        relu: bool,
+    ) -> Result<Tensor, TensorError> {
+        let Self {
+            x,
+            m,
+            k,
+            n,
+            mut out,
+            blocks,
+            next,
+            has_bias,
+        } = self;
+        if next < blocks.len() {
+            return Err(TensorError::invalid(
+                "dense",
+                format!("{} of {} kernel blocks are in", next, blocks.len()),
+            ));
+        }
+        if w.shape() != [k, n] || bias.is_some() != has_bias {
+            return Err(TensorError::mismatch(
+                "dense",
+                x.shape(),
+                w.shape(),
+                "not the kernel and bias the product started with",
+            ));
+        }
+        if relu {
+            relu_in_place(&mut out);
+        }
+        Ok(record_product(out, (&x, w, bias), (m, k, n), relu))
+    }
+}
+
+/// The backward rule of `relu?(x · w + bias)`, recorded on its output `out`.
+fn record_product(
+    out: Vec<f32>,
+    (x, w, bias): (&Tensor, &Tensor, Option<&Tensor>),
+    (m, k, n): (usize, usize, usize),
+    relu: bool,
+) -> Tensor {
     let (input, weights, has_bias) = (x.clone(), w.clone(), bias.is_some());
     // In parts: the weights' and the bias' gradients can be asked for before the input's, so
-    // that a data-parallel step sends them while the input's is computed.
-    Ok(Tensor::from_op_in_parts(
+    // that a data-parallel step sends them while the input's is computed, the weights' block
+    // by block.
+    Tensor::from_op_in_parts(
         out,
         vec![m, n],
         &inputs(x, w, bias),
-        move |d, y, wanted| {
+        move |d, y, wanted, hand_over| {
             let wants = |index: usize| wanted.get(index).copied().unwrap_or(false);
             let d = if relu { relu_grad(d, y)? } else { d.clone() };
-            // The two products are independent: run side by side, each GEMM's own threads
-            // have more to share (a 64-row product alone keeps two threads only ~70% busy).
-            let (dx, dw) = rayon::join(
-                || {
-                    (wants(0) && input.requires_grad()).then(|| {
-                        let dx = gemm_new(
-                            plain(&d, m, n),
-                            MatRef {
-                                data: weights.host(),
-                                rows: k,
-                                cols: n,
-                                transposed: true,
-                            },
-                        )?;
-                        Ok::<_, TensorError>(Tensor::raw(dx, vec![m, k]))
+            let want_dx = wants(0) && input.requires_grad();
+            let want_dw = wants(1) && weights.requires_grad();
+            let dx = || {
+                let dx = gemm_new(
+                    plain(&d, m, n),
+                    MatRef {
+                        data: weights.host(),
+                        rows: k,
+                        cols: n,
+                        transposed: true,
+                    },
+                )?;
+                Ok::<_, TensorError>(Tensor::raw(dx, vec![m, k]))
+            };
+            let (dx, dw) = if want_dx && want_dw {
+                // The two products are independent: run side by side, each GEMM's own threads
+                // have more to share (a 64-row product alone keeps two threads only ~70% busy).
+                let (dx, dw) = rayon::join(dx, || {
+                    weight_gradient(&input, &d, (m, k, n), &mut |_, _| Ok(()))
+                });
+                (Some(dx), Some(dw))
+            } else {
+                // The bias' gradient, cheap, goes first: it follows the kernel in the gradient
+                // buffer, which a data-parallel step sends from its end.
+                if want_dw && has_bias && wants(2) {
+                    hand_over(2, 0..n, &sum_rows(d.host(), n))?;
+                }
+                let dw = want_dw.then(|| {
+                    weight_gradient(&input, &d, (m, k, n), &mut |rows, values| {
+                        hand_over(1, rows, values)
                     })
-                },
-                || {
-                    (wants(1) && weights.requires_grad()).then(|| {
-                        let dw = gemm_new(
-                            MatRef {
-                                data: input.host(),
-                                rows: m,
-                                cols: k,
-                                transposed: true,
-                            },
-                            plain(&d, m, n),
-                        )?;
-                        Ok::<_, TensorError>(Tensor::raw(dw, vec![k, n]))
-                    })
-                },
-            );
+                });
+                (want_dx.then(dx), dw)
+            };
             let mut grads = vec![dx.transpose()?, dw.transpose()?];
             if has_bias {
                 grads.push(wants(2).then(|| Tensor::raw(sum_rows(d.host(), n), vec![n])));
             }
             Ok(grads)
         },
-    ))
+    )
+}
+
+/// Where a rule hands a block of one gradient: its range of values, and the values.
+type RowsOf<'a> = dyn FnMut(Range<usize>, &[f32]) -> Result<(), TensorError> + 'a;
+
+/// The kernel's gradient `x^T · d`, computed in [`dense_blocks`]' order, each block handed to
+/// `hand_over` (its range of the kernel's values, and those values) as soon as it is computed
+/// when there is more than one.
+fn weight_gradient(
+    input: &Tensor,
+    d: &Tensor,
+    (m, k, n): (usize, usize, usize),
+    hand_over: &mut RowsOf<'_>,
+) -> Result<Tensor, TensorError> {
+    let blocks = dense_blocks(k, n);
+    let read = MatRef {
+        data: input.host(),
+        rows: m,
+        cols: k,
+        transposed: true,
+    };
+    if blocks.len() == 1 {
+        let dw = gemm_new(read, plain(d, m, n))?;
+        return Ok(Tensor::raw(dw, vec![k, n]));
+    }
+    let mut dw = vec![0.0; k * n];
+    for rows in blocks {
+        let values = rows.start * n..rows.end * n;
+        let slot = &mut dw[values.clone()];
+        gemm_block(slot, read, rows, plain(d, m, n), false)?;
+        hand_over(values, slot)?;
+    }
+    Ok(Tensor::raw(dw, vec![k, n]))
 }
 
 fn plain(t: &Tensor, rows: usize, cols: usize) -> MatRef<'_> {
@@ -372,5 +619,75 @@ fn plain(t: &Tensor, rows: usize, cols: usize) -> MatRef<'_> {
         rows,
         cols,
         transposed: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: f32) -> Vec<f32> {
+        (0..n).map(|i| (i as f32 * 0.37 + seed).sin()).collect()
+    }
+
+    #[test]
+    fn a_dense_product_over_several_blocks_is_the_product() {
+        let (m, k, n) = (3, 1100, 130);
+        let x = values(m * k, 0.1);
+        let w = values(k * n, 0.2);
+        let bias = values(n, 0.3);
+        assert!(dense_blocks(k, n).len() > 1);
+        let y = dense(
+            &Tensor::from_vec(x.clone(), &[m, k]).unwrap(),
+            &Tensor::from_vec(w.clone(), &[k, n]).unwrap(),
+            Some(&Tensor::from_vec(bias.clone(), &[n]).unwrap()),
+            false,
+        )
+        .unwrap();
+        let y = y.host_data().unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let expected: f64 = f64::from(bias[j])
+                    + (0..k)
+                        .map(|p| f64::from(x[i * k + p]) * f64::from(w[p * n + j]))
+                        .sum::<f64>();
+                let got = f64::from(y[i * n + j]);
+                assert!(
+                    (got - expected).abs() < 1e-3,
+                    "[{i}][{j}]: {got} against {expected}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_cover_the_rows_once_the_last_first() {
+        for (k, n) in [
+            (0, 5),
+            (1, 1),
+            (511, 128),
+            (512, 128),
+            (513, 128),
+            (70_000, 1),
+            (9, 100_000),
+        ] {
+            let blocks = dense_blocks(k, n);
+            let mut covered: Vec<usize> = blocks.iter().rev().flat_map(Clone::clone).collect();
+            covered.dedup();
+            assert_eq!(covered, (0..k).collect::<Vec<_>>(), "{k}×{n}");
+            assert!(blocks.windows(2).all(|pair| pair[1].end == pair[0].start));
+        }
+    }
+
+    #[test]
+    fn a_product_by_blocks_refuses_a_block_of_the_wrong_length_or_a_missing_one() {
+        let x = Tensor::from_vec(values(2 * 1100, 0.1), &[2, 1100]).unwrap();
+        let w = Tensor::from_vec(values(1100 * 130, 0.2), &[1100, 130]).unwrap();
+        let mut blocks = DenseByBlocks::new(&x, (1100, 130), None).unwrap();
+        assert!(blocks.add(&[1.0; 3]).is_err());
+        let rows = blocks.next_rows().unwrap();
+        blocks.add(&w.host_data().unwrap()[rows]).unwrap();
+        assert!(blocks.finish(&w, None, false).is_err());
+        assert!(DenseByBlocks::new(&x, (1000, 130), None).is_err());
     }
 }

@@ -28,7 +28,10 @@ pub use concat::concat;
 pub use conv::{Padding, avg_pool2d, conv2d, max_pool2d};
 pub use conv_batch_norm::conv2d_batch_norm_max_pool;
 pub use dropout::dropout;
-pub use fused::{MaxPool, conv2d_bias_relu, conv2d_bias_relu_max_pool, dense};
+pub use fused::{
+    DENSE_BLOCK_BYTES, DenseByBlocks, MaxPool, conv2d_bias_relu, conv2d_bias_relu_max_pool, dense,
+    dense_blocks,
+};
 pub use gather::gather_rows;
 pub use loss::{argmax, log_softmax, sparse_softmax_cross_entropy_with_logits};
 pub use matmul::matmul;
