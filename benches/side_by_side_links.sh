@@ -17,7 +17,8 @@
 # whose update lands in the next step's forward pass, `--overlap-update`), bf16_overlap_256k,
 # and any pack size as packs_BYTES, overlap_BYTES, bf16_packs_BYTES or bf16_overlap_BYTES;
 # BIN_DIR (default target/release) is where Lockstep's binaries are, for a build before a
-# change beside one after it.
+# change beside one after it; MTU (say 9000, jumbo frames) sets the link's MTU (veth's 1500
+# otherwise).
 #
 # Figures: examples/s over `fit` (every step, the first included) for both: Lockstep's
 # `examples_per_s` (and `comm_wait_share`, the share of worker 0's steps blocked in their

@@ -528,7 +528,10 @@ impl Network {
         }
         let name = node.name.as_str();
         let kernel = node.params.start;
-        source.upto(kernel)?;
+        if source.upto(kernel)?.len() != kernel {
+            // Its variables are made already: a pass that read them earlier.
+            return Ok(None);
+        }
         let bias = if bias {
             Some(source.values(kernel + 1, 0..n)?.to_vec())
         } else {
