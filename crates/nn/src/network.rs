@@ -537,11 +537,7 @@ impl Network {
         } else {
             None
         };
-        let start = (bias.clone())
-            .map(|values| Tensor::from_vec(values, &[n]))
-            .transpose()
-            .in_layer(name)?;
-        let mut blocks = DenseByBlocks::new(x, (k, n), start.as_ref()).in_layer(name)?;
+        let mut blocks = DenseByBlocks::new(x, (k, n), bias.as_deref()).in_layer(name)?;
         let mut kernel_values = vec![0.0; k * n];
         while let Some(rows) = blocks.next_rows() {
             let slot = &mut kernel_values[rows.clone()];
@@ -964,7 +960,10 @@ impl Network {
                 let mut guard = shared.borrow_mut();
                 let (out, ready, _, in_blocks) = &mut *guard;
                 let range = specs[index].range();
-                if within.end > range.len() || within.len() != values.len() {
+                if within.start > within.end
+                    || within.end > range.len()
+                    || within.len() != values.len()
+                {
                     return Err(length(index, within.end));
                 }
                 let values_range = range.start + within.start..range.start + within.end;

@@ -270,15 +270,15 @@ fn large_dense_model() -> lockstep_nn::Sequential {
     .unwrap()
 }
 
+/// Two inputs of [`large_dense_model`], values from `(i · step) mod period`.
+fn large_dense_input(step: usize, period: usize) -> Tensor {
+    let values = (0..2 * 1200).map(|i| ((i * step) % period) as f32 / period as f32 - 0.4);
+    Tensor::from_vec(values.collect(), &[2, 1200]).unwrap()
+}
+
 #[test]
 fn a_pass_as_ready_takes_a_large_kernel_block_by_block_with_the_bits_of_a_whole_pass() {
-    let x = Tensor::from_vec(
-        (0..2 * 1200)
-            .map(|i| ((i * 7) % 13) as f32 / 13.0 - 0.4)
-            .collect(),
-        &[2, 1200],
-    )
-    .unwrap();
+    let x = large_dense_input(7, 13);
     // The kernel halved before the pass, as an update landing would change it.
     let mut expected = large_dense_model();
     let kernel = expected.parameters().specs()[0].range();
@@ -332,13 +332,7 @@ fn a_pass_as_ready_takes_a_large_kernel_block_by_block_with_the_bits_of_a_whole_
 #[test]
 fn streamed_gradients_hand_over_a_large_kernel_block_by_block_on_one_thread() {
     let model = large_dense_model();
-    let x = Tensor::from_vec(
-        (0..2 * 1200)
-            .map(|i| ((i * 5) % 11) as f32 / 11.0 - 0.4)
-            .collect(),
-        &[2, 1200],
-    )
-    .unwrap();
+    let x = large_dense_input(5, 11);
     let n = model.parameters().len();
     let kernel = model.parameters().specs()[0].range();
     let pool = rayon::ThreadPoolBuilder::new()

@@ -40,12 +40,12 @@ impl<F> BackwardInParts for F where
 {
 }
 
-/// Where a rule in parts hands over a block of an input's gradient before it returns: the
-/// input's index, the block's range of its values (row-major), and the values, final.
 /// Where [`Tensor::backward_in_blocks`] hands a block of a parameter's gradient: the
 /// parameter, the block's range of its values (row-major), and the values, final.
 pub type BlockOf<'a> = dyn FnMut(&Tensor, Range<usize>, &[f32]) -> Result<(), TensorError> + 'a;
 
+/// Where a rule in parts hands over a block of an input's gradient before it returns: the
+/// input's index, the block's range of its values (row-major), and the values, final.
 pub(crate) type HandOver<'a> =
     dyn FnMut(usize, Range<usize>, &[f32]) -> Result<(), TensorError> + 'a;
 

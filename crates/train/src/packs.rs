@@ -49,10 +49,6 @@ impl SumsPacks for PackLink {
 pub(crate) struct Packs {
     /// Ranges of the gradient buffer, in the order the backward pass finishes them.
     pub(crate) ranges: Vec<Range<usize>>,
-    /// The pack of each variable.
-    pub(crate) pack_of: Vec<usize>,
-    /// The number of variables in each pack.
-    pub(crate) variables: Vec<usize>,
     /// A step's collectives in the order every replica issues them: each pack whole, or
     /// ([`Packs::overlapping`]) in pieces, the later packs' pieces among the earlier ones'.
     pub(crate) pieces: Vec<Piece>,
@@ -84,22 +80,16 @@ impl Packs {
     pub(crate) fn new(specs: &[ParamSpec], bytes_per_pack: usize) -> Self {
         let mut packs = Self {
             ranges: Vec::new(),
-            pack_of: vec![0; specs.len()],
-            variables: Vec::new(),
             pieces: Vec::new(),
             totals_after_first: false,
         };
         let mut end = specs.last().map_or(0, |s| s.range().end);
-        let mut count = 0;
         for (index, spec) in specs.iter().enumerate().rev() {
-            packs.pack_of[index] = packs.ranges.len();
-            count += 1;
             let start = spec.range().start;
             let full = bytes_per_pack > 0 && (end - start) * 4 >= bytes_per_pack;
             if full || index == 0 {
                 packs.ranges.push(start..end);
-                packs.variables.push(count);
-                (end, count) = (start, 0);
+                end = start;
             }
         }
         packs.pieces = (packs.ranges.iter().enumerate())
@@ -480,16 +470,18 @@ mod tests {
         assert_eq!(f16::to_f32(sent[1]), 1.25);
     }
 
+    /// 4 → 8 → 2: kernel 32, bias 8, kernel 16, bias 2 values.
+    fn four_eight_two() -> Sequential {
+        let layers: Vec<Box<dyn lockstep_nn::Layer>> =
+            vec![Box::new(Dense::new(8)), Box::new(Dense::new(2))];
+        Sequential::new(&[4], layers, 0).unwrap()
+    }
+
     #[test]
     fn a_piece_is_sent_once_every_value_from_its_start_to_its_packs_end_is_final() {
         // 4 → 8 → 2 in packs of 40 bytes: pieces (0, 48..58), (1, 30..40), (1, 0..30),
         // (0, 40..48).
-        let net = Sequential::new(
-            &[4],
-            vec![Box::new(Dense::new(8)), Box::new(Dense::new(2))],
-            0,
-        )
-        .unwrap();
+        let net = four_eight_two();
         let packs = Packs::overlapping(net.parameters().specs(), 40, true);
         let mut arrivals = Arrivals::new(&packs);
         // The last bias (56..58), then the last kernel (40..56): both of pack 0's pieces.
@@ -516,13 +508,7 @@ mod tests {
 
     #[test]
     fn packs_hold_whole_variables_from_the_last_layer_back() {
-        // 4 → 8 → 2: kernel 32, bias 8, kernel 16, bias 2 values.
-        let net = Sequential::new(
-            &[4],
-            vec![Box::new(Dense::new(8)), Box::new(Dense::new(2))],
-            0,
-        )
-        .unwrap();
+        let net = four_eight_two();
         let specs = net.parameters().specs();
         let whole = vec![Range { start: 0, end: 58 }];
         assert_eq!(Packs::new(specs, 0).ranges, whole);
@@ -531,8 +517,6 @@ mod tests {
         // bias (8, short of 10) and kernel.
         let packs = Packs::new(specs, 40);
         assert_eq!(packs.ranges, [40..58, 0..40]);
-        assert_eq!(packs.pack_of, [1, 1, 0, 0]);
-        assert_eq!(packs.variables, [2, 2]);
         // Overlapping: a first piece of at most 10 values (40 bytes) from each pack's end, the
         // rest in one (far below 4 MiB); the second pack's pieces go halfway through the
         // first's.

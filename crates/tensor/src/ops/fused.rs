@@ -305,7 +305,7 @@ pub(crate) fn product(
     if let On::Cuda(buffers) = on(op, &inputs(x, w, bias))? {
         return gpu::product(op, (x, w, bias), &buffers, (m, k, n), relu);
     }
-    let mut blocks = DenseByBlocks::new(x, (k, n), bias)?;
+    let mut blocks = DenseByBlocks::new(x, (k, n), bias.map(Tensor::host))?;
     while let Some(rows) = blocks.next_rows() {
         blocks.add(&w.host()[rows])?;
     }
@@ -372,15 +372,16 @@ pub struct DenseByBlocks {
 }
 
 impl DenseByBlocks {
-    /// The product of `x [m, k]` and a `k × n` kernel, started from `bias` (`[n]`).
+    /// The product of `x [m, k]` and a `k × n` kernel, started from the `n` values of
+    /// `bias`.
     ///
     /// # Errors
     ///
-    /// When `x` is not `[m, k]` on the CPU, or the bias is not `[n]`.
+    /// When `x` is not `[m, k]` on the CPU, or the bias does not hold `n` values.
     pub fn new(
         x: &Tensor,
         (k, n): (usize, usize),
-        bias: Option<&Tensor>,
+        bias: Option<&[f32]>,
     ) -> Result<Self, TensorError> {
         let &[m, k2] = x.shape() else {
             return Err(TensorError::mismatch(
@@ -398,19 +399,23 @@ impl DenseByBlocks {
                 format!("inner dimensions {k2} and {k} differ"),
             ));
         }
-        check_bias("dense", bias, x, n)?;
+        if let Some(bias) = bias.filter(|bias| bias.len() != n) {
+            return Err(TensorError::mismatch(
+                "dense",
+                x.shape(),
+                &[bias.len()],
+                format!("the bias must hold {n} values"),
+            ));
+        }
         count_values("dense", &[m, n])?;
-        if !matches!(
-            on("dense", &[x].into_iter().chain(bias).collect::<Vec<_>>())?,
-            On::Cpu
-        ) {
+        if !matches!(on("dense", &[x])?, On::Cpu) {
             return Err(TensorError::invalid(
                 "dense",
                 "a product by blocks runs on the CPU",
             ));
         }
         let out = match bias {
-            Some(bias) => repeat_rows(Some(bias.host()), m, n),
+            Some(bias) => repeat_rows(Some(bias), m, n),
             None => vec![0.0; m * n],
         };
         Ok(Self {
@@ -476,7 +481,8 @@ impl DenseByBlocks {
     }
 
     /// The layer's output, recorded for the backward pass with `w` as the kernel (the one
-    /// whose rows were added) and `bias` as given to [`DenseByBlocks::new`].
+    /// whose rows were added) and `bias` as the bias (the one whose values
+    /// [`DenseByBlocks::new`] took).
     ///
     /// # Errors
     ///
