@@ -22,7 +22,9 @@
 #
 # Figures: examples/s over `fit` (every step, the first included) for both: Lockstep's
 # `examples_per_s` (and `comm_wait_share`, the share of worker 0's steps blocked in their
-# collectives), PyTorch's `fit_examples_per_s`; one worker of each alone, for scaling
+# collectives), PyTorch's `fit_examples_per_s`; each one's steady speed beside it (Lockstep's
+# `loop_examples_per_s`, steps 2..N over their time; PyTorch's `steady_examples_per_s`, the
+# global batch over the median step); one worker of each alone, for scaling
 # efficiency; two one-worker Lockstep jobs at once, one in each namespace (their
 # summed examples/s: the compute of a step of two workers on this machine's cores, nothing
 # sent); each two-worker Lockstep run's `cpu_cores`, the CPU time of both workers (user and
@@ -87,18 +89,29 @@ limit() { # rate: netem's delay (and rate) where LATENCY asks and the kernel has
   tbf_limit "$1"
 }
 
-# The figures of a Lockstep run's stdout as `tag,examples_per_s=…,comm_wait_share=…,test_acc=…`.
+# The figures of a Lockstep run's stdout as
+# `tag,examples_per_s=…,loop_examples_per_s=…,comm_wait_share=…,test_acc=…`: examples_per_s is
+# LS_RATE's figure, loop_examples_per_s the steps after the first over their time (a step's
+# steady length, without the first step's set-up).
 lockstep_figures() { # tag
-  sed -n 's/^test_accuracy=\([0-9.]*\) .* '"$LS_RATE"'=\([0-9]*\) .*comm_wait_share=\([0-9.]*\) .*$/'"$1"',examples_per_s=\2,comm_wait_share=\3,test_acc=\1/p'
+  awk -v tag="$1" -v rate="$LS_RATE" '/^test_accuracy=/ {
+      delete f
+      for (i = 1; i <= NF; i++) { n = index($i, "="); if (n) f[substr($i, 1, n - 1)] = substr($i, n + 1) }
+      printf "%s,examples_per_s=%s,loop_examples_per_s=%s,comm_wait_share=%s,test_acc=%s\n",
+        tag, f[rate], f["loop_examples_per_s"], f["comm_wait_share"], f["test_accuracy"]
+    }'
 }
 
-# The figures of PyTorch's JSON line in file $2, as `tag,examples_per_s=…,test_acc=…`.
+# The figures of PyTorch's JSON line in file $2, as
+# `tag,examples_per_s=…,steady_examples_per_s=…,test_acc=…` (steady: global batch ÷ the median
+# step, torch_train.py's `steady_examples_per_s`; fashion_ddp.py's loop figure).
 torch_figures() { # tag file
   "$PY" - "$1" "$2" "$TORCH_RATE" <<'PYEOF'
 import json, sys
 lines = [l for l in open(sys.argv[2]) if l.startswith("{")]
 r = json.loads(lines[-1]) if lines else {}
-print(f"{sys.argv[1]},examples_per_s={r.get(sys.argv[3], 0):.0f},test_acc={r.get('test_acc', 0):.4f}")
+steady = r.get("steady_examples_per_s", r.get("loop_examples_per_s", 0))
+print(f"{sys.argv[1]},examples_per_s={r.get(sys.argv[3], 0):.0f},steady_examples_per_s={steady:.0f},test_acc={r.get('test_acc', 0):.4f}")
 PYEOF
 }
 

@@ -45,8 +45,8 @@ lockstep() { # tag example args...
   local tag=$1 example=$2
   shift 2
   cargo xtask run-cluster --example "$example" -- "$@" 2>/dev/null |
-    sed -n 's/^\[worker:0\] test_accuracy=\([0-9.]*\) .*examples_per_s=\([0-9]*\)\(.*\)$/'"$tag"',examples_per_s=\2\3,test_acc=\1/p' |
-    sed 's/ first_step_s=/,first_step_s=/; s/ peak_rss_mib=/,peak_rss_mib=/'
+    sed -n 's/^\[worker:0\] test_accuracy=\([0-9.]*\) .* examples_per_s=\([0-9]*\)\(.*\)$/'"$tag"',examples_per_s=\2\3,test_acc=\1/p' |
+    sed 's/ loop_examples_per_s=/,loop_examples_per_s=/; s/ comm_wait_share=/,comm_wait_share=/; s/ first_step_s=/,first_step_s=/; s/ peak_rss_mib=/,peak_rss_mib=/'
 }
 
 for rep in $(seq 0 $((REPS - 1))); do
