@@ -1186,12 +1186,7 @@ impl VariableSource for AsReady<'_> {
                 ),
             });
         }
-        let made = if spec.is_trainable() {
-            Tensor::parameter(values, &spec.shape)
-        } else {
-            Tensor::from_vec(values, &spec.shape)
-        }
-        .in_layer(&spec.name)?;
+        let made = spec.tensor_of(values).in_layer(&spec.name)?;
         self.made.push(made.clone());
         Ok(made)
     }

@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use lockstep_tensor::Tensor;
+use lockstep_tensor::{Tensor, TensorError};
 use rand_core::SeedableRng;
 use rand_pcg::Pcg64Mcg;
 use rayon::prelude::*;
@@ -41,6 +41,16 @@ pub struct ParamSpec {
 }
 
 impl ParamSpec {
+    /// This variable as a tensor of `values`: a parameter when it is trainable, else a
+    /// constant.
+    pub(crate) fn tensor_of(&self, values: Vec<f32>) -> Result<Tensor, TensorError> {
+        if self.is_trainable() {
+            Tensor::parameter(values, &self.shape)
+        } else {
+            Tensor::from_vec(values, &self.shape)
+        }
+    }
+
     /// The number of values.
     pub fn len(&self) -> usize {
         self.shape.iter().product()
@@ -217,15 +227,10 @@ impl Parameters {
     }
 
     /// A copy of `spec`'s values: a parameter when it is trainable, else a constant.
-    fn copy_of(&self, spec: &ParamSpec) -> Result<Tensor, lockstep_tensor::TensorError> {
+    fn copy_of(&self, spec: &ParamSpec) -> Result<Tensor, TensorError> {
         // Copied in parallel: a dense kernel of a few hundred thousand values copied on one
         // thread left the other idle at the start of every training step.
-        let values = self.values[spec.range()].par_iter().copied().collect();
-        if spec.is_trainable() {
-            Tensor::parameter(values, &spec.shape)
-        } else {
-            Tensor::from_vec(values, &spec.shape)
-        }
+        spec.tensor_of(self.values[spec.range()].par_iter().copied().collect())
     }
 
     /// [`Parameters::tensors`] with the variables `replacing` names (`(index, tensor)`)

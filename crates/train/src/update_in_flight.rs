@@ -96,9 +96,8 @@ pub(crate) struct UpdateInFlight {
     /// Whether each pack's pieces are applied as each lands, or the pack's update once all
     /// have ([`Packs::pieces_cut_only`]).
     by_piece: Vec<bool>,
-    /// The pieces of each pack landed so far, and in all.
-    landed: Vec<usize>,
-    pieces_of: Vec<usize>,
+    /// The pieces of each pack not landed yet.
+    unlanded: Vec<usize>,
     /// `1 / examples` of the step; `None` while the totals have not arrived, or when the step
     /// had no examples anywhere (no update, as [`crate::replica::Replica`]'s step).
     scale: Option<f32>,
@@ -180,15 +179,14 @@ impl UpdateInFlight {
             // The receiver is gone only when the step failed.
             let _ = send_done.send(job());
         }))?;
-        let mut pieces_of = vec![0; packs.ranges.len()];
+        let mut unlanded = vec![0; packs.ranges.len()];
         for piece in &packs.pieces {
-            pieces_of[piece.pack] += 1;
+            unlanded[piece.pack] += 1;
         }
         let flight = Self {
             applied: vec![false; packs.pieces.len()],
             by_piece,
-            landed: vec![0; packs.ranges.len()],
-            pieces_of,
+            unlanded,
             packs,
             summed,
             done: Some(done),
@@ -316,7 +314,7 @@ impl UpdateInFlight {
                     ));
                 };
                 let (range, pack) = (piece.range.clone(), piece.pack);
-                self.landed[pack] += 1;
+                self.unlanded[pack] = self.unlanded[pack].saturating_sub(1);
                 if let (Some(scale), Some((params, optimizer)), false) =
                     (self.scale, update, self.land_only)
                 {
@@ -328,7 +326,7 @@ impl UpdateInFlight {
                     if self.by_piece[pack] {
                         lockstep_nn::apply_update_range(optimizer, params, grads, range, 1.0)?;
                         self.applied[index] = true;
-                    } else if self.landed[pack] == self.pieces_of[pack] {
+                    } else if self.unlanded[pack] == 0 {
                         let whole = self.packs.ranges[pack].clone();
                         lockstep_nn::apply_update_range(optimizer, params, grads, whole, 1.0)?;
                         for (applied, piece) in self.applied.iter_mut().zip(&self.packs.pieces) {

@@ -6,9 +6,9 @@
 //! ```text
 //! $ cargo xtask run-cluster --example keras_resume --workers 1
 //! [worker:0] Creating a new model
-//! [worker:0] Epoch 1/1 - 219 steps - 0.8s - accuracy: 0.8595 - loss: 0.4740 - val_accuracy: 0.9140 - val_loss: 0.2869
+//! [worker:0] Epoch 1/1 - 219 steps - 0.5s - accuracy: 0.8595 - loss: 0.4740 - val_accuracy: 0.9140 - val_loss: 0.2869
 //! [worker:0] Restoring from the model saved at step 219
-//! [worker:0] Epoch 2/2 - 219 steps - 0.8s - accuracy: 0.9474 - loss: 0.1852 - val_accuracy: 0.9190 - val_loss: 0.2640
+//! [worker:0] Epoch 2/2 - 219 steps - 0.4s - accuracy: 0.9477 - loss: 0.1851 - val_accuracy: 0.9210 - val_loss: 0.2619
 //! ```
 //!
 //! (Stdout. Times depend on the machine; everything else is the same from run to run. The

@@ -4,9 +4,9 @@
 //!
 //! ```text
 //! $ cargo xtask run-cluster --example mirrored_mlp --workers 1
-//! [worker:0] Epoch 1/2 - 219 steps - 0.8s - accuracy: 0.8595 - loss: 0.4740 - val_accuracy: 0.9140 - val_loss: 0.2869
-//! [worker:0] Epoch 2/2 - 219 steps - 0.7s - accuracy: 0.9474 - loss: 0.1852 - val_accuracy: 0.9190 - val_loss: 0.2640
-//! [worker:0] test_loss=0.2809 test_accuracy=0.9147 replicas=2
+//! [worker:0] Epoch 1/2 - 219 steps - 0.4s - accuracy: 0.8595 - loss: 0.4740 - val_accuracy: 0.9140 - val_loss: 0.2869
+//! [worker:0] Epoch 2/2 - 219 steps - 0.3s - accuracy: 0.9477 - loss: 0.1851 - val_accuracy: 0.9210 - val_loss: 0.2619
+//! [worker:0] test_loss=0.2791 test_accuracy=0.9152 replicas=2
 //! ```
 //!
 //! (Stdout; run alone, `cargo run --release -p lockstep-examples --bin mirrored_mlp`, it has

@@ -11,11 +11,11 @@
 //!
 //! ```text
 //! $ cargo xtask run-cluster --example mnist_custom_loop     # 2 workers, 3 epochs
-//! [worker:0] epoch=1 loss=0.7555 accuracy=0.8012 steps=63
-//! [worker:1] epoch=1 loss=0.7555 accuracy=0.8012 steps=63
+//! [worker:0] epoch=1 loss=0.7554 accuracy=0.8012 steps=63
+//! [worker:1] epoch=1 loss=0.7554 accuracy=0.8012 steps=63
 //! …
-//! [worker:0] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_per_s=5321
-//! [worker:1] test_accuracy=0.9616 weights_checksum=21d22b99bf0f9a4d steps=189 examples_per_s=5321
+//! [worker:0] test_accuracy=0.9596 weights_checksum=cdb5065ef65a75fc steps=189 examples_per_s=18935
+//! [worker:1] test_accuracy=0.9596 weights_checksum=cdb5065ef65a75fc steps=189 examples_per_s=18902
 //! ```
 //!
 //! (Stdout; the model summary and the launcher's log go to stderr. `examples_per_s` depends on

@@ -557,6 +557,8 @@ fn record_product(
                 )?;
                 Ok::<_, TensorError>(Tensor::raw(dx, vec![m, k]))
             };
+            // The bias' gradient, summed once: handed over first below, and returned.
+            let db = (has_bias && wants(2)).then(|| sum_rows(d.host(), n));
             let (dx, dw) = if want_dx && want_dw {
                 // The two products are independent: run side by side, each GEMM's own threads
                 // have more to share (a 64-row product alone keeps two threads only ~70% busy).
@@ -567,8 +569,8 @@ fn record_product(
             } else {
                 // The bias' gradient, cheap, goes first: it follows the kernel in the gradient
                 // buffer, which a data-parallel step sends from its end.
-                if want_dw && has_bias && wants(2) {
-                    hand_over(2, 0..n, &sum_rows(d.host(), n))?;
+                if let Some(db) = db.as_deref().filter(|_| want_dw) {
+                    hand_over(2, 0..n, db)?;
                 }
                 let dw = want_dw.then(|| {
                     weight_gradient(&input, &d, (m, k, n), &mut |rows, values| {
@@ -579,7 +581,7 @@ fn record_product(
             };
             let mut grads = vec![dx.transpose()?, dw.transpose()?];
             if has_bias {
-                grads.push(wants(2).then(|| Tensor::raw(sum_rows(d.host(), n), vec![n])));
+                grads.push(db.map(|db| Tensor::raw(db, vec![n])));
             }
             Ok(grads)
         },
