@@ -84,6 +84,39 @@ macro_rules! conformance {
                     prop_assert_eq!(once(), once());
                 }
 
+                /// Waits that may not spin (a step's packs beside its backward pass) sleep until
+                /// a frame is whole where the transport can: frames of many segments, ranks
+                /// that come late, and several collectives in a row still give the same sums.
+                #[test]
+                fn waits_that_may_not_spin_give_the_same_sums(
+                    n in 2..=4_usize, len in 20_000..200_000_usize, seed: u64, late_pick: usize, pack in prop_oneof![Just(64_usize << 10), Just(1 << 20)],
+                ) {
+                    let late = late_pick % n;
+                    let inputs: Vec<Vec<f32>> = (0..n).map(|rank| input(rank, len, seed)).collect();
+                    let expected: Vec<f32> = (0..len).map(|i| inputs.iter().map(|x| x[i]).sum()).collect();
+                    let results = run(WIRE, n, options(IMPLEMENTATION, pack), move |comm| {
+                        comm.set_spinning(false);
+                        let mut rounds = Vec::new();
+                        for _ in 0..2 {
+                            if comm.rank() == late {
+                                std::thread::sleep(std::time::Duration::from_millis(30));
+                            }
+                            let mut data = input(comm.rank(), len, seed);
+                            comm.all_reduce(&mut data, ReduceOp::Sum).unwrap();
+                            rounds.push(data);
+                        }
+                        rounds
+                    });
+                    for (rank, rounds) in results.iter().enumerate() {
+                        for result in rounds {
+                            prop_assert_eq!(result, &results[0][0], "rank {} differs from rank 0", rank);
+                        }
+                    }
+                    for (got, want) in results[0][0].iter().zip(&expected) {
+                        prop_assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{} vs {}", got, want);
+                    }
+                }
+
                 #[test]
                 fn f64_bf16_and_f16_reduce_too(n in 1..=5_usize, len in 0..100_usize) {
                     let results = run(WIRE, n, options(IMPLEMENTATION, 32), move |comm| {

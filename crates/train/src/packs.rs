@@ -66,6 +66,10 @@ pub(crate) struct Packs {
 /// 1 MiB (thirty-third session).
 pub(crate) const LARGE_PIECE_BYTES: usize = 4 << 20;
 
+/// The share of the earlier packs' bytes that goes before a later pack's
+/// ([`Packs::overlapping`]).
+const LATER_PACK_AFTER: (usize, usize) = (2, 3);
+
 /// One collective of a step: `range` of the gradient buffer, part of pack `pack`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Piece {
@@ -105,15 +109,22 @@ impl Packs {
     /// in pieces from its end, the first of at most `bytes_per_pack` (the first piece of the
     /// last layers' pack ends where the totals start, so that in `f32` they go in one
     /// collective, as with whole packs), the rest of at most [`LARGE_PIECE_BYTES`] (or
-    /// `bytes_per_pack`, if larger), each later pack's pieces put halfway through what is left
-    /// of the earlier ones', and the totals (the update's scale, and what the step returns)
-    /// with the first piece, or right after it in 16 bits. The first piece is small so that
-    /// the step returns early and the wire starts as soon as the backward pass has its
-    /// values; the rest are large because each collective costs its own round trips. The
-    /// backward pass finishes the first layers' pack last and the next forward pass needs it
-    /// first: so it is summed while the largest pack is, and the next pass starts on the first
-    /// layers while the rest of that pack is on the wire. The order is the same on every
-    /// replica (a ring needs every replica to issue the same collectives in the same order).
+    /// `bytes_per_pack`, if larger), each later pack's pieces put after two thirds of the
+    /// bytes of what is left of the earlier ones' (the piece there cut in two), and the totals
+    /// (the update's scale, and what the step returns) with the first piece, or right after it
+    /// in 16 bits. The first piece is small so that the step returns early and the wire starts
+    /// as soon as the backward pass has its values; the rest are large because each
+    /// collective costs its own round trips. The backward pass finishes the first layers'
+    /// pack last and the next forward pass needs it first: so it is summed while the largest
+    /// pack is, the bytes before it keeping the wire busy while the pass finishes it, and the
+    /// next pass starts on the first layers while the rest of that pack is on the wire. Two
+    /// thirds, where half of the pieces went before: at 1 Gbit/s the tutorial CNN's pass
+    /// outlasted its first piece's collective and the link idled until the first layers'
+    /// pack was finished; with two thirds of the bytes before it its steady speed there rose
+    /// by up to 7%, and 448 to 704 KiB before it ran alike (docs/PERFORMANCE.md). The order
+    /// is the same on
+    /// every replica (a ring needs every replica to issue the same collectives in the same
+    /// order).
     ///
     /// Cut into pieces only `in_pieces`: where each value's sum does not depend on where its
     /// collective cuts the buffer (two processes, whose sum of two values is the same in
@@ -142,13 +153,17 @@ impl Packs {
                 .map(|range| Piece { pack, range })
                 .collect()
         };
-        // The first pack's pieces; each later pack's after half (rounded up) of what follows
-        // the pack before it.
+        // The first pack's pieces; each later pack's after two thirds of the bytes that
+        // follow the pack before it.
         let mut order: Vec<Piece> = Vec::new();
         let mut cursor = 0;
         for (pack, range) in packs.ranges.iter().enumerate() {
             let these = pieces(pack, range);
-            let at = cursor + (order.len() - cursor).div_ceil(2);
+            let at = if pack == 0 {
+                0
+            } else {
+                cut_at_share(&mut order, cursor, first)
+            };
             let count = these.len();
             order.splice(at..at, these);
             cursor = if pack == 0 { 0 } else { at + count };
@@ -183,6 +198,43 @@ impl Packs {
         }
         by_piece
     }
+}
+
+/// Where in `order` a later pack's pieces go: after [`LATER_PACK_AFTER`] of the bytes of the
+/// pieces from `from` on, the piece that straddles that point cut in two (its upper values
+/// first, as a pack goes from its end down), unless a part would be under a quarter of
+/// `first` values (then at the nearer edge of that piece) or the piece is the step's first,
+/// which carries the totals and is never cut or preceded (then right after it).
+fn cut_at_share(order: &mut Vec<Piece>, from: usize, first: usize) -> usize {
+    let (num, den) = LATER_PACK_AFTER;
+    let total: usize = order[from..].iter().map(|p| p.range.len()).sum();
+    let target = (total * num).div_ceil(den);
+    let least = (first / 4).max(1);
+    let mut before = 0;
+    for index in from..order.len() {
+        let len = order[index].range.len();
+        if before + len <= target {
+            before += len;
+            continue;
+        }
+        let take = target - before;
+        if index == 0 {
+            return 1;
+        }
+        if take < least || len - take < least {
+            return if take * 2 < len { index } else { index + 1 };
+        }
+        let piece = &mut order[index];
+        let cut = piece.range.end - take;
+        let lower = Piece {
+            pack: piece.pack,
+            range: piece.range.start..cut,
+        };
+        piece.range.start = cut;
+        order.insert(index + 1, lower);
+        return index + 1;
+    }
+    order.len()
 }
 
 /// Which of a step's pieces its backward pass has finished, from the ranges of the gradient
@@ -479,19 +531,19 @@ mod tests {
 
     #[test]
     fn a_piece_is_sent_once_every_value_from_its_start_to_its_packs_end_is_final() {
-        // 4 → 8 → 2 in packs of 40 bytes: pieces (0, 48..58), (1, 30..40), (1, 0..30),
-        // (0, 40..48).
+        // 4 → 8 → 2 in packs of 40 bytes: pieces (0, 48..58), (0, 46..48), (1, 30..40),
+        // (1, 0..30), (0, 40..46).
         let net = four_eight_two();
         let packs = Packs::overlapping(net.parameters().specs(), 40, true);
         let mut arrivals = Arrivals::new(&packs);
-        // The last bias (56..58), then the last kernel (40..56): both of pack 0's pieces.
+        // The last bias (56..58), then the last kernel (40..56): all of pack 0's pieces.
         assert_eq!(arrivals.arrived(&packs, 56..58), Vec::<usize>::new());
-        assert_eq!(arrivals.arrived(&packs, 40..56), [0, 3]);
+        assert_eq!(arrivals.arrived(&packs, 40..56), [0, 1, 4]);
         // The first kernel in blocks, the bias (32..40) after the first: nothing goes until
         // the values from its start up are in.
         assert_eq!(arrivals.arrived(&packs, 16..32), Vec::<usize>::new());
-        assert_eq!(arrivals.arrived(&packs, 32..40), [1]);
-        assert_eq!(arrivals.arrived(&packs, 0..16), [2]);
+        assert_eq!(arrivals.arrived(&packs, 32..40), [2]);
+        assert_eq!(arrivals.arrived(&packs, 0..16), [3]);
         // A range in no pack, or empty, sends nothing.
         assert_eq!(arrivals.arrived(&packs, 58..60), Vec::<usize>::new());
         assert_eq!(arrivals.arrived(&packs, 3..3), Vec::<usize>::new());
@@ -503,6 +555,31 @@ mod tests {
         assert_eq!(
             Packs::new(specs, 40).pieces_cut_only(specs, |_| false),
             [true, true]
+        );
+    }
+
+    fn pieces_of(packs: &Packs) -> Vec<(usize, Range<usize>)> {
+        (packs.pieces.iter())
+            .map(|p| (p.pack, p.range.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn a_later_pack_never_cuts_or_precedes_the_first_piece_nor_leaves_a_sliver() {
+        let net = four_eight_two();
+        let specs = net.parameters().specs();
+        // Packs of 64 bytes: pack 0's first piece (16 values) is past two thirds of its 18,
+        // so pack 1 goes right after it, whole.
+        assert_eq!(
+            pieces_of(&Packs::overlapping(specs, 64, true)),
+            [(0, 42..58), (1, 24..40), (1, 0..24), (0, 40..42)]
+        );
+        // Packs of 44 bytes (11 values): two thirds of pack 0's 18 values falls one value
+        // into its second piece, under a quarter of 11: no sliver is cut off, and pack 1 goes
+        // at that piece's nearer edge, before it.
+        assert_eq!(
+            pieces_of(&Packs::overlapping(specs, 44, true)),
+            [(0, 47..58), (1, 29..40), (1, 0..29), (0, 40..47)]
         );
     }
 
@@ -518,16 +595,20 @@ mod tests {
         let packs = Packs::new(specs, 40);
         assert_eq!(packs.ranges, [40..58, 0..40]);
         // Overlapping: a first piece of at most 10 values (40 bytes) from each pack's end, the
-        // rest in one (far below 4 MiB); the second pack's pieces go halfway through the
-        // first's.
+        // rest in one (far below 4 MiB); the second pack's pieces go after two thirds of the
+        // first's 18 values, its second piece cut there.
         let overlapping = Packs::overlapping(specs, 40, true);
         assert!(overlapping.totals_after_first && !packs.totals_after_first);
-        let pieces: Vec<(usize, Range<usize>)> = overlapping
-            .pieces
-            .iter()
-            .map(|p| (p.pack, p.range.clone()))
-            .collect();
-        assert_eq!(pieces, [(0, 48..58), (1, 30..40), (1, 0..30), (0, 40..48)]);
+        assert_eq!(
+            pieces_of(&overlapping),
+            [
+                (0, 48..58),
+                (0, 46..48),
+                (1, 30..40),
+                (1, 0..30),
+                (0, 40..46)
+            ]
+        );
         // A pack past 4 MiB: a first piece of `bytes_per_pack`, then pieces of 4 MiB.
         let big =
             lockstep_nn::Sequential::new(&[1100], vec![Box::new(lockstep_nn::Dense::new(2000))], 0)

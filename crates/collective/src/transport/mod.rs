@@ -47,9 +47,10 @@ pub trait Transport: Send {
     }
 
     /// Whether waits may spin before they sleep (the default, where a transport spins at all),
-    /// or must yield the core between checks: `false` while this rank's core has other work
+    /// or must leave the core to other work: `false` while this rank's core has other work
     /// beside the collective (a step's backward pass beside its gradient packs), which a
-    /// spinning wait would take it from.
+    /// spinning wait would take it from. Such a wait yields the core between checks, or, where
+    /// the transport can be woken only once a message has arrived whole, sleeps at once.
     fn set_spinning(&mut self, spinning: bool) {
         let _ = spinning;
     }

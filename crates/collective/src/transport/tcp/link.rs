@@ -79,6 +79,9 @@ pub(super) struct Link {
     /// Payload buffers handed back after use; their bytes are initialised up to `len`, so
     /// reusing one costs no zero-fill.
     spare: Vec<BytesMut>,
+    /// The bytes last asked to be in the socket before `poll` wakes a reader
+    /// ([`Link::wake_reader_at`]).
+    wake_at: usize,
 }
 
 impl Link {
@@ -95,11 +98,36 @@ impl Link {
             closed: None,
             cut_here: false,
             spare: Vec::new(),
+            wake_at: 1,
         })
     }
 
     pub(super) fn stream(&self) -> &Stream {
         &self.stream
+    }
+
+    /// The bytes of the frame arriving now that are still in the socket: 0 before its header
+    /// has been read.
+    pub(super) fn frame_bytes_in_socket(&self) -> usize {
+        let left = match &self.arriving {
+            Some(Arriving::Whole {
+                payload, filled, ..
+            }) => payload.len() - filled,
+            Some(Arriving::Placed { len, filled, .. }) => len - filled,
+            None => 0,
+        };
+        left.saturating_sub(self.staged.len())
+    }
+
+    /// Has `poll` wake a reader of this link once `bytes` (at least one) are in its socket
+    /// ([`Stream::wake_reader_at`]; nothing to do when that is what it already asks), and
+    /// returns the bytes it asks now: where the socket refused, what it asked before.
+    pub(super) fn wake_reader_at(&mut self, bytes: usize) -> usize {
+        let bytes = bytes.max(1);
+        if bytes != self.wake_at && self.stream.wake_reader_at(bytes) {
+            self.wake_at = bytes;
+        }
+        self.wake_at
     }
 
     /// Whether a frame is part-way into a flow's buffer: only that flow may read on.

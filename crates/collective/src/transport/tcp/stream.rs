@@ -17,7 +17,10 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::Duration;
 
+use nix::libc;
 use nix::poll::PollFlags;
+use nix::sys::socket::setsockopt;
+use nix::{getsockopt_impl, setsockopt_impl, sockopt_impl};
 
 use super::shared_ring::SharedRing;
 use crate::handshake::SocketTimeouts;
@@ -27,6 +30,10 @@ use crate::handshake::SocketTimeouts;
 /// and 2 and 4 MiB (`cargo xtask bench allreduce`, 16–256 MiB): larger buffers kept more bytes
 /// in flight than the caches hold and were slower on 4 ranks sharing 2 cores.
 const UNIX_BUFFER: usize = 512 * 1024;
+
+// `SO_RCVLOWAT`, which nix does not name: how many bytes a TCP socket must hold before `poll`
+// reports it readable (a read without waiting takes what there is either way).
+sockopt_impl!(RcvLowat, Both, libc::SOL_SOCKET, libc::SO_RCVLOWAT, usize);
 
 /// How a rank reaches the peers that its cluster spec places on its own host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -153,6 +160,21 @@ impl Stream {
                 Ok(())
             }
         }
+    }
+
+    /// Has `poll` report a TCP stream readable only once `bytes` (at least one) are waiting in
+    /// its socket, or it has ended; other streams report any byte. Linux wakes a reader early
+    /// where the socket's buffer could not hold that many, so no wait outlasts what the socket
+    /// can take. Returns whether the socket took it (never for other streams).
+    pub(super) fn wake_reader_at(&self, bytes: usize) -> bool {
+        match self {
+            Self::Tcp(s) => setsockopt(s, RcvLowat, &bytes.max(1)).is_ok(),
+            Self::Unix(_) | Self::Shared(_) => false,
+        }
+    }
+
+    pub(super) fn is_tcp(&self) -> bool {
+        matches!(self, Self::Tcp(_))
     }
 
     pub(super) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
