@@ -35,7 +35,7 @@ two_hosts_up
 tbf_limit "${RATE:-1gbit}"
 
 run() { # name dir[,NAME=VALUE...] seed
-  local port=$((7200 + RANDOM % 500)) settings dir figures cpu
+  local port=$((7200 + RANDOM % 500)) settings dir figures
   IFS=, read -ra settings <<< "$2"
   dir=${settings[0]}
   settings=("${settings[@]:1}")
@@ -48,9 +48,7 @@ run() { # name dir[,NAME=VALUE...] seed
     /usr/bin/time -o /tmp/links-builds.cpu0 -f '%U %S %e' timeout 900 "$dir/$LS_BIN" "${flags[@]}" \
     2>/dev/null | grep -o 'weights_checksum=[0-9a-f]*\|loop_examples_per_s=[0-9.]*' | tr '\n' ' ')
   wait
-  cpu=$(awk '{ cpu += $1 + $2; if ($3 > wall) wall = $3 } END { printf "%.2f", cpu / wall }' \
-    /tmp/links-builds.cpu0 /tmp/links-builds.cpu1)
-  echo "$1 ${figures}cpu=$cpu"
+  echo "$1 ${figures}cpu=$(cpu_cores /tmp/links-builds.cpu0 /tmp/links-builds.cpu1)"
 }
 
 echo "# $MODEL, ${RATE:-1gbit}, MTU ${MTU:-1500}, $EPOCHS epochs"

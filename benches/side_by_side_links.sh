@@ -115,12 +115,6 @@ print(f"{sys.argv[1]},examples_per_s={r.get(sys.argv[3], 0):.0f},steady_examples
 PYEOF
 }
 
-# The CPU time of two processes (GNU time's `%U %S %e` in files $1 and $2) over the longer
-# one's wall time: how many of the machine's cores the pair kept busy.
-cpu_cores() { # file file
-  awk '{ cpu += $1 + $2; if ($3 > wall) wall = $3 } END { printf "%.2f", cpu / wall }' "$1" "$2"
-}
-
 lockstep() { # tag seed flags...
   local tag=$1 seed=$2 port=$((7200 + RANDOM % 500)) figures
   shift 2

@@ -29,3 +29,9 @@ tbf_limit() { # rate
     fi
   done
 }
+
+# The CPU time of two processes (GNU time's `%U %S %e` in files $1 and $2) over the longer
+# one's wall time: how many of the machine's cores the pair kept busy.
+cpu_cores() { # file file
+  awk '{ cpu += $1 + $2; if ($3 > wall) wall = $3 } END { printf "%.2f", cpu / wall }' "$1" "$2"
+}

@@ -120,11 +120,10 @@ impl Packs {
     /// next pass starts on the first layers while the rest of that pack is on the wire. Two
     /// thirds, where half of the pieces went before: at 1 Gbit/s the tutorial CNN's pass
     /// outlasted its first piece's collective and the link idled until the first layers'
-    /// pack was finished; with two thirds of the bytes before it its steady speed there rose
-    /// by up to 7%, and 448 to 704 KiB before it ran alike (docs/PERFORMANCE.md). The order
-    /// is the same on
-    /// every replica (a ring needs every replica to issue the same collectives in the same
-    /// order).
+    /// pack was finished; with two thirds of the bytes before it its steady speed there
+    /// moved by −1% to +7% in four pairs, and 448 to 704 KiB before it ran alike
+    /// (docs/PERFORMANCE.md). The order is the same on every replica (a ring needs every
+    /// replica to issue the same collectives in the same order).
     ///
     /// Cut into pieces only `in_pieces`: where each value's sum does not depend on where its
     /// collective cuts the buffer (two processes, whose sum of two values is the same in

@@ -494,9 +494,8 @@ impl TcpTransport {
 
     /// Whether a wait names `writer` or `reader` and their connections (those named) are TCP.
     fn tcp_only(&self, writer: Option<usize>, reader: Option<usize>) -> bool {
-        let mut named = [writer, reader].into_iter().flatten().peekable();
-        named.peek().is_some()
-            && named.all(
+        (writer.is_some() || reader.is_some())
+            && [writer, reader].into_iter().flatten().all(
                 |peer| matches!(self.links.get(peer), Some(Some(link)) if link.stream().is_tcp()),
             )
     }
