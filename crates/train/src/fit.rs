@@ -7,10 +7,11 @@ use crate::callbacks::{Callback, CallbackList};
 use crate::error::TrainError;
 use crate::history::{History, Logs};
 use crate::kill_switch::KillSwitch;
-use crate::model::{Model, next_step};
+use crate::model::Model;
 use crate::progress::EpochProgress;
-use crate::replica::{not_compiled, on_replicas};
+use crate::replica::{Objective, not_compiled, on_replicas};
 use crate::state::{Position, TrainingContext};
+use crate::steps_ahead::StepsAhead;
 
 /// A `fit` call being set up: `model.fit(&data).epochs(3).callback(…).run()`.
 pub struct Fit<'m, D, V = D> {
@@ -111,7 +112,9 @@ where
     /// Each step, every replica takes its batch of the step (a replica whose worker has run
     /// out of data takes none), computes gradients, and all replicas' gradients and loss
     /// totals are summed in one all-reduce; the update divides by the examples in the step.
-    /// An epoch ends when no replica of any worker had data, or after `steps_per_epoch`.
+    /// An epoch ends after `steps_per_epoch`, or with the step after which no replica of any
+    /// worker has data (each replica reads its next step's batch before the step, and the
+    /// step's all-reduce carries whether it found one).
     ///
     /// # Errors
     ///
@@ -150,6 +153,19 @@ where
         callbacks.restore_states(&restored)?;
         let mut history = History::default();
         let fingerprint = data.fingerprint_value();
+        let replicas = ctx.model.replicas.len();
+        // Epoch `e`'s input from `position` on.
+        let input = |epoch, position: &Position| -> Result<_, TrainError> {
+            let (epoch, offset) = where_epoch_reads(steps_per_epoch, epoch, position);
+            let state = IterState {
+                epoch,
+                offset,
+                fingerprint,
+            };
+            Ok(StepsAhead::new(data.iter_from(&state)?, replicas))
+        };
+        // The next epoch's input, started as soon as this worker's pass is over.
+        let mut next_pass = None;
         // A backup saved after a stop within an epoch resumes to finish that epoch's end.
         while ctx.position.epoch < epochs && !(ctx.stop && ctx.position.steps_into_epoch == 0) {
             let epoch = ctx.position.epoch;
@@ -160,24 +176,32 @@ where
                 .map(|n| steps_per_epoch.map_or(n, |cap| cap.min(n)));
             let progress = EpochProgress::start(show, epoch, epochs, total);
             callbacks.each(&mut ctx, |c, ctx| c.on_epoch_begin(epoch, ctx))?;
-            let (pass, offset) = where_epoch_reads(steps_per_epoch, epoch, &ctx.position);
-            let mut batches = data.iter_from(&IterState {
-                epoch: pass,
-                offset,
-                fingerprint,
-            })?;
+            let mut batches = next_pass
+                .take()
+                .unwrap_or_else(|| input(epoch, &ctx.position))?;
             let mut ran_out = false;
-            let replicas = ctx.model.replicas.len();
             while !ctx.stop && steps_per_epoch.is_none_or(|cap| ctx.position.steps_into_epoch < cap)
             {
-                let inputs = next_step(&mut batches, replicas)?
-                    .unwrap_or_else(|| (0..replicas).map(|_| None).collect());
+                // A step that ends the epoch by `steps_per_epoch` reads no step ahead.
+                let last =
+                    steps_per_epoch.is_some_and(|cap| ctx.position.steps_into_epoch + 1 >= cap);
+                let (inputs, more_data) = batches.next(!last)?;
+                if !more_data && steps_per_epoch.is_none() && epoch + 1 < epochs {
+                    // This worker's pass is over: the next one fills its buffers (a
+                    // shuffle's, on a prefetch's thread) while this step runs, not after the
+                    // epoch's end. An input that fails to start says so when it is needed.
+                    next_pass.get_or_insert_with(|| input(epoch + 1, &Position::default()));
+                }
                 let here: usize = inputs
                     .iter()
                     .flatten()
                     .map(|parts| parts.targets.len())
                     .sum();
-                let (objective, step) = (compiled.objective(), ctx.position.step);
+                let objective = Objective {
+                    more_data,
+                    ..compiled.objective()
+                };
+                let step = ctx.position.step;
                 let totals = on_replicas(&mut ctx.model.replicas, inputs, |r, batch| {
                     r.train_step(batch, objective, step)
                 })?;
@@ -194,6 +218,10 @@ where
                 let batch = ctx.position.steps_into_epoch - 1;
                 callbacks.each(&mut ctx, |c, ctx| c.on_train_batch_end(batch, &logs, ctx))?;
                 kill_switch.after_step(ctx.position.step);
+                if totals.more_data == 0.0 {
+                    ran_out = steps_per_epoch.is_some();
+                    break;
+                }
             }
             let steps = ctx.position.steps_into_epoch;
             if ran_out {

@@ -63,6 +63,7 @@ mod replica;
 mod sidecar_evaluator;
 mod state;
 mod step_clock;
+mod steps_ahead;
 mod stragglers;
 mod strategy;
 mod tensorboard;

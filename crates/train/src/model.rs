@@ -20,8 +20,9 @@ use lockstep_tensor::Tensor;
 use crate::batch::LabeledBatch;
 use crate::error::TrainError;
 use crate::history::Logs;
-use crate::replica::{Objective, Replica, ReplicaBatch, StepTotals, not_compiled, on_replicas};
+use crate::replica::{Objective, Replica, StepTotals, not_compiled, on_replicas};
 use crate::state::{Position, checkpoint_of, meta_of, restore_into};
+use crate::steps_ahead::StepsAhead;
 use crate::strategy::{ReplicaLink, Strategy};
 
 /// The metadata key of a weights file that holds the optimizer's step count.
@@ -48,6 +49,7 @@ impl Compiled {
         Objective {
             loss: self.loss.as_ref(),
             metrics: &self.metrics,
+            more_data: false,
         }
     }
 
@@ -505,20 +507,22 @@ impl Model {
         let compiled = self.compiled.clone().ok_or_else(not_compiled)?;
         self.sync_host()?;
         let mut totals = StepTotals::default();
-        let mut batches = data.iter_epoch(0)?;
-        let objective = compiled.objective();
+        let mut batches = StepsAhead::new(data.iter_epoch(0)?, self.replicas.len());
         loop {
             // A worker out of data takes empty batches until every worker is: the step's
-            // totals say when no replica had any.
-            let inputs = next_step(&mut batches, self.replicas.len())?
-                .unwrap_or_else(|| (0..self.replicas.len()).map(|_| None).collect());
+            // totals say when no replica has more.
+            let (inputs, more_data) = batches.next(true)?;
+            let objective = Objective {
+                more_data,
+                ..compiled.objective()
+            };
             let step = on_replicas(&mut self.replicas, inputs, |r, batch| {
                 r.evaluate_batch(batch, objective)
             })?;
-            if step.examples == 0.0 {
+            totals.add(&step);
+            if step.more_data == 0.0 || step.examples == 0.0 {
                 break;
             }
-            totals.add(&step);
         }
         Ok(Logs::from_totals(&totals, &compiled.metrics, ""))
     }
@@ -625,36 +629,6 @@ fn newest_model_dir(dir: &Path) -> PathBuf {
             (number(&name), name)
         })
         .unwrap_or_else(|| dir.to_path_buf())
-}
-
-/// The next step's batches for `replicas` replicas, as tensors and labels; `None` at the end
-/// of the data.
-pub(crate) fn next_step<S, B>(
-    batches: &mut lockstep_data::Iter<S>,
-    replicas: usize,
-) -> Result<Option<Vec<ReplicaBatch>>, TrainError>
-where
-    S: lockstep_data::ElementStream<Item = Vec<B>>,
-    B: LabeledBatch,
-{
-    let Some(step) = batches.next() else {
-        return Ok(None);
-    };
-    let mut parts: Vec<ReplicaBatch> = step?
-        .into_iter()
-        .map(|b| b.into_parts().map(Some))
-        .collect::<Result<_, _>>()?;
-    if parts.len() > replicas {
-        return Err(TrainError::invalid(
-            "input",
-            format!(
-                "a step holds {} batches for {replicas} replicas in this process",
-                parts.len()
-            ),
-        ));
-    }
-    parts.resize_with(replicas, || None);
-    Ok(Some(parts))
 }
 
 /// FNV-1a over the variables' names and shapes, cut to 48 bits so that it is exact in an

@@ -19,11 +19,15 @@ use crate::strategy::ReplicaLink;
 use crate::update_in_flight::{PackThread, UpdateInFlight};
 
 /// Statistics of one step (or evaluation batch) summed over every replica in sync: the
-/// weighted loss, the examples, and each compiled metric's state, one after another.
+/// weighted loss, the examples, the replicas whose input holds another step, and each
+/// compiled metric's state, one after another.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct StepTotals {
     pub(crate) loss_sum: f64,
     pub(crate) examples: f64,
+    /// Replicas whose input holds data for another step ([`Objective::more_data`]): 0 when
+    /// this step was the last of its pass over the data on every worker.
+    pub(crate) more_data: f64,
     pub(crate) metrics: Vec<f64>,
 }
 
@@ -31,6 +35,7 @@ impl StepTotals {
     pub(crate) fn add(&mut self, other: &StepTotals) {
         self.loss_sum += other.loss_sum;
         self.examples += other.examples;
+        self.more_data += other.more_data;
         if self.metrics.len() < other.metrics.len() {
             self.metrics.resize(other.metrics.len(), 0.0);
         }
@@ -49,13 +54,26 @@ pub(crate) type ReplicaBatch = Option<LabeledParts>;
 pub(crate) struct Objective<'a> {
     pub(crate) loss: &'a dyn Loss,
     pub(crate) metrics: &'a [Box<dyn PredictionMetric>],
+    /// Whether this replica's input holds data for the step after this one. It travels in the
+    /// step's own all-reduce, so that `fit` learns that a pass over the data has ended on
+    /// every worker with its last step, not from a step of its own that no replica has data
+    /// for (a collective, and the update in flight landed, at every epoch's end).
+    pub(crate) more_data: bool,
 }
 
 impl Objective<'_> {
-    /// The values appended to a step's all-reduce: the loss, the examples, every metric's
-    /// state.
+    /// The values appended to a step's all-reduce: the loss, the examples, whether there is
+    /// more data, every metric's state.
     fn totals_len(&self) -> usize {
-        2 + self.metrics.iter().map(|m| m.state().len()).sum::<usize>()
+        3 + self.metrics.iter().map(|m| m.state().len()).sum::<usize>()
+    }
+
+    /// The totals of a replica without data for this step: nothing, but whether it has data
+    /// for the next.
+    fn empty_totals(&self) -> Vec<f64> {
+        let mut totals = vec![0.0; self.totals_len()];
+        totals[2] = f64::from(u8::from(self.more_data));
+        totals
     }
 
     /// The summed loss of a batch (per-example losses times their weights), with its
@@ -74,7 +92,11 @@ impl Objective<'_> {
             weights,
             lockstep_nn::Reduction::Sum,
         )?;
-        let mut totals = vec![f64::from(summed.item()?), parts.targets.len() as f64];
+        let mut totals = vec![
+            f64::from(summed.item()?),
+            parts.targets.len() as f64,
+            f64::from(u8::from(self.more_data)),
+        ];
         for template in self.metrics {
             let mut metric = template.fresh();
             metric.update_state(output, targets, weights)?;
@@ -91,7 +113,8 @@ impl StepTotals {
         Self {
             loss_sum: values.first().copied().unwrap_or(0.0),
             examples: values.get(1).copied().unwrap_or(0.0),
-            metrics: values.get(2..).map(<[f64]>::to_vec).unwrap_or_default(),
+            more_data: values.get(2).copied().unwrap_or(0.0),
+            metrics: values.get(3..).map(<[f64]>::to_vec).unwrap_or_default(),
         }
     }
 }
@@ -304,7 +327,9 @@ impl Replica {
         let started = Instant::now();
         let n = self.net.parameters().len();
         self.buffer.clear();
-        self.buffer.resize(n + objective.totals_len(), 0.0);
+        self.buffer.resize(n, 0.0);
+        // A replica without data adds nothing to the sums but whether it has more.
+        (self.buffer).extend(objective.empty_totals().iter().map(|&t| t as f32));
         if let Some(e) = self.landing_failed.take() {
             return Err(e);
         }
@@ -424,8 +449,11 @@ impl Replica {
         let n = self.net.parameters().len();
         let Some(parts) = batch.filter(|parts| !parts.targets.is_empty()) else {
             let landed = self.land_in_flight()?;
-            // Landing used the buffer; this replica adds nothing to the step's sums.
-            self.buffer.fill(0.0);
+            // Landing used the buffer; this replica adds nothing to the step's sums but
+            // whether it has more data.
+            self.buffer.clear();
+            self.buffer.resize(n, 0.0);
+            (self.buffer).extend(objective.empty_totals().iter().map(|&t| t as f32));
             return self.sum_after_and_update((packs, wire), started, landed);
         };
         let ctx =
@@ -533,7 +561,7 @@ impl Replica {
         let ctx =
             ForwardContext::training(step, self.link.replica_id()).with_replicas(&self.across);
         let state = self.resident.as_mut().ok_or_else(not_compiled)?;
-        let mut totals = vec![0.0_f64; objective.totals_len()];
+        let mut totals = objective.empty_totals();
         match batch.filter(|parts| !parts.targets.is_empty()) {
             Some(parts) => {
                 let mut measured = None;
@@ -658,7 +686,7 @@ impl Replica {
     ) -> Result<StepTotals, TrainError> {
         // The collectives of an update in flight come before this batch's.
         self.land_in_flight()?;
-        let mut totals = vec![0.0_f64; objective.totals_len()];
+        let mut totals = objective.empty_totals();
         if let Some(parts) = batch.filter(|parts| !parts.targets.is_empty()) {
             let output = self.net.predict(&parts.inputs)?;
             totals = objective.measure(&output, &parts)?.1;

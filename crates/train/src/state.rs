@@ -39,6 +39,7 @@ impl Position {
         StepTotals {
             loss_sum: self.loss_sum,
             examples: self.examples,
+            more_data: 0.0,
             metrics: self.metrics.clone(),
         }
     }

@@ -437,6 +437,7 @@ impl ParameterServerModel {
         let objective = Objective {
             loss: &*compiled.loss,
             metrics: &compiled.metrics,
+            more_data: false,
         };
         let mut totals = StepTotals::default();
         for item in dataset.iter()? {

@@ -162,6 +162,7 @@ fn train_step(state: &mut WorkerState, id: Option<StepId>) -> Result<Vec<u8>, Tr
     let objective = Objective {
         loss: &*state.loss,
         metrics: &state.metrics,
+        more_data: false,
     };
     let ctx = ForwardContext::training(state.steps, 0);
     let compact = tables
