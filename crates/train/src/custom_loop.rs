@@ -285,7 +285,8 @@ impl Model {
     /// Every worker must run the same steps. A worker whose part of a distributed dataset has
     /// run out (the last global batch may reach only some) keeps calling `run` with no
     /// batches until a step in which no replica of any worker had data (`apply_gradients`
-    /// returns zero examples), as `fit` does.
+    /// returns zero examples). (`fit` ends one step sooner: each of its steps' totals say
+    /// whether any replica has data for another.)
     ///
     /// # Errors
     ///

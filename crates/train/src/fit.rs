@@ -112,9 +112,9 @@ where
     /// Each step, every replica takes its batch of the step (a replica whose worker has run
     /// out of data takes none), computes gradients, and all replicas' gradients and loss
     /// totals are summed in one all-reduce; the update divides by the examples in the step.
-    /// An epoch ends after `steps_per_epoch`, or with the step after which no replica of any
-    /// worker has data (each replica reads its next step's batch before the step, and the
-    /// step's all-reduce carries whether it found one).
+    /// An epoch ends after `steps_per_epoch`, with the step after which no replica of any
+    /// worker has data (each worker reads its next step's batches before the step, and the
+    /// step's all-reduce carries whether it found any), or at a step of no examples.
     ///
     /// # Errors
     ///
@@ -164,7 +164,8 @@ where
             };
             Ok(StepsAhead::new(data.iter_from(&state)?, replicas))
         };
-        // The next epoch's input, started as soon as this worker's pass is over.
+        // The next epoch's input from its start, begun as soon as this worker's pass is over:
+        // the epoch it is for, and it.
         let mut next_pass = None;
         // A backup saved after a stop within an epoch resumes to finish that epoch's end.
         while ctx.position.epoch < epochs && !(ctx.stop && ctx.position.steps_into_epoch == 0) {
@@ -176,11 +177,18 @@ where
                 .map(|n| steps_per_epoch.map_or(n, |cap| cap.min(n)));
             let progress = EpochProgress::start(show, epoch, epochs, total);
             callbacks.each(&mut ctx, |c, ctx| c.on_epoch_begin(epoch, ctx))?;
-            let mut batches = next_pass
+            // Unless a callback moved the position since (`TrainingContext::restore`).
+            let begun = next_pass
                 .take()
-                .unwrap_or_else(|| input(epoch, &ctx.position))?;
+                .filter(|(begun_for, _)| *begun_for == epoch && ctx.position.steps_into_epoch == 0);
+            let mut batches = match begun {
+                Some((_, input)) => input?,
+                None => input(epoch, &ctx.position)?,
+            };
             let mut ran_out = false;
-            while !ctx.stop && steps_per_epoch.is_none_or(|cap| ctx.position.steps_into_epoch < cap)
+            while !ctx.stop
+                && !ctx.position.pass_over
+                && steps_per_epoch.is_none_or(|cap| ctx.position.steps_into_epoch < cap)
             {
                 // A step that ends the epoch by `steps_per_epoch` reads no step ahead.
                 let last =
@@ -190,7 +198,8 @@ where
                     // This worker's pass is over: the next one fills its buffers (a
                     // shuffle's, on a prefetch's thread) while this step runs, not after the
                     // epoch's end. An input that fails to start says so when it is needed.
-                    next_pass.get_or_insert_with(|| input(epoch + 1, &Position::default()));
+                    next_pass
+                        .get_or_insert_with(|| (epoch + 1, input(epoch + 1, &Position::default())));
                 }
                 let here: usize = inputs
                     .iter()
@@ -218,11 +227,9 @@ where
                 let batch = ctx.position.steps_into_epoch - 1;
                 callbacks.each(&mut ctx, |c, ctx| c.on_train_batch_end(batch, &logs, ctx))?;
                 kill_switch.after_step(ctx.position.step);
-                if totals.more_data == 0.0 {
-                    ran_out = steps_per_epoch.is_some();
-                    break;
-                }
             }
+            // Data that ran out before `steps_per_epoch` (a step capped by it reads none ahead).
+            ran_out |= ctx.position.pass_over && steps_per_epoch.is_some();
             let steps = ctx.position.steps_into_epoch;
             if ran_out {
                 input_ran_out(epoch, steps);
@@ -231,14 +238,7 @@ where
                     break;
                 }
             }
-            // Validation and the epoch's callbacks see the weights of this epoch's last step.
-            ctx.model.sync_host()?;
-            if let Some(first) = ctx.model.replicas.first() {
-                let (step, blocked) = first.waits.times();
-                history.step_time += step;
-                history.comm_wait += blocked;
-            }
-            ctx.straggler = crate::stragglers::report(ctx.model, epoch)?;
+            settle_epoch(&mut ctx, &mut history, epoch)?;
             let mut logs = Logs::from_totals(&ctx.position.totals(), &compiled.metrics, "");
             if let Some(validation) = validation {
                 logs.extend_prefixed(ctx.model.evaluate(validation)?, "val_");
@@ -251,6 +251,24 @@ where
         callbacks.each(&mut ctx, |c, ctx| c.on_train_end(ctx))?;
         Ok(history)
     }
+}
+
+/// The end of an epoch's steps: lands the last update (validation and the epoch's callbacks
+/// see the weights of its last step), adds its steps' times to `history`, and gathers the
+/// straggler report.
+fn settle_epoch(
+    ctx: &mut TrainingContext<'_>,
+    history: &mut History,
+    epoch: u64,
+) -> Result<(), TrainError> {
+    ctx.model.sync_host()?;
+    if let Some(first) = ctx.model.replicas.first() {
+        let (step, blocked) = first.waits.times();
+        history.step_time += step;
+        history.comm_wait += blocked;
+    }
+    ctx.straggler = crate::stragglers::report(ctx.model, epoch)?;
+    Ok(())
 }
 
 /// The context of a `fit` that starts at `initial_epoch` (a backup may move it on).

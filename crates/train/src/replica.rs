@@ -19,14 +19,15 @@ use crate::strategy::ReplicaLink;
 use crate::update_in_flight::{PackThread, UpdateInFlight};
 
 /// Statistics of one step (or evaluation batch) summed over every replica in sync: the
-/// weighted loss, the examples, the replicas whose input holds another step, and each
-/// compiled metric's state, one after another.
+/// weighted loss, the examples, the replicas whose worker's input holds another step, and
+/// each compiled metric's state, one after another.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct StepTotals {
     pub(crate) loss_sum: f64,
     pub(crate) examples: f64,
-    /// Replicas whose input holds data for another step ([`Objective::more_data`]): 0 when
-    /// this step was the last of its pass over the data on every worker.
+    /// Replicas whose worker's input holds data for another step ([`Objective::more_data`],
+    /// counted once per replica, with or without a batch in this step): 0 when this step
+    /// was the last of its pass over the data on every worker.
     pub(crate) more_data: f64,
     pub(crate) metrics: Vec<f64>,
 }
@@ -54,7 +55,8 @@ pub(crate) type ReplicaBatch = Option<LabeledParts>;
 pub(crate) struct Objective<'a> {
     pub(crate) loss: &'a dyn Loss,
     pub(crate) metrics: &'a [Box<dyn PredictionMetric>],
-    /// Whether this replica's input holds data for the step after this one. It travels in the
+    /// Whether this replica's worker's input holds data for the step after this one (the
+    /// same for every replica of a process, with or without a batch now). It travels in the
     /// step's own all-reduce, so that `fit` learns that a pass over the data has ended on
     /// every worker with its last step, not from a step of its own that no replica has data
     /// for (a collective, and the update in flight landed, at every epoch's end).

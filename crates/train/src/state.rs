@@ -32,6 +32,11 @@ pub(crate) struct Position {
     /// of the save: a run resumed from a backup of a finished run ends at once.
     #[serde(default)]
     pub(crate) stopped: bool,
+    /// Whether the last step taken was the last of its pass over the data on every worker
+    /// (its totals said no replica has data for another): a run resumed from a backup of
+    /// that step ends the epoch without a step, as the uninterrupted run did.
+    #[serde(default)]
+    pub(crate) pass_over: bool,
 }
 
 impl Position {
@@ -52,6 +57,7 @@ impl Position {
         self.loss_sum = totals.loss_sum;
         self.examples = totals.examples;
         self.metrics = totals.metrics;
+        self.pass_over = step.more_data == 0.0;
     }
 
     pub(crate) fn next_epoch(&mut self) {
@@ -577,6 +583,7 @@ impl TrainingContext<'_> {
         // Residuals a restored backup held (on the chief): how many replicas' there are.
         let restored = self.model.residual_sets.take();
         header.push(restored.as_ref().map_or(0.0, |sets| sets.replicas as f64));
+        header.push(f64::from(u8::from(p.pass_over)));
         let restored = restored.map(|sets| sets.values).unwrap_or_default();
         let mut metrics = p.metrics.clone();
         metrics.resize(metric_len, 0.0);
@@ -624,8 +631,9 @@ impl TrainingContext<'_> {
             steps_into_epoch: header[2] as u64,
             loss_sum: header[3],
             examples: header[4],
-            metrics: header[11..].to_vec(),
+            metrics: header[12..].to_vec(),
             stopped: false,
+            pass_over: header[11] == 1.0,
         };
         self.stop = header[9] == 1.0;
         let bytes: Vec<u8> = received.iter().map(|&b| b as u8).collect();

@@ -11,7 +11,8 @@ use std::time::Duration;
 mod common;
 
 use common::{
-    CrashAt, EXAMPLES, crash_and_resume, digits, loss, mlp, train, workers, workers_with,
+    CrashAt, EXAMPLES, crash_and_resume, crash_and_resume_at, digits, loss, mlp, train, workers,
+    workers_with,
 };
 use lockstep_cluster::{Cluster, TfConfig};
 use lockstep_collective::{CommunicationOptions, Compression, Implementation};
@@ -371,6 +372,11 @@ fn a_run_with_error_feedback_resumed_from_its_backup_ends_bit_identical() {
     let dir = tempfile::tempdir().unwrap();
     // The backup of step 16 holds both replicas' residuals; step 17 crashes.
     let (resumed, _) = crash_and_resume(strategy, dir.path());
+    assert_eq!(resumed, uninterrupted);
+    // The backup of step 20, the second epoch's last (10 steps an epoch): the resumed run
+    // ends that epoch without a step, as the uninterrupted one did, and keeps the residuals.
+    let last_of_epoch = tempfile::tempdir().unwrap();
+    let (resumed, _) = crash_and_resume_at(strategy, last_of_epoch.path(), 5, 21);
     assert_eq!(resumed, uninterrupted);
 
     // Two workers over TCP: the chief's backup gathers the other worker's residuals too.

@@ -107,7 +107,7 @@ fn main() -> anyhow::Result<()> {
         loop {
             // A worker whose part of the data has run out takes steps without a batch until
             // every worker's has: the all-reduced examples say when no replica had any, so
-            // every worker runs the same steps, as `fit` does.
+            // every worker runs the same steps.
             let step = batches.next().transpose()?.unwrap_or_default();
             let step = model.run(step, train_step)?;
             let step = step.first().context("one replica per worker")?;

@@ -19,7 +19,8 @@ use crate::replica::Objective;
 /// batch of the worker's dataset forward and backward, push the gradients. Its arguments are
 /// empty or the step's [`StepId`] (its run and number, two little-endian `u64`s), with which
 /// each `ps` task applies the step's push once however often the step runs. Its output is the
-/// batch's totals (loss sum, examples, each metric's state), `f64`s in little-endian bytes.
+/// batch's totals (loss sum, examples, 0 where `fit`'s step counts the replicas with more
+/// data, each metric's state), `f64`s in little-endian bytes.
 pub const TRAIN_STEP: &str = "lockstep.train_step";
 
 /// [`TRAIN_STEP`]'s arguments for step `id`.

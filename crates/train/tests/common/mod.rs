@@ -189,15 +189,25 @@ pub(crate) fn crash_and_resume<S: Strategy>(
     strategy: impl Fn() -> S,
     dir: &Path,
 ) -> (Vec<f32>, History) {
+    crash_and_resume_at(strategy, dir, 4, 17)
+}
+
+/// [`crash_and_resume`] with a backup every `every` steps and the crash at step `crash`.
+pub(crate) fn crash_and_resume_at<S: Strategy>(
+    strategy: impl Fn() -> S,
+    dir: &Path,
+    every: u64,
+    crash: u64,
+) -> (Vec<f32>, History) {
     let backup = || {
         lockstep_train::BackupAndRestore::new(dir.join("backup"))
-            .save_freq(lockstep_train::SaveFreq::Steps(4))
+            .save_freq(lockstep_train::SaveFreq::Steps(every))
     };
     let err = train(
         strategy(),
         64,
         3,
-        vec![Box::new(backup()), Box::new(CrashAt(17))],
+        vec![Box::new(backup()), Box::new(CrashAt(crash))],
     )
     .unwrap_err();
     assert!(err.to_string().contains("crashed on purpose"), "{err}");
