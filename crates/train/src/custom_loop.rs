@@ -48,7 +48,7 @@ use lockstep_tensor::Tensor;
 
 use crate::error::TrainError;
 use crate::model::Model;
-use crate::replica::{Replica, empty_batch, on_every_replica};
+use crate::replica::{Replica, empty_batch, on_every_replica, one_per_replica};
 
 /// The gradients of a replica's summed loss with respect to every variable of the network,
 /// flat in the order of its parameters, and the number of examples whose losses were summed.
@@ -300,18 +300,7 @@ impl Model {
         B: Send,
         R: Send,
     {
-        let replicas = self.replicas.len();
-        if batches.len() > replicas {
-            return Err(TrainError::invalid(
-                "run",
-                format!(
-                    "{} batches for {replicas} replicas in this process",
-                    batches.len()
-                ),
-            ));
-        }
-        let mut inputs: Vec<Option<B>> = batches.into_iter().map(Some).collect();
-        inputs.resize_with(replicas, || None);
+        let inputs = one_per_replica(batches, self.replicas.len(), "run")?;
         let (number, in_sync) = (self.steps_run, self.num_replicas_in_sync());
         let results = on_every_replica(&mut self.replicas, inputs, |replica, batch| {
             let mut ctx = ReplicaContext {

@@ -328,10 +328,7 @@ impl Replica {
     ) -> Result<StepTotals, TrainError> {
         let started = Instant::now();
         let n = self.net.parameters().len();
-        self.buffer.clear();
-        self.buffer.resize(n, 0.0);
-        // A replica without data adds nothing to the sums but whether it has more.
-        (self.buffer).extend(objective.empty_totals().iter().map(|&t| t as f32));
+        self.clear_sums(n, objective);
         if let Some(e) = self.landing_failed.take() {
             return Err(e);
         }
@@ -451,11 +448,8 @@ impl Replica {
         let n = self.net.parameters().len();
         let Some(parts) = batch.filter(|parts| !parts.targets.is_empty()) else {
             let landed = self.land_in_flight()?;
-            // Landing used the buffer; this replica adds nothing to the step's sums but
-            // whether it has more data.
-            self.buffer.clear();
-            self.buffer.resize(n, 0.0);
-            (self.buffer).extend(objective.empty_totals().iter().map(|&t| t as f32));
+            // Landing used the buffer.
+            self.clear_sums(n, objective);
             return self.sum_after_and_update((packs, wire), started, landed);
         };
         let ctx =
@@ -660,6 +654,14 @@ impl Replica {
         Ok(totals)
     }
 
+    /// The buffer as a replica without data sums it: `n` zero gradients and
+    /// [`Objective::empty_totals`] (nothing but whether it has more data).
+    fn clear_sums(&mut self, n: usize, objective: Objective<'_>) {
+        self.buffer.clear();
+        self.buffer.resize(n, 0.0);
+        (self.buffer).extend(objective.empty_totals().iter().map(|&t| t as f32));
+    }
+
     /// The step's update from the reduced buffer (gradients `..n`, then totals): every
     /// replica divides by the step's examples and applies the same update.
     fn update(&mut self, n: usize) -> Result<StepTotals, TrainError> {
@@ -696,6 +698,27 @@ impl Replica {
         self.link.all_reduce(&mut totals, ReduceOp::Sum)?;
         Ok(StepTotals::from_values(totals.into_iter()))
     }
+}
+
+/// A step's batches, one per replica of this process in replica order, `None` for a replica
+/// past the end of a short last step; more batches than replicas is an error about `what`.
+pub(crate) fn one_per_replica<B>(
+    batches: Vec<B>,
+    replicas: usize,
+    what: &'static str,
+) -> Result<Vec<Option<B>>, TrainError> {
+    if batches.len() > replicas {
+        return Err(TrainError::invalid(
+            what,
+            format!(
+                "{} batches for {replicas} replicas in this process",
+                batches.len()
+            ),
+        ));
+    }
+    let mut inputs: Vec<Option<B>> = batches.into_iter().map(Some).collect();
+    inputs.resize_with(replicas, || None);
+    Ok(inputs)
 }
 
 /// A batch of no examples for each of `net`'s inputs.

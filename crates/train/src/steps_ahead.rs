@@ -2,7 +2,7 @@
 
 use crate::batch::LabeledBatch;
 use crate::error::TrainError;
-use crate::replica::ReplicaBatch;
+use crate::replica::{ReplicaBatch, one_per_replica};
 
 /// The next step's batches for `replicas` replicas, as tensors and labels; `None` at the end
 /// of the data.
@@ -17,21 +17,11 @@ where
     let Some(step) = batches.next() else {
         return Ok(None);
     };
-    let mut parts: Vec<ReplicaBatch> = step?
+    let parts = step?
         .into_iter()
-        .map(|b| b.into_parts().map(Some))
+        .map(LabeledBatch::into_parts)
         .collect::<Result<_, _>>()?;
-    if parts.len() > replicas {
-        return Err(TrainError::invalid(
-            "input",
-            format!(
-                "a step holds {} batches for {replicas} replicas in this process",
-                parts.len()
-            ),
-        ));
-    }
-    parts.resize_with(replicas, || None);
-    Ok(Some(parts))
+    Ok(Some(one_per_replica(parts, replicas, "input")?))
 }
 
 /// A pass's steps, each read one step ahead, so that a step's all-reduce carries whether this
