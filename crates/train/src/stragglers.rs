@@ -29,6 +29,13 @@ impl Waits {
         self.blocked += blocked;
     }
 
+    /// A wait outside any step for the last step's collectives (an update left in flight,
+    /// landed at an epoch's end): time of the steps, all of it blocked, and no step more.
+    pub(crate) fn add_wait(&mut self, blocked: Duration) {
+        self.step += blocked;
+        self.blocked += blocked;
+    }
+
     /// The steps' whole time and the part blocked in their collectives.
     pub(crate) fn times(&self) -> (Duration, Duration) {
         (self.step, self.blocked)
@@ -171,6 +178,18 @@ mod tests {
         two_local[0] = 0.0;
         let s = straggler(&two_local, 3).unwrap();
         assert_eq!(s.label, "worker:2 replica 2");
+    }
+
+    #[test]
+    fn a_wait_after_the_last_step_counts_as_its_time_blocked_but_not_as_a_step() {
+        let mut waits = Waits::default();
+        waits.add_step(Duration::from_millis(8), Duration::from_millis(1));
+        waits.add_wait(Duration::from_millis(5));
+        assert_eq!(waits.steps, 1);
+        assert_eq!(
+            waits.times(),
+            (Duration::from_millis(13), Duration::from_millis(6))
+        );
     }
 
     #[test]
