@@ -31,7 +31,7 @@ pub fn parameter_server_strategy(
         );
     }
     let resolved = cluster.resolve()?;
-    start_kernel_threads(training.threads, resolved.spec().tasks().count())?;
+    training.start_kernel_threads(resolved.spec().tasks().count())?;
     let secret = lockstep_collective::ClusterSecret::from_env()?;
     Ok(
         lockstep_train::ParameterServerStrategy::new(resolved, secret)?

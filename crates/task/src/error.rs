@@ -36,6 +36,14 @@ pub enum TaskError {
         /// Its permission bits.
         mode: u32,
     },
+    /// The kernel threads' cores cannot be had.
+    #[error("pinning the kernel threads to cores {cpus}: {why}")]
+    Cpus {
+        /// The cores asked for.
+        cpus: String,
+        /// Why not.
+        why: String,
+    },
     /// The kernel threads could not start (they were started already).
     #[error("starting the kernel threads: {0}")]
     Threads(#[from] rayon::ThreadPoolBuildError),

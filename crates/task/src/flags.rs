@@ -6,7 +6,9 @@ use std::time::Duration;
 use lockstep_cluster::{AutoResolver, Cluster, ClusterResolver as _};
 use lockstep_collective::{CommunicationOptions, Compression, TcpOptions};
 
+use crate::cpus::CpuList;
 use crate::error::TaskError;
+use crate::threads::{start_kernel_threads, start_kernel_threads_on};
 
 /// How much a program trains and on how many threads: the flags every training example takes.
 #[derive(Debug, Clone, clap::Args)]
@@ -29,9 +31,28 @@ pub struct ClusterTrainingArgs {
     /// cluster spec places on it (all of them for a worker alone on its host).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Cores to pin the kernel threads to, one each in turn, as `taskset -c` lists them
+    /// (`0-3`, `0,2,4`; Linux): the step's communication runs on them too. With `--threads 0`,
+    /// one thread a core. Give each worker that shares a host cores of its own.
+    #[arg(long, value_name = "LIST")]
+    pub kernel_cpus: Option<CpuList>,
 }
 
 impl ClusterTrainingArgs {
+    /// Starts the kernel threads: `--threads` of them, pinned to `--kernel-cpus` when given
+    /// ([`start_kernel_threads_on`]), else [`start_kernel_threads`] sharing this host's cores
+    /// among `sharers`. Returns how many.
+    ///
+    /// # Errors
+    ///
+    /// As those functions.
+    pub fn start_kernel_threads(&self, sharers: usize) -> Result<usize, TaskError> {
+        match &self.kernel_cpus {
+            Some(cpus) => start_kernel_threads_on(cpus, self.threads),
+            None => start_kernel_threads(self.threads, sharers),
+        }
+    }
+
     /// Examples per step over `workers` workers.
     pub fn global_batch(&self, workers: usize) -> usize {
         self.global_batch.unwrap_or(self.batch_per_worker * workers)

@@ -17,23 +17,25 @@
 //! lockstep_task::init_logging();
 //! let args = Args::parse();
 //! let cluster = args.cluster.resolve()?;
-//! lockstep_task::start_kernel_threads(args.training.threads, cluster.group_tasks_on_this_host())?;
+//! args.training.start_kernel_threads(cluster.group_tasks_on_this_host())?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! Dependencies: `clap` for the flags, `tracing-subscriber` for the log format, `rayon` for the
-//! kernel threads, `nix` for the user id of the private directory, `thiserror` for errors, and
+//! kernel threads, `rustix` to pin them to cores, `nix` for the user id of the private directory, `thiserror` for errors, and
 //! the Lockstep crates the flags configure (cluster, collective); none of the training crates,
 //! so a launcher can take it too.
 
+mod cpus;
 mod error;
 mod flags;
 mod logging;
 mod state_dir;
 mod threads;
 
+pub use cpus::{CpuList, CpuListError, MAX_CPUS};
 pub use error::TaskError;
 pub use flags::{ClusterArgs, ClusterTrainingArgs, CommunicationArgs};
 pub use logging::{colour_logs, init_logging};
 pub use state_dir::private_state_dir;
-pub use threads::start_kernel_threads;
+pub use threads::{start_kernel_threads, start_kernel_threads_on};

@@ -1,5 +1,8 @@
 //! The kernels' threads.
 
+use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
+
+use crate::cpus::CpuList;
 use crate::error::TaskError;
 
 /// Starts the kernel threads (rayon's global pool) and returns how many: `requested` when
@@ -21,4 +24,58 @@ pub fn start_kernel_threads(requested: usize, sharers: usize) -> Result<usize, T
         .num_threads(threads)
         .build_global()?;
     Ok(threads)
+}
+
+/// Starts the kernel threads as [`start_kernel_threads`] does, each pinned to one core of
+/// `cpus` in turn (thread `i` to the `i`-th, modulo their number), and returns how many:
+/// `requested` when non-zero, else one a core. A step's own kernel threads take the same
+/// cores (`lockstep-train` copies them from this pool), and so does the thread that sums its
+/// gradients while the backward pass runs: workers that share a host, each given cores of its
+/// own, then never run their kernels on one core while another idles, and a worker's
+/// communication takes the core from its own kernels, not from another worker's. The input
+/// pipeline's threads and the rest stay where the process may run. Linux only.
+///
+/// # Errors
+///
+/// When a core is not one this process may run on (`taskset`, a cgroup's `cpuset`, a
+/// container's CPUs), or the pool cannot start (it was started already).
+pub fn start_kernel_threads_on(cpus: &CpuList, requested: usize) -> Result<usize, TaskError> {
+    let allowed = sched_getaffinity(None).map_err(|e| TaskError::Cpus {
+        cpus: cpus.to_string(),
+        why: format!("this process's cores could not be read: {e}"),
+    })?;
+    if let Some(&cpu) = cpus.cpus().iter().find(|&&cpu| !allowed.is_set(cpu)) {
+        return Err(TaskError::Cpus {
+            cpus: cpus.to_string(),
+            why: format!(
+                "core {cpu} is not one this process may run on ({})",
+                cores_of(&allowed)
+            ),
+        });
+    }
+    let list = cpus.cpus().to_vec();
+    let threads = if requested > 0 { requested } else { list.len() };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .start_handler(move |i| {
+            let Some(&cpu) = list.get(i % list.len().max(1)) else {
+                return;
+            };
+            let mut one = CpuSet::new();
+            one.set(cpu);
+            if let Err(e) = sched_setaffinity(None, &one) {
+                tracing::warn!(thread = i, cpu, error = %e, "a kernel thread could not be pinned to its core");
+            }
+        })
+        .build_global()?;
+    Ok(threads)
+}
+
+/// The cores of `set`, as a list prints them.
+fn cores_of(set: &CpuSet) -> String {
+    let cores: Vec<String> = (0..CpuSet::MAX_CPU)
+        .filter(|&cpu| set.is_set(cpu))
+        .map(|cpu| cpu.to_string())
+        .collect();
+    cores.join(",")
 }

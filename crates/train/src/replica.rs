@@ -131,7 +131,7 @@ pub(crate) struct Replica {
     pub(crate) across: Arc<dyn AllReduceSum>,
     /// The kernel threads a process's single replica runs its steps on (made at its first
     /// step; see [`on_replicas`]).
-    kernels: Option<Arc<rayon::ThreadPool>>,
+    kernels: Option<crate::kernel_threads::KernelThreads>,
     /// The gradient buffer's packs, how they travel, and whether the steps leave their update
     /// in flight (made at the first step; shared, so a step holds them while it borrows the
     /// replica).
@@ -312,7 +312,7 @@ impl Replica {
         if self.kernels.is_none() {
             self.kernels = crate::kernel_threads::own_pool();
         }
-        self.kernels.clone()
+        self.kernels.as_ref().map(|k| Arc::clone(&k.pool))
     }
 
     /// Forward and backward on this replica's batch (none when it has run out of data), the
@@ -512,7 +512,8 @@ impl Replica {
         // The sums' waits leave the core to the passes.
         self.link.set_spinning(false);
         if self.pack_thread.is_none() {
-            self.pack_thread = Some(PackThread::start()?);
+            let cores = self.kernels.as_ref().and_then(|k| k.cores().copied());
+            self.pack_thread = Some(PackThread::start(cores)?);
         }
         let thread = self.pack_thread.as_ref().ok_or_else(not_compiled)?;
         // A piece's update applies as it lands where it cuts only trainable variables and

@@ -26,8 +26,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use lockstep_nn::{Optimizer, Parameters};
+use rustix::thread::CpuSet;
 
 use crate::error::TrainError;
+use crate::kernel_threads::KernelThreads;
 use crate::packs::{Packs, Wire, reduce_pack, reduce_totals, residuals_of, with_totals};
 use crate::strategy::PackLink;
 
@@ -44,11 +46,14 @@ pub(crate) struct PackThread {
 type Job = Box<dyn FnOnce() + Send>;
 
 impl PackThread {
-    pub(crate) fn start() -> Result<Self, TrainError> {
+    /// The thread, on `cores` where the step's kernels were pinned to them (else where the
+    /// calling thread runs).
+    pub(crate) fn start(cores: Option<CpuSet>) -> Result<Self, TrainError> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
             .name("lockstep-packs".into())
             .spawn(move || {
+                KernelThreads::run_here(cores.as_ref());
                 ask_for_priority();
                 for job in queue {
                     job();

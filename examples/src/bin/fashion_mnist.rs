@@ -134,10 +134,8 @@ fn main() -> anyhow::Result<()> {
     lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
     let cluster = args.cluster.resolve()?;
-    lockstep_examples::start_kernel_threads(
-        args.training.threads,
-        cluster.group_tasks_on_this_host(),
-    )?;
+    args.training
+        .start_kernel_threads(cluster.group_tasks_on_this_host())?;
     if cluster.rank().is_none() {
         println!(
             "task {} has no training role in this example",

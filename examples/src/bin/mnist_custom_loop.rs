@@ -70,10 +70,8 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let workers = cluster.world_size().max(1);
-    lockstep_examples::start_kernel_threads(
-        args.training.threads,
-        cluster.group_tasks_on_this_host(),
-    )?;
+    args.training
+        .start_kernel_threads(cluster.group_tasks_on_this_host())?;
     let strategy = MultiWorkerMirroredStrategy::with_transport_options(
         &cluster,
         CommunicationOptions::default(),

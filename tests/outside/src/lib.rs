@@ -25,7 +25,8 @@ pub fn start() -> Result<(Args, Model), Error> {
     lockstep_task::init_logging();
     let args = Args::parse();
     let cluster = args.cluster.resolve()?;
-    lockstep_task::start_kernel_threads(args.training.threads, cluster.group_tasks_on_this_host())?;
+    args.training
+        .start_kernel_threads(cluster.group_tasks_on_this_host())?;
     let strategy = MultiWorkerMirroredStrategy::with_transport_options(
         &cluster,
         CommunicationOptions::default(),

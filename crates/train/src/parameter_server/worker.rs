@@ -129,7 +129,7 @@ where
         StepRegistry::new().with(TRAIN_STEP, move |state: &mut WorkerState, args: &[u8]| {
             let mut step = move || step_id(args).and_then(|id| train_step(state, id));
             match &kernels {
-                Some(pool) => pool.install(step),
+                Some(kernels) => kernels.pool.install(step),
                 None => step(),
             }
             .map_err(|e| e.to_string())
