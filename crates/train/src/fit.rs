@@ -164,9 +164,6 @@ where
             };
             Ok(StepsAhead::new(data.iter_from(&state)?, replicas))
         };
-        // The next epoch's input from its start, begun as soon as this worker's pass is over:
-        // the epoch it is for, and it.
-        let mut next_pass = None;
         // A backup saved after a stop within an epoch resumes to finish that epoch's end.
         while ctx.position.epoch < epochs && !(ctx.stop && ctx.position.steps_into_epoch == 0) {
             let epoch = ctx.position.epoch;
@@ -177,14 +174,7 @@ where
                 .map(|n| steps_per_epoch.map_or(n, |cap| cap.min(n)));
             let progress = EpochProgress::start(show, epoch, epochs, total);
             callbacks.each(&mut ctx, |c, ctx| c.on_epoch_begin(epoch, ctx))?;
-            // Unless a callback moved the position since (`TrainingContext::restore`).
-            let begun = next_pass
-                .take()
-                .filter(|(begun_for, _)| *begun_for == epoch && ctx.position.steps_into_epoch == 0);
-            let mut batches = match begun {
-                Some((_, input)) => input?,
-                None => input(epoch, &ctx.position)?,
-            };
+            let mut batches = input(epoch, &ctx.position)?;
             let mut ran_out = false;
             while !ctx.stop
                 && !ctx.position.pass_over
@@ -194,13 +184,6 @@ where
                 let last =
                     steps_per_epoch.is_some_and(|cap| ctx.position.steps_into_epoch + 1 >= cap);
                 let (inputs, more_data) = batches.next(!last)?;
-                if !more_data && steps_per_epoch.is_none() && epoch + 1 < epochs {
-                    // This worker's pass is over: the next one fills its buffers (a
-                    // shuffle's, on a prefetch's thread) while this step runs, not after the
-                    // epoch's end. An input that fails to start says so when it is needed.
-                    next_pass
-                        .get_or_insert_with(|| (epoch + 1, input(epoch + 1, &Position::default())));
-                }
                 let here: usize = inputs
                     .iter()
                     .flatten()
