@@ -10,13 +10,15 @@
 # (from the repository root; root for the namespaces). BUILDS: name:DIR pairs, DIR holding
 # `mnist_keras` and `fashion_mnist`; a DIR may be followed by ,ITEM items for both workers:
 # NAME=VALUE to their environment, others (--flag=value) to their flags, `{i}` in an item
-# becoming each worker's index (name:DIR,RUST_LOG=debug,--kernel-cpus={i}). RATE (default 1gbit, or unlimited),
+# becoming each worker's index (name:DIR,RUST_LOG=debug,--kernel-cpus={i}; a list of cores
+# as a range, 0-1, since commas part the items). RATE (default 1gbit, or unlimited),
 # ROUNDS (default 3), EPOCHS (default 3), MTU (veth's 1500 unless set), MODEL (cnn,
 # tutorial-literal or cnn-bn-wide, as side_by_side_links.sh's; the last on 8,000 images);
-# ARGS, more flags for every run's binary (say "--batch-per-worker 32").
+# ARGS, more flags for every run's binary (say "--batch-per-worker 32"; not one the script
+# sets already: --threads, --epochs, --seed, --bytes-per-pack, --overlap-update, the model's).
 #
 # Prints per run: the build's name, both workers' weights checksum (the same for every build
-# that computes the same bits), `steps`, `loop_examples_per_s` (steps 2..N over their time),
+# that computes the same bits), `steps` (`mnist_keras` prints it), `loop_examples_per_s` (steps 2..N over their time),
 # `cpu`, both workers' CPU time over the run's wall time (GNU time), and `link_bytes`, what
 # worker 0's end of the link sent in the run as its rate limit counts them: every frame whole,
 # headers and the acknowledgements of worker 1's bytes included (0 without a limit).
@@ -46,12 +48,18 @@ run() { # name dir[,ITEM...] seed
   local sent_before
   sent_before=$(link_bytes_sent)
   local cluster="{\"cluster\":{\"worker\":[\"${ADDR[0]}:$port\",\"${ADDR[1]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":IDX}}"
-  local flags=(--threads 1 --epochs "$EPOCHS" --seed "$3" "${LS_ARGS[@]}" --bytes-per-pack 262144 --overlap-update ${ARGS:-})
+  local flags=(--threads 1 --epochs "$EPOCHS" --seed "$3" "${LS_ARGS[@]}" --bytes-per-pack 262144 --overlap-update)
+  local extra
+  read -ra extra <<< "${ARGS:-}"
+  flags+=(${extra[@]+"${extra[@]}"})
   FLAGS=("${flags[@]}") ITEMS=(${items[@]+"${items[@]}"})
   worker 1 "$dir" "${cluster/IDX/1}" >/dev/null 2>&1 &
   figures=$(worker 0 "$dir" "${cluster/IDX/0}" 2>/dev/null |
     grep -o 'weights_checksum=[0-9a-f]*\|steps=[0-9]*\|loop_examples_per_s=[0-9.]*' | tr '\n' ' ')
   wait
+  if [[ $figures != *weights_checksum=* ]]; then
+    echo "$1 printed no figures: run worker 0's command by hand to see why" >&2
+  fi
   echo "$1 ${figures}cpu=$(cpu_cores /tmp/links-builds.cpu0 /tmp/links-builds.cpu1) link_bytes=$(($(link_bytes_sent) - sent_before))"
 }
 

@@ -1,4 +1,5 @@
-//! A list of cores, as `taskset -c` and `numactl --physcpubind` write it: `0-3,8,10-11`.
+//! A list of cores, as `taskset -c` and `numactl --physcpubind` write it (without their
+//! strides): `0-3,8,10-11`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -14,6 +15,11 @@ impl CpuList {
     /// The cores, in the order listed.
     pub fn cpus(&self) -> &[usize] {
         &self.0
+    }
+
+    /// The cores of `set`, lowest first.
+    pub(crate) fn of_set(set: &rustix::thread::CpuSet) -> Self {
+        Self((0..MAX_CPUS).filter(|&cpu| set.is_set(cpu)).collect())
     }
 }
 
@@ -35,13 +41,16 @@ impl FromStr for CpuList {
         };
         let core = |text: &str| -> Result<usize, CpuListError> {
             let text = text.trim();
-            let n: usize = text
-                .parse()
-                .map_err(|_| fail(format!("{text:?} is not a core number")))?;
-            if n >= MAX_CPUS {
-                return Err(fail(format!("core {n} is past the last, {}", MAX_CPUS - 1)));
+            if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(fail(format!("{text:?} is not a core number")));
             }
-            Ok(n)
+            match text.parse::<usize>() {
+                Ok(n) if n < MAX_CPUS => Ok(n),
+                _ => Err(fail(format!(
+                    "core {text} is past the last, {}",
+                    MAX_CPUS - 1
+                ))),
+            }
         };
         let mut cpus = Vec::new();
         let mut seen = [false; MAX_CPUS];
@@ -123,7 +132,12 @@ mod tests {
             ("3-1", "the range 3-1 runs backwards"),
             ("0-2,1", "core 1 is listed twice"),
             ("1024", "core 1024 is past the last, 1023"),
-            ("0-99999999999999999999", "is not a core number"),
+            (
+                "0-99999999999999999999",
+                "core 99999999999999999999 is past the last",
+            ),
+            ("+3", "\"+3\" is not a core number"),
+            ("0-10:2", "\"10:2\" is not a core number"),
         ] {
             let error = list(text).unwrap_err();
             assert!(error.contains(fault), "{text:?}: {error}");

@@ -22,9 +22,9 @@
 //! ```
 //!
 //! Dependencies: `clap` for the flags, `tracing-subscriber` for the log format, `rayon` for the
-//! kernel threads, `rustix` to pin them to cores, `nix` for the user id of the private directory, `thiserror` for errors, and
-//! the Lockstep crates the flags configure (cluster, collective); none of the training crates,
-//! so a launcher can take it too.
+//! kernel threads, `rustix` to pin them to cores, `nix` for the user id of the private
+//! directory, `thiserror` for errors, and the Lockstep crates the flags configure (cluster,
+//! collective); none of the training crates, so a launcher can take it too.
 
 mod cpus;
 mod error;

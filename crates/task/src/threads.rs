@@ -32,8 +32,10 @@ pub fn start_kernel_threads(requested: usize, sharers: usize) -> Result<usize, T
 /// cores (`lockstep-train` copies them from this pool), and so does the thread that sums its
 /// gradients while the backward pass runs: workers that share a host, each given cores of its
 /// own, then never run their kernels on one core while another idles, and a worker's
-/// communication takes the core from its own kernels, not from another worker's. The input
-/// pipeline's threads and the rest stay where the process may run. Linux only.
+/// communication takes the core from its own kernels, not from another worker's. The parallel
+/// parts of an input pipeline's `map` run on this pool too; its prefetch threads and the rest
+/// stay where the process may run. More threads than cores share them (said in the log), and
+/// every step waits for the slowest. Linux only.
 ///
 /// # Errors
 ///
@@ -49,12 +51,19 @@ pub fn start_kernel_threads_on(cpus: &CpuList, requested: usize) -> Result<usize
             cpus: cpus.to_string(),
             why: format!(
                 "core {cpu} is not one this process may run on ({})",
-                cores_of(&allowed)
+                CpuList::of_set(&allowed)
             ),
         });
     }
     let list = cpus.cpus().to_vec();
     let threads = if requested > 0 { requested } else { list.len() };
+    if threads > list.len() {
+        tracing::warn!(
+            threads,
+            cores = %cpus,
+            "more kernel threads than cores to pin them to: some share a core, and every step waits for them"
+        );
+    }
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .start_handler(move |i| {
@@ -69,13 +78,4 @@ pub fn start_kernel_threads_on(cpus: &CpuList, requested: usize) -> Result<usize
         })
         .build_global()?;
     Ok(threads)
-}
-
-/// The cores of `set`, as a list prints them.
-fn cores_of(set: &CpuSet) -> String {
-    let cores: Vec<String> = (0..CpuSet::MAX_CPU)
-        .filter(|&cpu| set.is_set(cpu))
-        .map(|cpu| cpu.to_string())
-        .collect();
-    cores.join(",")
 }

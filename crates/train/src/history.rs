@@ -81,7 +81,8 @@ pub struct History {
     /// `examples`.
     pub local_examples: u64,
     /// The time this process's first replica spent in those steps, from the start of the
-    /// forward pass to the update's end.
+    /// forward pass to the update's end (an update left in flight: to the step's return, and
+    /// the wait to land it where it lands outside a step, at an epoch's end say).
     pub step_time: std::time::Duration,
     /// The part of `step_time` it spent blocked in the steps' collectives, waiting for the
     /// others or for the wire: `comm_wait / step_time` is the share of a step spent waiting

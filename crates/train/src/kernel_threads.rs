@@ -8,14 +8,14 @@
 //!
 //! The pool takes the cores of rayon's global pool: where that pool's threads were pinned to
 //! cores (`lockstep_task::start_kernel_threads_on`), thread `i` here is pinned as thread `i`
-//! there, and the thread that sums a step's gradients runs on any of their cores.
+//! there, and the thread that sums a step's gradients runs on any of their cores (also where
+//! a process's several replicas run their steps on threads of their own).
 
 use std::sync::Arc;
 
 use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
 
 /// A step's kernel threads, and the cores they were pinned to, if any.
-#[derive(Clone)]
 pub(crate) struct KernelThreads {
     pub(crate) pool: Arc<rayon::ThreadPool>,
     /// Every core of the pool's threads, where they were pinned: the cores the thread that
@@ -50,13 +50,7 @@ pub(crate) fn own_pool() -> Option<KernelThreads> {
         .thread_name(|i| format!("lockstep-kernels-{i}"));
     let mut cores = None;
     if let Some(each) = pinned {
-        let mut all = CpuSet::new();
-        for set in &each {
-            for cpu in (0..CpuSet::MAX_CPU).filter(|&cpu| set.is_set(cpu)) {
-                all.set(cpu);
-            }
-        }
-        cores = Some(all);
+        cores = Some(union(&each));
         builder = builder.start_handler(move |i| {
             if let Some(set) = each.get(i)
                 && let Err(e) = sched_setaffinity(None, set)
@@ -75,6 +69,23 @@ pub(crate) fn own_pool() -> Option<KernelThreads> {
             None
         }
     }
+}
+
+/// Every core of rayon's global pool's threads, where they were pinned: where a step's
+/// communication thread runs when its replica has no kernel threads of its own.
+pub(crate) fn pinned_cores() -> Option<CpuSet> {
+    global_pool_cores().map(|each| union(&each))
+}
+
+/// The cores in any of `sets`.
+fn union(sets: &[CpuSet]) -> CpuSet {
+    let mut all = CpuSet::new();
+    for set in sets {
+        for cpu in (0..CpuSet::MAX_CPU).filter(|&cpu| set.is_set(cpu)) {
+            all.set(cpu);
+        }
+    }
+    all
 }
 
 /// The cores of each of rayon's global pool's threads, in the pool's order, where some

@@ -132,6 +132,9 @@ pub(crate) struct Replica {
     /// The kernel threads a process's single replica runs its steps on (made at its first
     /// step; see [`on_replicas`]).
     kernels: Option<crate::kernel_threads::KernelThreads>,
+    /// Whether they could not start: the steps then run on the calling thread, and no step
+    /// tries again.
+    kernels_refused: bool,
     /// The gradient buffer's packs, how they travel, and whether the steps leave their update
     /// in flight (made at the first step; shared, so a step holds them while it borrows the
     /// replica).
@@ -175,6 +178,7 @@ impl Replica {
             optimizer: None,
             buffer: Vec::new(),
             kernels: None,
+            kernels_refused: false,
             packs: None,
             in_flight: None,
             pack_thread: None,
@@ -260,9 +264,12 @@ impl Replica {
     /// Sets the learning rate, once the update in flight has landed with the rate it was
     /// computed under.
     pub(crate) fn set_learning_rate(&mut self, learning_rate: f32) {
-        if let Err(e) = self.land_in_flight() {
-            tracing::error!(error = %e, "the last step's update could not be applied");
-            self.landing_failed = Some(e);
+        match self.land_in_flight() {
+            Ok(landed) => self.waits.add_wait(landed),
+            Err(e) => {
+                tracing::error!(error = %e, "the last step's update could not be applied");
+                self.landing_failed = Some(e);
+            }
         }
         if let Some(optimizer) = &mut self.optimizer {
             optimizer.set_learning_rate(learning_rate);
@@ -309,8 +316,9 @@ impl Replica {
     /// This replica's own kernel threads, as many as rayon's global pool has (made once);
     /// `None` when they cannot start, and the step runs on the calling thread as before.
     fn kernel_threads(&mut self) -> Option<Arc<rayon::ThreadPool>> {
-        if self.kernels.is_none() {
+        if self.kernels.is_none() && !self.kernels_refused {
             self.kernels = crate::kernel_threads::own_pool();
+            self.kernels_refused = self.kernels.is_none();
         }
         self.kernels.as_ref().map(|k| Arc::clone(&k.pool))
     }
@@ -512,7 +520,12 @@ impl Replica {
         // The sums' waits leave the core to the passes.
         self.link.set_spinning(false);
         if self.pack_thread.is_none() {
-            let cores = self.kernels.as_ref().and_then(|k| k.cores().copied());
+            // A lone replica's kernel threads know their cores; replicas that share a process
+            // run on threads of their own, and read rayon's.
+            let cores = match &self.kernels {
+                Some(kernels) => kernels.cores().copied(),
+                None => crate::kernel_threads::pinned_cores(),
+            };
             self.pack_thread = Some(PackThread::start(cores)?);
         }
         let thread = self.pack_thread.as_ref().ok_or_else(not_compiled)?;

@@ -16,7 +16,8 @@ use crate::replica::on_every_replica;
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct Waits {
     steps: u64,
-    /// The steps' whole time, from the start of the forward pass to the update's end.
+    /// The steps' whole time, from the start of the forward pass to the update's end, and
+    /// the waits to land an update in flight outside a step ([`Waits::add_wait`]).
     step: Duration,
     /// The part of it spent waiting in the step's collectives.
     blocked: Duration,

@@ -73,6 +73,22 @@ fn a_steps_threads_run_on_the_cores_rayons_threads_were_pinned_to() {
     }
     // The rest of the process may still run on every core it could.
     let here = sched_getaffinity(None).unwrap();
-    assert!(here == allowed);
-    drop(model);
+    assert_eq!(here, allowed);
+    drop(model); // joins its communication thread
+
+    // Two replicas run their steps on threads of their own; their communication threads
+    // take the pinned cores all the same.
+    let mut model = Model::new(MirroredStrategy::with_options(2, options).unwrap(), mlp).unwrap();
+    model.compile(Adam::default(), loss(), &[]).unwrap();
+    let data = model.distribute_dataset(digits(), 64).unwrap();
+    model.fit(&data).verbose(false).run().unwrap();
+    let packs = threads_named("lockstep-packs");
+    assert_eq!(
+        packs.len(),
+        2,
+        "a communication thread a replica: {packs:?}"
+    );
+    for cores in &packs {
+        assert_eq!(*cores, core.to_string());
+    }
 }
