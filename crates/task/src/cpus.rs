@@ -65,7 +65,9 @@ impl FromStr for CpuList {
                 return Err(fail(format!("the range {first}-{last} runs backwards")));
             }
             for n in first..=last {
-                let listed = seen.get_mut(n).ok_or_else(|| fail(format!("core {n}")))?;
+                let listed = seen
+                    .get_mut(n)
+                    .ok_or_else(|| fail(format!("core {n} is past the last, {}", MAX_CPUS - 1)))?;
                 if *listed {
                     return Err(fail(format!("core {n} is listed twice")));
                 }
