@@ -18,7 +18,8 @@
 # and any pack size as packs_BYTES, overlap_BYTES, bf16_packs_BYTES or bf16_overlap_BYTES;
 # BIN_DIR (default target/release) is where Lockstep's binaries are, for a build before a
 # change beside one after it; MTU (say 9000, jumbo frames) sets the link's MTU (veth's 1500
-# otherwise).
+# otherwise); PIN=1 keeps each Lockstep worker's kernels to a core of its own (worker i's
+# `--kernel-cpus i`, in every Lockstep run), as two hosts would.
 #
 # Figures: examples/s over `fit` (every step, the first included) for both: Lockstep's
 # `examples_per_s` (and `comm_wait_share`, the share of worker 0's steps blocked in their
@@ -41,6 +42,7 @@ EPOCHS="${EPOCHS:-3}"
 LATENCY="${LATENCY:-}"
 TORCH="${TORCH:-1}"
 VARIANTS="${VARIANTS:-}"
+PIN="${PIN:-0}"
 BIN_DIR="${BIN_DIR:-target/release}"
 # MODEL=cnn (the multi-worker tutorial's two-convolution CNN, 225,034 parameters, on the
 # anchors' MNIST digits), MODEL=tutorial-literal (the one-convolution model of its
@@ -115,16 +117,19 @@ print(f"{sys.argv[1]},examples_per_s={r.get(sys.argv[3], 0):.0f},steady_examples
 PYEOF
 }
 
+# The flag that keeps worker $1's kernels to core $1 under PIN=1 (nothing otherwise).
+pinned() { if [ "$PIN" = 1 ]; then echo "--kernel-cpus=$1"; fi; }
+
 lockstep() { # tag seed flags...
   local tag=$1 seed=$2 port=$((7200 + RANDOM % 500)) figures
   shift 2
   local cluster="{\"cluster\":{\"worker\":[\"${ADDR[0]}:$port\",\"${ADDR[1]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":IDX}}"
   ip netns exec "${NS[1]}" env TF_CONFIG="${cluster/IDX/1}" /usr/bin/time -o /tmp/lockstep-links.cpu1 \
     -f '%U %S %e' timeout 900 "$BIN_DIR/$LS_BIN" \
-    --threads 1 --epochs "$EPOCHS" --seed "$seed" "${LS_ARGS[@]}" "$@" >/dev/null 2>&1 &
+    --threads 1 --epochs "$EPOCHS" --seed "$seed" $(pinned 1) "${LS_ARGS[@]}" "$@" >/dev/null 2>&1 &
   figures=$(ip netns exec "${NS[0]}" env TF_CONFIG="${cluster/IDX/0}" /usr/bin/time -o /tmp/lockstep-links.cpu0 \
     -f '%U %S %e' timeout 900 "$BIN_DIR/$LS_BIN" \
-    --threads 1 --epochs "$EPOCHS" --seed "$seed" "${LS_ARGS[@]}" "$@" 2>/dev/null |
+    --threads 1 --epochs "$EPOCHS" --seed "$seed" $(pinned 0) "${LS_ARGS[@]}" "$@" 2>/dev/null |
     lockstep_figures "$tag")
   wait
   echo "$figures,cpu_cores=$(cpu_cores /tmp/lockstep-links.cpu0 /tmp/lockstep-links.cpu1)"
@@ -136,7 +141,7 @@ alone_pair() { # tag seed
   local port=$((7200 + RANDOM % 500)) i
   for i in 0 1; do
     ip netns exec "${NS[$i]}" env TF_CONFIG="{\"cluster\":{\"worker\":[\"${ADDR[$i]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":0}}" \
-      timeout 900 "$BIN_DIR/$LS_BIN" --threads 1 --epochs "$EPOCHS" --seed "$2" \
+      timeout 900 "$BIN_DIR/$LS_BIN" --threads 1 --epochs "$EPOCHS" --seed "$2" $(pinned "$i") \
       "${LS_ARGS[@]}" >"/tmp/lockstep-links.pair$i.out" 2>/dev/null &
   done
   wait
@@ -148,7 +153,7 @@ alone_pair() { # tag seed
 alone() { # tag seed: one Lockstep worker and one PyTorch process, 1 thread, batch 64 (no link)
   local port=$((7200 + RANDOM % 500))
   ip netns exec "${NS[0]}" env TF_CONFIG="{\"cluster\":{\"worker\":[\"${ADDR[0]}:$port\"]},\"task\":{\"type\":\"worker\",\"index\":0}}" \
-    timeout 900 "$BIN_DIR/$LS_BIN" --threads 1 --epochs "$EPOCHS" --seed "$2" \
+    timeout 900 "$BIN_DIR/$LS_BIN" --threads 1 --epochs "$EPOCHS" --seed "$2" $(pinned 0) \
     "${LS_ARGS[@]}" 2>/dev/null | lockstep_figures "lockstep_1worker.$1"
   if [ "$TORCH" = 0 ]; then return; fi
   ip netns exec "${NS[0]}" env RANK=0 WORLD_SIZE=1 timeout 900 "$PY" "$TORCH_SCRIPT" \
