@@ -19,21 +19,22 @@ use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
 pub(crate) struct KernelThreads {
     pub(crate) pool: Arc<rayon::ThreadPool>,
     /// Every core of the pool's threads, where they were pinned: the cores the thread that
-    /// sums a step's gradients runs on ([`KernelThreads::run_here`]).
+    /// sums a step's gradients runs on ([`keep_to_cores`]).
     cores: Option<CpuSet>,
 }
 
-impl KernelThreads {
-    /// Keeps the calling thread to the pool's cores, where it has any of its own (said in the
-    /// log if that fails: the thread then runs where it was).
-    pub(crate) fn run_here(cores: Option<&CpuSet>) {
-        if let Some(cores) = cores
-            && let Err(e) = sched_setaffinity(None, cores)
-        {
-            tracing::warn!(error = %e, "a step's communication thread could not be kept to its kernels' cores");
-        }
+/// Keeps the calling thread (a step's communication thread) to its kernels' `cores`, where
+/// they have any of their own (said in the log if that fails: the thread then runs where it
+/// was).
+pub(crate) fn keep_to_cores(cores: Option<&CpuSet>) {
+    if let Some(cores) = cores
+        && let Err(e) = sched_setaffinity(None, cores)
+    {
+        tracing::warn!(error = %e, "a step's communication thread could not be kept to its kernels' cores");
     }
+}
 
+impl KernelThreads {
     /// The cores of the pool's threads, where they were pinned.
     pub(crate) fn cores(&self) -> Option<&CpuSet> {
         self.cores.as_ref()

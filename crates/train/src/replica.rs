@@ -1,6 +1,7 @@
 //! One replica: its copy of the model and optimizer, its collective handle, and the work it
 //! does in a step. Replicas of one process run on threads of their own for each step.
 
+use std::cell::OnceCell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -131,10 +132,9 @@ pub(crate) struct Replica {
     pub(crate) across: Arc<dyn AllReduceSum>,
     /// The kernel threads a process's single replica runs its steps on (made at its first
     /// step; see [`on_replicas`]).
-    kernels: Option<crate::kernel_threads::KernelThreads>,
-    /// Whether they could not start: the steps then run on the calling thread, and no step
-    /// tries again.
-    kernels_refused: bool,
+    /// `None` inside when they could not start: the steps then run on the calling thread, and
+    /// no step tries again.
+    kernels: OnceCell<Option<crate::kernel_threads::KernelThreads>>,
     /// The gradient buffer's packs, how they travel, and whether the steps leave their update
     /// in flight (made at the first step; shared, so a step holds them while it borrows the
     /// replica).
@@ -177,8 +177,7 @@ impl Replica {
             net,
             optimizer: None,
             buffer: Vec::new(),
-            kernels: None,
-            kernels_refused: false,
+            kernels: OnceCell::new(),
             packs: None,
             in_flight: None,
             pack_thread: None,
@@ -315,12 +314,9 @@ impl Replica {
 
     /// This replica's own kernel threads, as many as rayon's global pool has (made once);
     /// `None` when they cannot start, and the step runs on the calling thread as before.
-    fn kernel_threads(&mut self) -> Option<Arc<rayon::ThreadPool>> {
-        if self.kernels.is_none() && !self.kernels_refused {
-            self.kernels = crate::kernel_threads::own_pool();
-            self.kernels_refused = self.kernels.is_none();
-        }
-        self.kernels.as_ref().map(|k| Arc::clone(&k.pool))
+    fn kernel_threads(&self) -> Option<Arc<rayon::ThreadPool>> {
+        let kernels = self.kernels.get_or_init(crate::kernel_threads::own_pool);
+        kernels.as_ref().map(|k| Arc::clone(&k.pool))
     }
 
     /// Forward and backward on this replica's batch (none when it has run out of data), the
@@ -522,9 +518,9 @@ impl Replica {
         if self.pack_thread.is_none() {
             // A lone replica's kernel threads know their cores; replicas that share a process
             // run on threads of their own, and read rayon's.
-            let cores = match &self.kernels {
-                Some(kernels) => kernels.cores().copied(),
-                None => crate::kernel_threads::pinned_cores(),
+            let cores = match self.kernels.get() {
+                Some(Some(kernels)) => kernels.cores().copied(),
+                _ => crate::kernel_threads::pinned_cores(),
             };
             self.pack_thread = Some(PackThread::start(cores)?);
         }

@@ -29,7 +29,7 @@ use lockstep_nn::{Optimizer, Parameters};
 use rustix::thread::CpuSet;
 
 use crate::error::TrainError;
-use crate::kernel_threads::KernelThreads;
+use crate::kernel_threads::keep_to_cores;
 use crate::packs::{Packs, Wire, reduce_pack, reduce_totals, residuals_of, with_totals};
 use crate::strategy::PackLink;
 
@@ -53,7 +53,7 @@ impl PackThread {
         let thread = std::thread::Builder::new()
             .name("lockstep-packs".into())
             .spawn(move || {
-                KernelThreads::run_here(cores.as_ref());
+                keep_to_cores(cores.as_ref());
                 ask_for_priority();
                 for job in queue {
                     job();
