@@ -6,8 +6,8 @@
 //! Each binary is a thin `main` over the library crates.
 
 pub use lockstep_task::{
-    ClusterArgs, ClusterTrainingArgs, CommunicationArgs, colour_logs, init_logging,
-    private_state_dir, start_kernel_threads,
+    ClusterArgs, ClusterTrainingArgs, CommunicationArgs, KernelThreadArgs, colour_logs,
+    init_logging, private_state_dir,
 };
 pub use lockstep_train::StepClock;
 

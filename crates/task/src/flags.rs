@@ -27,8 +27,33 @@ pub struct ClusterTrainingArgs {
     /// Seed of the initial weights and of the shuffle (the same on every worker).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// How many kernel threads, and on which cores.
+    #[command(flatten)]
+    pub kernels: KernelThreadArgs,
+}
+
+impl ClusterTrainingArgs {
+    /// Starts the kernel threads as [`KernelThreadArgs::start`] does.
+    ///
+    /// # Errors
+    ///
+    /// As that function.
+    pub fn start_kernel_threads(&self, sharers: usize) -> Result<usize, TaskError> {
+        self.kernels.start(sharers)
+    }
+
+    /// Examples per step over `workers` workers.
+    pub fn global_batch(&self, workers: usize) -> usize {
+        self.global_batch.unwrap_or(self.batch_per_worker * workers)
+    }
+}
+
+/// The kernel threads' flags, `--threads` and `--kernel-cpus`: part of [`ClusterTrainingArgs`],
+/// and on their own in a program that takes none of its other flags.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct KernelThreadArgs {
     /// Threads for the kernels; 0 = this host's cores shared out among the workers the
-    /// cluster spec places on it (all of them for a worker alone on its host).
+    /// cluster spec places on it, or the replicas of a program alone on its host.
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
     /// Cores to pin the kernel threads to, one each in turn, as `taskset -c` lists them
@@ -38,7 +63,7 @@ pub struct ClusterTrainingArgs {
     pub kernel_cpus: Option<CpuList>,
 }
 
-impl ClusterTrainingArgs {
+impl KernelThreadArgs {
     /// Starts the kernel threads: `--threads` of them, pinned to `--kernel-cpus` when given
     /// ([`start_kernel_threads_on`]), else [`start_kernel_threads`] sharing this host's cores
     /// among `sharers`. Returns how many.
@@ -46,16 +71,11 @@ impl ClusterTrainingArgs {
     /// # Errors
     ///
     /// As those functions.
-    pub fn start_kernel_threads(&self, sharers: usize) -> Result<usize, TaskError> {
+    pub fn start(&self, sharers: usize) -> Result<usize, TaskError> {
         match &self.kernel_cpus {
             Some(cpus) => start_kernel_threads_on(cpus, self.threads),
             None => start_kernel_threads(self.threads, sharers),
         }
-    }
-
-    /// Examples per step over `workers` workers.
-    pub fn global_batch(&self, workers: usize) -> usize {
-        self.global_batch.unwrap_or(self.batch_per_worker * workers)
     }
 }
 

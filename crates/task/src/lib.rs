@@ -35,7 +35,7 @@ mod threads;
 
 pub use cpus::{CpuList, CpuListError, MAX_CPUS};
 pub use error::TaskError;
-pub use flags::{ClusterArgs, ClusterTrainingArgs, CommunicationArgs};
+pub use flags::{ClusterArgs, ClusterTrainingArgs, CommunicationArgs, KernelThreadArgs};
 pub use logging::{colour_logs, init_logging};
 pub use state_dir::private_state_dir;
 pub use threads::{start_kernel_threads, start_kernel_threads_on};

@@ -8,7 +8,9 @@
 )]
 
 use clap::Parser;
-use lockstep_task::{ClusterTrainingArgs, CpuList, MAX_CPUS, TaskError, start_kernel_threads_on};
+use lockstep_task::{
+    ClusterTrainingArgs, CpuList, KernelThreadArgs, MAX_CPUS, TaskError, start_kernel_threads_on,
+};
 use rustix::thread::{CpuSet, sched_getaffinity};
 
 /// The cores this process may run on.
@@ -63,14 +65,32 @@ struct Args {
 fn the_flag_reads_a_core_list_and_refuses_a_malformed_one() {
     let args = Args::try_parse_from(["train", "--kernel-cpus", "0-2,5"]).unwrap();
     assert_eq!(
-        args.training.kernel_cpus.unwrap().cpus(),
+        args.training.kernels.kernel_cpus.unwrap().cpus(),
         [0, 1, 2, 5].as_slice()
     );
     let plain = Args::try_parse_from(["train"]).unwrap();
-    assert!(plain.training.kernel_cpus.is_none());
+    assert!(plain.training.kernels.kernel_cpus.is_none());
     let error = Args::try_parse_from(["train", "--kernel-cpus", "2-1"])
         .err()
         .unwrap()
         .to_string();
     assert!(error.contains("the range 2-1 runs backwards"), "{error}");
+}
+
+#[derive(Parser)]
+struct KernelsAlone {
+    #[command(flatten)]
+    kernels: KernelThreadArgs,
+}
+
+#[test]
+fn a_program_with_no_other_training_flag_takes_the_kernel_flags_alone() {
+    let args =
+        KernelsAlone::try_parse_from(["mirrored", "--threads", "3", "--kernel-cpus", "1"]).unwrap();
+    assert_eq!(args.kernels.threads, 3);
+    assert_eq!(args.kernels.kernel_cpus.unwrap().cpus(), [1].as_slice());
+    let plain = KernelsAlone::try_parse_from(["mirrored"]).unwrap();
+    assert_eq!(plain.kernels.threads, 0);
+    assert!(plain.kernels.kernel_cpus.is_none());
+    assert!(KernelsAlone::try_parse_from(["mirrored", "--epochs", "1"]).is_err());
 }

@@ -21,6 +21,7 @@ use clap::Parser;
 use lockstep_checkpoint::CheckpointError;
 use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, scale};
+use lockstep_examples::KernelThreadArgs;
 use lockstep_nn::{Adam, SparseCategoricalCrossentropy, models};
 use lockstep_train::{MirroredStrategy, Model, ModelCheckpoint, TrainError};
 use ndarray::Array1;
@@ -42,6 +43,9 @@ struct Args {
     /// Seed of the initial weights and of the shuffle.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// How many kernel threads, and on which cores.
+    #[command(flatten)]
+    kernels: KernelThreadArgs,
 }
 
 /// Training examples kept back for validation.
@@ -107,7 +111,7 @@ fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
     lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
-    lockstep_examples::start_kernel_threads(0, args.replicas)?;
+    args.kernels.start(args.replicas)?;
     let temporary = tempfile::tempdir()?;
     let dir = args
         .checkpoint_dir

@@ -16,6 +16,7 @@
 use clap::Parser;
 use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, scale};
+use lockstep_examples::KernelThreadArgs;
 use lockstep_nn::{Adam, SparseCategoricalCrossentropy, models};
 use lockstep_train::{MirroredStrategy, Model};
 use ndarray::Array1;
@@ -40,6 +41,9 @@ struct Args {
     /// Seed of the initial weights and of the shuffle.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// How many kernel threads, and on which cores.
+    #[command(flatten)]
+    kernels: KernelThreadArgs,
 }
 
 /// Training examples kept back for validation, as the guide holds out part of its data.
@@ -53,8 +57,8 @@ fn main() -> anyhow::Result<()> {
     lockstep_examples::init_logging();
     lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
-    // The replicas' threads share this host's cores.
-    lockstep_examples::start_kernel_threads(0, args.replicas)?;
+    // The replicas share this host's cores.
+    args.kernels.start(args.replicas)?;
     let mut model = Model::new(MirroredStrategy::new(args.replicas)?, || {
         models::mnist_mlp(args.seed)
     })?;

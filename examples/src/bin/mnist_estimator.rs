@@ -19,7 +19,7 @@ use clap::Parser;
 use lockstep_collective::CommunicationOptions;
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_data::{Dataset, InputContext};
-use lockstep_examples::ClusterArgs;
+use lockstep_examples::{ClusterArgs, KernelThreadArgs};
 use lockstep_nn::layers::{Activation, Conv2D, Dense, Flatten, Layer, MaxPooling2D};
 use lockstep_nn::{NnError, Reduction, Sequential, Sgd, SparseCategoricalCrossentropy};
 use lockstep_tensor::Tensor;
@@ -62,9 +62,9 @@ struct Args {
     /// Seed of the initial weights and the shuffle.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Threads for the kernels (0: this host's cores shared among its tasks).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
+    /// How many kernel threads, and on which cores.
+    #[command(flatten)]
+    kernels: KernelThreadArgs,
 }
 
 /// The tutorial's model.
@@ -111,7 +111,7 @@ fn main() -> anyhow::Result<()> {
     lockstep_examples::keep_freed_memory_mapped();
     let args = Args::parse();
     let cluster = args.cluster.resolve()?;
-    lockstep_examples::start_kernel_threads(args.threads, cluster.group_tasks_on_this_host())?;
+    args.kernels.start(cluster.group_tasks_on_this_host())?;
     let workers = cluster.world_size().max(1);
     let mnist = Mnist::embedded()?;
     let max_steps = args
