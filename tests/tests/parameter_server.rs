@@ -57,17 +57,41 @@ fn result(stdout: &[u8]) -> String {
         .expect("the chief prints its result")
 }
 
+/// Checks that the run whose output is `stdout` trained two epochs' worth, from its second
+/// epoch's line and its result. The second epoch's training accuracy (the mean over its
+/// batches) is the steady measure: 0.951–0.958 in 12 runs on two loaded cores, where a first
+/// epoch's is 0.78–0.81, so it also tells a resumed epoch from one trained afresh. The test
+/// accuracy of the final weights swings with the last asynchronous steps (0.936–0.956 in 18
+/// runs after two epochs, and 0.912 once in CI; 0.878–0.933 after one), so its bar only
+/// tells trained weights from broken ones.
+fn assert_trained_two_epochs(stdout: &[u8]) {
+    let chief = task_lines(stdout, "chief:0");
+    let epoch = chief
+        .iter()
+        .rev()
+        .find(|l| l.starts_with("Epoch 2/2 "))
+        .unwrap_or_else(|| panic!("the chief logs its second epoch: {chief:?}"));
+    let training: f64 = epoch
+        .split(" - ")
+        .find_map(|part| part.strip_prefix("accuracy: "))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("an epoch's line gives its accuracy: {epoch}"));
+    assert!(training > 0.93, "{epoch}");
+    let line = result(stdout);
+    let accuracy: f64 = field(&line, "test_accuracy").unwrap().parse().unwrap();
+    assert!(accuracy > 0.85, "{line}");
+}
+
 #[test]
 fn a_chief_two_workers_and_two_ps_tasks_train_to_the_synchronous_accuracy_and_all_exit() {
     let out = xtask(&cluster_args(&["--evaluator"])).unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     check_documented_output(&out.stdout, "mnist_parameter_server").unwrap();
-    let line = result(&out.stdout);
     // Two epochs of mnist_keras (synchronous: the same CNN, Adam and examples) reach 0.946 on
     // the test digits; asynchronous steps land in that band.
-    let accuracy: f64 = field(&line, "test_accuracy").unwrap().parse().unwrap();
-    assert!(accuracy > 0.92, "{line}");
+    assert_trained_two_epochs(&out.stdout);
+    let line = result(&out.stdout);
     assert_eq!(field(&line, "steps"), Some("248"), "{line}");
     // The evaluator task evaluated the epochs' weights, the last the chief's final ones.
     let evaluator = task_lines(&out.stdout, "evaluator:0");
@@ -99,8 +123,7 @@ fn a_worker_killed_mid_run_has_its_step_run_on_the_other_and_training_finishes()
     assert!(logs.contains("worker:1 failed"), "{logs}");
     let line = result(&out.stdout);
     assert_eq!(field(&line, "steps"), Some("248"), "{line}");
-    let accuracy: f64 = field(&line, "test_accuracy").unwrap().parse().unwrap();
-    assert!(accuracy > 0.92, "{line}");
+    assert_trained_two_epochs(&out.stdout);
     assert!(
         logs.contains("steps ran again after their worker was lost retried=1"),
         "{logs}"
@@ -170,8 +193,7 @@ fn restarted_after(kill: &str, task: &str) {
         Some("124"),
         "the second start trains epoch 2: {line}"
     );
-    let accuracy: f64 = field(&line, "test_accuracy").unwrap().parse().unwrap();
-    assert!(accuracy > 0.92, "{line}");
+    assert_trained_two_epochs(&out.stdout);
     assert!(
         !std::path::Path::new(backup).exists(),
         "a completed run deletes its checkpoints"
@@ -234,9 +256,8 @@ fn shards_checkpointed_by_two_ps_tasks_restore_onto_three() {
     );
     let line = result(&second.stdout);
     assert_eq!(field(&line, "ps_tasks"), Some("3"), "{line}");
-    // One more epoch on top of the first: past where one epoch alone ends (about 0.91).
-    let accuracy: f64 = field(&line, "test_accuracy").unwrap().parse().unwrap();
-    assert!(accuracy > 0.93, "{line}");
+    // One more epoch on top of the first, not a first epoch again.
+    assert_trained_two_epochs(&second.stdout);
 }
 
 #[test]
