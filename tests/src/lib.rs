@@ -8,10 +8,10 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
+
+pub use lockstep_testenv::unused_ports;
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
@@ -231,61 +231,9 @@ pub fn check_documented_output(stdout: &[u8], example: &str) -> Result<(), Strin
     Ok(())
 }
 
-/// The first port the kernel hands out for `bind(0)` (Linux's default where unreadable).
-fn ephemeral_ports_start() -> u16 {
-    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768)
-}
-
-/// The first of `len` neighbouring ports of 127.0.0.1 on which nothing listens now, below the
-/// kernel's range of ephemeral ports, so that no parallel test's `bind(0)` is handed one of
-/// them before the test's tasks bind them (or before it expects them refused). No two calls in
-/// a process get the same port, and runs in different processes start in different places.
-///
-/// # Errors
-///
-/// When no such ports are left below the ephemeral range.
-pub fn unused_ports(len: u16) -> std::io::Result<u16> {
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let ephemeral = ephemeral_ports_start();
-    let offset = u16::try_from(std::process::id() % 1_000).unwrap_or(0) * 16;
-    let base = (10_000 + offset).min(ephemeral / 2);
-    for _ in 0..1_000 {
-        let first = base.saturating_add(NEXT.fetch_add(len, Ordering::Relaxed));
-        if first.saturating_add(len) > ephemeral {
-            break;
-        }
-        if (first..first + len).all(|port| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).is_ok())
-        {
-            return Ok(first);
-        }
-    }
-    Err(std::io::Error::new(
-        std::io::ErrorKind::AddrNotAvailable,
-        format!(
-            "no {len} neighbouring free ports on 127.0.0.1 from {base} below the ephemeral range ({ephemeral})"
-        ),
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn unused_ports_are_free_distinct_and_below_the_ephemeral_range() {
-        let (pair, single) = (unused_ports(2).unwrap(), unused_ports(1).unwrap());
-        assert!(single >= pair + 2 || single < pair, "{pair} {single}");
-        for port in [pair, pair + 1, single] {
-            assert!((1_024..ephemeral_ports_start()).contains(&port), "{port}");
-            assert!(
-                TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok(),
-                "{port}"
-            );
-        }
-    }
 
     #[test]
     fn task_lines_strip_only_their_own_prefix() {

@@ -1,8 +1,8 @@
 //! Several hosts on one machine: each worker in its own network namespace with its own IP
 //! address, two joined by a veth pair, more through a bridge, running the same binary a real
-//! multi-host run uses. Needs
-//! root (or `CAP_NET_ADMIN`) and `ip` from iproute2; without them each test prints why it is
-//! skipped and passes.
+//! multi-host run uses. Needs root (or `CAP_NET_ADMIN`) and `ip` from iproute2; without them
+//! each test is a skip that the log shows (CI sets `LOCKSTEP_REQUIRE_NETNS=1`, which makes it
+//! a failure).
 
 #![allow(
     clippy::unwrap_used,
@@ -16,6 +16,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use lockstep_e2e::{example_binary, field, task_lines, xtask};
+use lockstep_testenv::{Need, available};
 
 /// Network namespaces, one per host, `10.77.<subnet>.1`, `.2`, …: two joined by a veth pair,
 /// more by a veth pair each to a bridge in a namespace of its own (a switch); removed (with
@@ -271,15 +272,10 @@ fn train_on(hosts: &Hosts, slowed: Option<usize>) -> (Vec<String>, String) {
     (lines, chief_log)
 }
 
-/// `n` hosts, or `None` after printing why this machine cannot make them.
+/// `n` hosts, or `None` after a skip that says why this machine cannot make them.
+#[track_caller]
 fn hosts(n: usize, impaired: bool) -> Option<Hosts> {
-    match Hosts::new(n, impaired) {
-        Ok(hosts) => Some(hosts),
-        Err(why) => {
-            println!("skipped: cannot create network namespaces here ({why})");
-            None
-        }
-    }
+    available(Need::NetworkNamespaces, Hosts::new(n, impaired))
 }
 
 #[test]

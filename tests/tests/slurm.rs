@@ -1,8 +1,8 @@
 //! The sbatch script `cargo xtask deploy slurm` writes, submitted to a real SLURM (one node,
 //! 2 tasks): the job completes, and with one task killed (SIGKILL) mid-run on its first start, the
-//! script's restart loop brings the job to the weights of an uninterrupted run. Skipped,
-//! saying why, where no SLURM answers (`sinfo` shows no idle node); `.ci/run` starts one with
-//! `.ci/slurm_up`.
+//! script's restart loop brings the job to the weights of an uninterrupted run. A skip that
+//! the log shows where no SLURM answers (`sinfo` shows no idle node); `.ci/run` starts one with
+//! `.ci/slurm_up` and sets `LOCKSTEP_REQUIRE_SLURM=1`.
 
 #![allow(
     clippy::unwrap_used,
@@ -13,9 +13,8 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use lockstep_e2e::{
-    example_binary, keras_epoch, unused_ports, weights_checksums, write_slurm_script,
-};
+use lockstep_e2e::{example_binary, keras_epoch, weights_checksums, write_slurm_script};
+use lockstep_testenv::{Need, skip, unused_ports};
 
 /// What each task runs: the example, with task 1 told to SIGKILL itself after step 25 on its
 /// first start only (`mkdir` is atomic: one start of one task makes the marker).
@@ -78,7 +77,7 @@ fn submit(dir: &Path, bin: &Path, real_bin: &Path) -> String {
 #[test]
 fn a_job_under_slurm_with_a_task_killed_restarts_and_ends_with_the_uninterrupted_weights() {
     if let Err(why) = slurm_is_up() {
-        eprintln!("skipped: {why}");
+        skip(Need::Slurm, why);
         return;
     }
     let dir = tempfile::tempdir().unwrap();

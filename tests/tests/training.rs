@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lockstep_e2e::{check_documented_output, example_binary, field, task_lines, xtask};
+use lockstep_testenv::{Need, skip};
 
 /// Each worker's final line: (test accuracy, weight checksum).
 fn train_one_epoch() -> Vec<(f64, String)> {
@@ -109,9 +110,12 @@ fn the_keras_example_trains_in_lockstep_and_removes_its_backup() {
 fn the_fashion_mnist_example_trains_functional_models_in_lockstep() {
     let data = Path::new("/usr/share/datasets/fashion-mnist");
     if !data.is_dir() {
-        eprintln!(
-            "skipped: {} missing (apt-get install dataset-fashion-mnist)",
-            data.display()
+        skip(
+            Need::FashionMnist,
+            format_args!(
+                "{} missing (apt-get install dataset-fashion-mnist)",
+                data.display()
+            ),
         );
         return;
     }

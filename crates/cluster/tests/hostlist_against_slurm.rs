@@ -1,6 +1,7 @@
 //! The SLURM resolver's hostlist expansion against SLURM's own: on generated expressions in
-//! SLURM's grammar, `expand_hostlist` gives what `scontrol show hostnames` prints. Skipped,
-//! saying so, where `scontrol` is not installed (CI installs it).
+//! SLURM's grammar, `expand_hostlist` gives what `scontrol show hostnames` prints. A skip that
+//! the log shows where `scontrol` is not installed (CI installs it and sets
+//! `LOCKSTEP_REQUIRE_SLURM=1`).
 
 #![allow(
     clippy::unwrap_used,
@@ -10,6 +11,7 @@
 use std::process::Command;
 
 use lockstep_cluster::expand_hostlist;
+use lockstep_testenv::{Need, skip};
 use proptest::prelude::*;
 
 /// One bracket entry: a number or a range, zero-padded to a common width as SLURM writes
@@ -77,7 +79,10 @@ fn scontrol_installed() -> bool {
 #[test]
 fn hostlists_expand_as_scontrol_expands_them() {
     if !scontrol_installed() {
-        eprintln!("skipped: `scontrol` (Debian's slurm-client) is not installed");
+        skip(
+            Need::Slurm,
+            "`scontrol` (Debian's slurm-client) is not installed",
+        );
         return;
     }
     let compared = std::sync::atomic::AtomicUsize::new(0);

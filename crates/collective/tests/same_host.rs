@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::{fresh_cluster, tcp_group};
 use lockstep_collective::{CommunicationOptions, Communicator, ReduceOp, SameHost, TcpOptions};
+use lockstep_testenv::{Need, available, skip};
 
 fn options(same_host: SameHost) -> TcpOptions {
     TcpOptions {
@@ -148,7 +149,7 @@ fn a_unix_socket_name_taken_by_another_user_is_refused_and_the_pair_uses_tcp() {
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
     if !nix::unistd::geteuid().is_root() {
-        println!("skipped: running a squatter as another user needs root");
+        skip(Need::Root, "running a squatter as another user needs root");
         return;
     }
     let (listeners, addresses) = common::listeners(2);
@@ -158,8 +159,10 @@ fn a_unix_socket_name_taken_by_another_user_is_refused_and_the_pair_uses_tcp() {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn();
-    let Ok(mut squatter) = squatter else {
-        println!("skipped: no python3 to play the squatter");
+    let Some(mut squatter) = available(
+        Need::Python,
+        squatter.map_err(|e| format!("no python3 to play the squatter: {e}")),
+    ) else {
         return;
     };
     let mut out = BufReader::new(squatter.stdout.take().unwrap());

@@ -1,7 +1,7 @@
 //! NCCL: its sums equal the CPU ring's, and no wait outlives the timeout.
 //!
-//! Tests that need a GPU skip with a printed reason without one (`LOCKSTEP_REQUIRE_GPU=1` makes
-//! that a failure); those that need two GPUs skip with a reason on machines with one.
+//! Tests that need a GPU are a skip that the log shows without one (`LOCKSTEP_REQUIRE_GPU=1`
+//! makes that a failure); those that need two GPUs skip likewise on machines with one.
 
 #![allow(
     clippy::unwrap_used,
@@ -16,24 +16,23 @@ use lockstep_collective::{
 };
 use lockstep_cuda::nccl::{self, NcclComm, UniqueId};
 use lockstep_cuda::{CudaDevice, CudaError, device_count};
+use lockstep_testenv::{Need, available, skip};
 
-/// Every GPU of this machine, or none (printing why) where there is no GPU or no NCCL.
+/// Every GPU of this machine, or `None` after a visible skip where there is no GPU or no NCCL
+/// (a failure under `LOCKSTEP_REQUIRE_GPU=1`), or fewer than `at_least` GPUs (a failure under
+/// `LOCKSTEP_REQUIRE_TWO_GPUS=1`: the lent machines have one).
 fn gpus(at_least: usize) -> Option<Vec<CudaDevice>> {
-    let required = std::env::var_os("LOCKSTEP_REQUIRE_GPU").is_some_and(|v| v == "1");
     let opened = device_count().and_then(|count| (0..count).map(CudaDevice::open).collect());
-    let devices: Vec<CudaDevice> = match opened.and_then(|d| nccl::version().map(|_| d)) {
-        Ok(devices) => devices,
-        Err(e) if required => panic!("LOCKSTEP_REQUIRE_GPU=1 but no GPU with NCCL: {e}"),
-        Err(e) => {
-            eprintln!("skipped: no GPU with NCCL: {e}");
-            return None;
-        }
-    };
+    let devices: Vec<CudaDevice> = available(
+        Need::Gpu,
+        opened
+            .and_then(|d| nccl::version().map(|_| d))
+            .map_err(|e| format!("no GPU with NCCL: {e}")),
+    )?;
     if devices.len() < at_least {
-        // Not a failure under LOCKSTEP_REQUIRE_GPU: the lent machines have one GPU.
-        eprintln!(
-            "skipped: needs {at_least} GPUs, this machine has {}",
-            devices.len()
+        skip(
+            Need::TwoGpus,
+            format!("needs {at_least}, this machine has {}", devices.len()),
         );
         return None;
     }
@@ -93,8 +92,10 @@ fn assert_within_reduction_order(nccl: &[f32], ring: &[f32], ranks: usize) {
 const LENGTHS: [usize; 3] = [1, 1_000_003, 4 << 20];
 
 #[test]
-fn without_nccl_every_call_is_an_error_that_names_the_library() {
+fn nccl_says_its_version_where_it_loads_and_every_call_is_an_error_naming_it_where_not() {
     if nccl::available() {
+        let (major, minor, patch) = nccl::version().unwrap();
+        assert_eq!(major, 2, "NCCL {major}.{minor}.{patch}");
         return;
     }
     let err = nccl::version().unwrap_err();

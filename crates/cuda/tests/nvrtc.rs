@@ -1,5 +1,5 @@
 //! The kernels' source against NVRTC, which needs no GPU: run wherever NVRTC's library is
-//! found, skipped with the reason otherwise. CI installs pip's `nvidia-cuda-nvrtc` and sets
+//! found, a skip that the log shows otherwise. CI installs pip's `nvidia-cuda-nvrtc` and sets
 //! `LOCKSTEP_REQUIRE_NVRTC=1`, which turns a skip into a failure.
 
 #![allow(
@@ -9,11 +9,7 @@
 )]
 
 use lockstep_cuda::{CudaError, SOURCE, compile_kernels, compile_kernels_to_cubin};
-
-/// Whether NVRTC must be found (CI's setting).
-fn required() -> bool {
-    std::env::var_os("LOCKSTEP_REQUIRE_NVRTC").is_some_and(|v| v == "1")
-}
+use lockstep_testenv::{Need, skip};
 
 /// The kernel names the source defines.
 fn defined_kernels() -> Vec<&'static str> {
@@ -27,8 +23,8 @@ fn defined_kernels() -> Vec<&'static str> {
 fn compiled(arch: &str) -> Option<String> {
     match compile_kernels(arch) {
         Ok(ptx) => Some(ptx),
-        Err(e @ CudaError::MissingLibrary { .. }) if !required() => {
-            eprintln!("skipped: {e}");
+        Err(e @ CudaError::MissingLibrary { .. }) => {
+            skip(Need::Nvrtc, e);
             None
         }
         Err(e) => panic!("the kernels do not compile for {arch}: {e}"),
@@ -61,7 +57,7 @@ fn an_unknown_architecture_is_a_compile_error_with_the_compilers_words() {
             assert_eq!(arch, "compute_1");
             assert!(!log.is_empty());
         }
-        Err(e @ CudaError::MissingLibrary { .. }) if !required() => eprintln!("skipped: {e}"),
+        Err(e @ CudaError::MissingLibrary { .. }) => skip(Need::Nvrtc, e),
         other => panic!("expected a compile error, got {other:?}"),
     }
 }
@@ -72,8 +68,8 @@ fn every_kernel_compiles_to_machine_code_for_hopper_and_ampere() {
     for arch in ["sm_90", "sm_80"] {
         let cubin = match compile_kernels_to_cubin(arch) {
             Ok(cubin) => cubin,
-            Err(e @ CudaError::MissingLibrary { .. }) if !required() => {
-                eprintln!("skipped: {e}");
+            Err(e @ CudaError::MissingLibrary { .. }) => {
+                skip(Need::Nvrtc, e);
                 return;
             }
             Err(e) => panic!("the kernels do not compile to machine code for {arch}: {e}"),

@@ -1,6 +1,6 @@
 //! Every GPU operation against a plain CPU reference on random inputs, gradients included.
-//! Runs where a GPU is present; elsewhere each test prints why it skipped
-//! (`LOCKSTEP_REQUIRE_GPU=1`, set by `cargo xtask gpu-check`'s runner, makes that a failure).
+//! Runs where a GPU is present; elsewhere each test is a skip that the log shows
+//! (`LOCKSTEP_REQUIRE_GPU=1`, set by `cargo xtask gpu-check`'s runner, makes it a failure).
 //!
 //! Tolerances: element-wise arithmetic, relu, bias, the optimizers and the gathers (im2col,
 //! col2im, pooling and its gradient) are exact (the kernels compile without fused multiply-add and sum in the CPU's
@@ -16,19 +16,12 @@
 
 use lockstep_cuda::ops::{self, AdamStep, Binary, Geometry, MatRef};
 use lockstep_cuda::{CudaDevice, CudaError, Transfers, device_count};
+use lockstep_testenv::{Need, available};
 use proptest::prelude::*;
 
+/// GPU 0, or `None` after a visible skip (a failure under `LOCKSTEP_REQUIRE_GPU=1`).
 fn gpu() -> Option<CudaDevice> {
-    match CudaDevice::open(0) {
-        Ok(device) => Some(device),
-        Err(e) if std::env::var_os("LOCKSTEP_REQUIRE_GPU").is_some_and(|v| v == "1") => {
-            panic!("LOCKSTEP_REQUIRE_GPU=1 but no GPU: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipped: no GPU: {e}");
-            None
-        }
-    }
+    available(Need::Gpu, CudaDevice::open(0))
 }
 
 /// Each GPU value equals the CPU's (infinities and NaN included), or lies within `relative`

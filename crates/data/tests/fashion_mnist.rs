@@ -1,6 +1,7 @@
 //! Fashion-MNIST, as Debian's `dataset-fashion-mnist` installs it, loads as MNIST does: the
-//! full 60,000 training and 10,000 test images, ten balanced classes. Skips, printing why,
-//! where the package is not installed (CI installs it).
+//! full 60,000 training and 10,000 test images, ten balanced classes. A skip that the log
+//! shows where the package is not installed (CI installs it and sets
+//! `LOCKSTEP_REQUIRE_FASHION_MNIST=1`).
 
 #![allow(
     clippy::unwrap_used,
@@ -10,11 +11,15 @@
 use std::path::Path;
 
 use lockstep_data::mnist::{FASHION_MNIST_DIR, Mnist};
+use lockstep_testenv::{Need, skip};
 
 #[test]
 fn fashion_mnist_loads_whole_with_ten_balanced_classes() {
     if !Path::new(FASHION_MNIST_DIR).is_dir() {
-        eprintln!("skipped: {FASHION_MNIST_DIR} missing (apt-get install dataset-fashion-mnist)");
+        skip(
+            Need::FashionMnist,
+            format_args!("{FASHION_MNIST_DIR} missing (apt-get install dataset-fashion-mnist)"),
+        );
         return;
     }
     let fashion = Mnist::fashion().unwrap();

@@ -8,6 +8,8 @@
 
 use std::process::{Command, Output, Stdio};
 
+use lockstep_testenv::{Need, skip};
+
 fn lockstep(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lockstep"))
         .args(args)
@@ -115,8 +117,11 @@ fn a_run_without_a_program_is_refused_with_usage() {
 #[test]
 fn on_a_terminal_the_chiefs_unfinished_line_is_drawn_live_and_other_tasks_stay_lines() {
     // `script` (util-linux) runs the launcher with a terminal as its stdout.
-    if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("skipped: `script` (util-linux) is not installed");
+    if let Err(e) = Command::new("script").arg("--version").output() {
+        skip(
+            Need::Terminal,
+            format_args!("`script` (util-linux) cannot run: {e}"),
+        );
         return;
     }
     let log = std::env::temp_dir().join(format!("lockstep-tty-{}.log", std::process::id()));

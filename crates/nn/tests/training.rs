@@ -15,6 +15,7 @@ use lockstep_nn::{
     SparseCategoricalCrossentropy, models,
 };
 use lockstep_tensor::{Device, Tensor};
+use lockstep_testenv::{Need, available, skip};
 
 fn mlp(seed: u64) -> Sequential {
     models::mnist_mlp(seed).unwrap()
@@ -155,19 +156,14 @@ fn the_tutorial_cnn_reaches_96_percent_in_three_epochs() {
     assert!(accuracy >= 0.96, "test accuracy {accuracy}");
 }
 
-/// The model on the first GPU, or `None` (printing why) where there is none;
+/// The model on the first GPU, or `None` after a skip that the log shows where there is none;
 /// `LOCKSTEP_REQUIRE_GPU=1` (set by `cargo xtask gpu-check`'s runner) makes that a failure.
+#[track_caller]
 fn on_gpu(model: Sequential) -> Option<Sequential> {
-    match model.to_device(Device::Cuda(0)) {
-        Ok(model) => Some(model),
-        Err((_, e)) if std::env::var_os("LOCKSTEP_REQUIRE_GPU").is_some_and(|v| v == "1") => {
-            panic!("LOCKSTEP_REQUIRE_GPU=1 but no GPU: {e}")
-        }
-        Err((_, e)) => {
-            eprintln!("skipped: no GPU: {e}");
-            None
-        }
-    }
+    available(
+        Need::Gpu,
+        model.to_device(Device::Cuda(0)).map_err(|(_, e)| e),
+    )
 }
 
 #[test]
@@ -417,49 +413,56 @@ fn a_session_on_the_cpu_trains_bit_for_bit_as_the_hand_written_loop() {
 }
 
 /// The model on the GPU when there is one, else on the CPU: what holds on every device.
-fn on_any_device(model: Sequential) -> Sequential {
-    model
-        .to_device(Device::Cuda(0))
-        .unwrap_or_else(|(cpu, _)| cpu)
+/// The model `build` makes, on the CPU and then, where there is one, on the first GPU (the GPU's
+/// part a skip that the log shows where there is none, a failure under `LOCKSTEP_REQUIRE_GPU=1`).
+#[track_caller]
+fn on_every_device(build: impl Fn() -> Sequential) -> Vec<Sequential> {
+    std::iter::once(build()).chain(on_gpu(build())).collect()
 }
 
 #[test]
 fn a_session_dropped_unfinished_still_writes_its_steps_back_on_every_device() {
     let batch = first_batch(16);
-    let mut model = on_any_device(cnn(6));
-    let before = model.parameters().clone();
-    let mut adam = Adam::default();
-    {
-        let mut session = model.training(&mut adam).unwrap();
-        session
-            .step(&batch.0, ForwardContext::default(), |logits| {
-                LOSS.call(logits, &batch.1)
-            })
-            .unwrap();
+    for mut model in on_every_device(|| cnn(6)) {
+        let before = model.parameters().clone();
+        let mut adam = Adam::default();
+        {
+            let mut session = model.training(&mut adam).unwrap();
+            session
+                .step(&batch.0, ForwardContext::default(), |logits| {
+                    LOSS.call(logits, &batch.1)
+                })
+                .unwrap();
+        }
+        assert_eq!(adam.iterations(), 1, "{}", model.device());
+        assert_ne!(model.parameters(), &before, "{}", model.device());
+        assert_eq!(model.parameters().len(), before.len());
     }
-    assert_eq!(adam.iterations(), 1);
-    assert_ne!(model.parameters(), &before);
-    assert_eq!(model.parameters().len(), before.len());
 }
 
 #[test]
 fn a_session_predicts_with_its_latest_parameters_on_every_device() {
     let batch = first_batch(16);
-    let mut model = on_any_device(cnn(7));
-    let mut sgd = lockstep_nn::Sgd::new(0.1);
-    let mut session = model.training(&mut sgd).unwrap();
-    let before = session.predict(&batch.0).unwrap().to_vec().unwrap();
-    session
-        .step(&batch.0, ForwardContext::default(), |logits| {
-            LOSS.call(logits, &batch.1)
-        })
-        .unwrap();
-    let during = session.predict(&batch.0).unwrap().to_vec().unwrap();
-    session.finish().unwrap();
-    let after = model.predict(&batch.0).unwrap().to_vec().unwrap();
-    assert_ne!(before, during);
-    for (d, a) in during.iter().zip(&after) {
-        assert!((d - a).abs() <= 1e-5 * a.abs().max(1.0), "{d} vs {a}");
+    for mut model in on_every_device(|| cnn(7)) {
+        let device = model.device();
+        let mut sgd = lockstep_nn::Sgd::new(0.1);
+        let mut session = model.training(&mut sgd).unwrap();
+        let before = session.predict(&batch.0).unwrap().to_vec().unwrap();
+        session
+            .step(&batch.0, ForwardContext::default(), |logits| {
+                LOSS.call(logits, &batch.1)
+            })
+            .unwrap();
+        let during = session.predict(&batch.0).unwrap().to_vec().unwrap();
+        session.finish().unwrap();
+        let after = model.predict(&batch.0).unwrap().to_vec().unwrap();
+        assert_ne!(before, during, "{device}");
+        for (d, a) in during.iter().zip(&after) {
+            assert!(
+                (d - a).abs() <= 1e-5 * a.abs().max(1.0),
+                "{device}: {d} vs {a}"
+            );
+        }
     }
 }
 
@@ -558,24 +561,21 @@ fn a_session_on_a_gpu_follows_the_cpu_with_sgd_momentum_and_with_adam() {
     }
 }
 
-/// NCCL's group of every GPU here, or none (printing why) without a GPU with NCCL.
+/// NCCL's group of every GPU here, or `None` after a skip that the log shows without a GPU with
+/// NCCL (a failure under `LOCKSTEP_REQUIRE_GPU=1`).
 fn nccl_group() -> Option<Vec<lockstep_cuda::nccl::NcclComm>> {
-    let required = std::env::var_os("LOCKSTEP_REQUIRE_GPU").is_some_and(|v| v == "1");
     let devices = lockstep_cuda::device_count().and_then(|count| {
         (0..count)
             .map(lockstep_cuda::CudaDevice::open)
             .collect::<Result<Vec<_>, _>>()
     });
-    match devices.and_then(|d| {
+    let group = devices.and_then(|d| {
         lockstep_cuda::nccl::NcclComm::local_group(&d, std::time::Duration::from_mins(1))
-    }) {
-        Ok(comms) => Some(comms),
-        Err(e) if required => panic!("LOCKSTEP_REQUIRE_GPU=1 but no GPU with NCCL: {e}"),
-        Err(e) => {
-            eprintln!("skipped: no GPU with NCCL: {e}");
-            None
-        }
-    }
+    });
+    available(
+        Need::Gpu,
+        group.map_err(|e| format!("no GPU with NCCL: {e}")),
+    )
 }
 
 #[test]
@@ -618,7 +618,7 @@ fn replicas_on_every_gpu_all_reduced_by_nccl_stay_identical() {
         return;
     };
     if comms.len() < 2 {
-        eprintln!("skipped: needs 2 GPUs, this machine has {}", comms.len());
+        skip(Need::TwoGpus, format!("this machine has {}", comms.len()));
         return;
     }
     let batch = first_batch(64);

@@ -1,6 +1,6 @@
 //! Every operation the models use, run on a GPU, against the same operation on the CPU: values
-//! and gradients. Runs where a GPU is present; elsewhere each test prints why it skipped
-//! (`LOCKSTEP_REQUIRE_GPU=1`, set by `cargo xtask gpu-check`'s runner, makes that a failure).
+//! and gradients. Runs where a GPU is present; elsewhere each test is a skip that the log shows
+//! (`LOCKSTEP_REQUIRE_GPU=1`, set by `cargo xtask gpu-check`'s runner, makes it a failure).
 //!
 //! Tolerance: `1e-4` relative to the largest value of each compared array. Element-wise work,
 //! relu, bias and pooling are exact on the GPU; sums, `exp`/`log` and products (cuBLAS, im2col
@@ -14,22 +14,15 @@
 
 use lockstep_tensor::ops::{self, MaxPool, Padding};
 use lockstep_tensor::{Device, Tensor, TensorError};
+use lockstep_testenv::{Need, available};
 use proptest::prelude::*;
 
 const GPU: Device = Device::Cuda(0);
 
-/// Whether a GPU can be used; prints why not.
+/// Whether a GPU can be used; a skip that the log shows where not (a failure under
+/// `LOCKSTEP_REQUIRE_GPU=1`).
 fn gpu_present() -> bool {
-    match Tensor::scalar(1.0).to_device(GPU) {
-        Ok(_) => true,
-        Err(e) if std::env::var_os("LOCKSTEP_REQUIRE_GPU").is_some_and(|v| v == "1") => {
-            panic!("LOCKSTEP_REQUIRE_GPU=1 but no GPU: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipped: no GPU: {e}");
-            false
-        }
-    }
+    available(Need::Gpu, Tensor::scalar(1.0).to_device(GPU)).is_some()
 }
 
 #[cfg(not(feature = "cuda"))]

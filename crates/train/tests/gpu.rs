@@ -1,6 +1,6 @@
 //! Replicas on a GPU under the strategies: `fit`, a backup's resume and `Model::load` there.
 //!
-//! Each test skips with a printed reason on a machine without a GPU (`LOCKSTEP_REQUIRE_GPU=1`
+//! Each test is a skip that the log shows on a machine without a GPU (`LOCKSTEP_REQUIRE_GPU=1`
 //! makes that a failure); `cargo xtask gpu-check` runs them where there is one.
 
 #![allow(

@@ -3,7 +3,7 @@
 #![allow(dead_code, reason = "each test file uses part of the helpers")]
 
 use std::net::{Ipv4Addr, TcpListener};
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::Duration;
 
@@ -41,30 +41,14 @@ impl Wire {
 pub(crate) type Comm = Communicator<Box<dyn Transport>>;
 
 /// `n` distinct ports on 127.0.0.1 that nothing listens on (for tests of peers that never
-/// come, and of a rank binding its own port). They lie below the kernel's range of ephemeral
-/// ports, so no parallel test's `bind(0)` is handed one meanwhile, and no two calls in this
-/// process get the same one. Every group that does form binds through [`listeners`] instead.
+/// come, and of a rank binding its own port), from [`lockstep_testenv::unused_ports`]. Every
+/// group that does form binds through [`listeners`] instead.
 pub(crate) fn free_addresses(n: usize) -> Vec<String> {
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
-    let offset = u16::try_from(std::process::id() % 1_000).unwrap_or(0) * 16;
-    let base = (10_000 + offset).min(ephemeral / 2);
-    let addresses: Vec<String> = (0..1_000)
-        .map(|_| base.saturating_add(NEXT.fetch_add(1, Ordering::Relaxed)))
-        .take_while(|&port| port < ephemeral)
-        .filter(|&port| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).is_ok())
-        .take(n)
+    let len = u16::try_from(n).unwrap();
+    let first = lockstep_testenv::unused_ports(len).unwrap();
+    (first..first + len)
         .map(|port| format!("127.0.0.1:{port}"))
-        .collect();
-    assert_eq!(
-        addresses.len(),
-        n,
-        "free ports below {ephemeral} from {base}"
-    );
-    addresses
+        .collect()
 }
 
 /// `n` listeners on ports of 127.0.0.1 the kernel chose, and their addresses. Each stays bound

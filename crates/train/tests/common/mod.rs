@@ -21,6 +21,7 @@ use lockstep_collective::{CommunicationOptions, TcpOptions, TcpTransport};
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_data::{Dataset, from_vec};
 use lockstep_nn::{Adam, Sequential, SparseCategoricalCrossentropy, models};
+use lockstep_testenv::Need;
 use lockstep_train::{
     Callback, History, MirroredStrategy, Model, MultiWorkerMirroredStrategy, Strategy, TrainError,
     TrainingContext,
@@ -214,30 +215,24 @@ pub(crate) fn crash_and_resume_at<S: Strategy>(
     train(strategy(), 64, 3, vec![Box::new(backup())]).unwrap()
 }
 
-/// GPU 0, or none (printing why): GPU tests skip without one, unless `LOCKSTEP_REQUIRE_GPU=1`
-/// makes that a failure.
+/// GPU 0, or `None` after a skip that the log shows: GPU tests skip without one, unless
+/// `LOCKSTEP_REQUIRE_GPU=1` makes that a failure.
+#[track_caller]
 pub(crate) fn gpu() -> Option<lockstep_tensor::Device> {
     use lockstep_tensor::{Device, Tensor};
-    match Tensor::scalar(0.0).to_device(Device::Cuda(0)) {
-        Ok(_) => Some(Device::Cuda(0)),
-        Err(e) if std::env::var_os("LOCKSTEP_REQUIRE_GPU").is_some_and(|v| v == "1") => {
-            panic!("LOCKSTEP_REQUIRE_GPU=1 but no GPU: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipped: no GPU: {e}");
-            None
-        }
-    }
+    let found = Tensor::scalar(0.0).to_device(Device::Cuda(0));
+    lockstep_testenv::available(Need::Gpu, found).map(|_| Device::Cuda(0))
 }
 
-/// Whether this machine has two GPUs (printing why not).
+/// Whether this machine has two GPUs (a skip that the log shows where not).
+#[track_caller]
 pub(crate) fn two_gpus() -> bool {
     if gpu().is_none() {
         return false;
     }
     let count = lockstep_cuda::device_count().unwrap_or(0);
     if count < 2 {
-        eprintln!("skipped: needs 2 GPUs, this machine has {count}");
+        lockstep_testenv::skip(Need::TwoGpus, format!("this machine has {count}"));
     }
     count >= 2
 }
