@@ -300,8 +300,10 @@ mod tests {
     use lockstep_data::{Dataset, from_vec};
     use lockstep_nn::{Adam, SparseCategoricalCrossentropy, models};
     use lockstep_tensor::{Device, Tensor};
+    use lockstep_testenv::{Need, available};
     use ndarray::Array1;
 
+    use crate::replica::Placement;
     use crate::{MirroredStrategy, Model};
 
     #[test]
@@ -312,26 +314,61 @@ mod tests {
     #[test]
     fn a_replica_on_a_gpu_and_one_on_the_cpu_end_with_bit_identical_weights() {
         let gpu = Device::Cuda(0);
-        if let Err(e) = Tensor::scalar(0.0).to_device(gpu) {
-            assert!(
-                std::env::var_os("LOCKSTEP_REQUIRE_GPU").is_none_or(|v| v != "1"),
-                "LOCKSTEP_REQUIRE_GPU=1 but no GPU: {e}"
-            );
-            eprintln!("skipped: no GPU: {e}");
+        if available(Need::Gpu, Tensor::scalar(0.0).to_device(gpu)).is_none() {
             return;
         }
-        let strategy =
-            MirroredStrategy::with_devices(&[gpu, Device::Cpu], CommunicationOptions::default())
-                .unwrap();
+        // With each update left in flight asked for too: neither replica overlaps.
+        let overlapped = CommunicationOptions {
+            overlap_update: true,
+            bytes_per_pack: 4096,
+            ..CommunicationOptions::default()
+        };
+        for options in [CommunicationOptions::default(), overlapped] {
+            let strategy = MirroredStrategy::with_devices(&[gpu, Device::Cpu], options).unwrap();
+            let model = every_replica_ends_bit_identical(strategy);
+            assert_eq!(model.replicas[0].net.device(), gpu);
+            assert_eq!(model.replicas[1].net.device(), Device::Cpu);
+            for replica in &model.replicas {
+                assert_eq!(replica.placement, Placement::Mixed);
+                assert_eq!(replica.overlaps(), Some(false));
+            }
+        }
+    }
+
+    #[test]
+    fn replicas_on_a_gpu_and_on_the_cpu_decide_alike_to_apply_each_update_whole() {
+        // Packs of 4 KiB with the update left in flight: replicas on CPUs alone overlap it.
+        let options = CommunicationOptions {
+            overlap_update: true,
+            bytes_per_pack: 4096,
+            ..CommunicationOptions::default()
+        };
+        let strategy = MirroredStrategy::with_options(2, options).unwrap();
         let model = every_replica_ends_bit_identical(strategy);
-        assert_eq!(model.replicas[0].net.device(), gpu);
-        assert_eq!(model.replicas[1].net.device(), Device::Cpu);
+        assert!(model.replicas.iter().all(|r| r.overlaps() == Some(true)));
+        // Both on the CPU, but the group told that the first sits on a GPU, as a mixed
+        // group's replicas learn it: the CPU replica applies each update whole too, as the GPU
+        // replica must, so both issue the same collectives and end alike.
+        let strategy = MirroredStrategy::with_options(2, options).unwrap();
+        let mut model = Model::new(strategy, || models::mnist_mlp(1)).unwrap();
+        model
+            .agree_on_architecture_and_placement(vec![true, false])
+            .unwrap();
+        let model = trained_bit_identical(model);
+        for replica in &model.replicas {
+            assert_eq!(replica.placement, Placement::Mixed);
+            assert_eq!(replica.overlaps(), Some(false));
+        }
     }
 
     /// Trains the MLP two epochs of two steps under `strategy` and checks every replica's
     /// variables and optimizer state against the first's.
     fn every_replica_ends_bit_identical(strategy: MirroredStrategy) -> Model {
-        let mut model = Model::new(strategy, || models::mnist_mlp(1)).unwrap();
+        trained_bit_identical(Model::new(strategy, || models::mnist_mlp(1)).unwrap())
+    }
+
+    /// [`every_replica_ends_bit_identical`] for a model made already.
+    fn trained_bit_identical(mut model: Model) -> Model {
         let loss = SparseCategoricalCrossentropy {
             from_logits: true,
             ..Default::default()

@@ -15,12 +15,12 @@ use lockstep_nn::{
     Loss, METRIC_NAMES, Network, NnError, Optimizer, ParamSpec, PredictionMetric,
     SparseCategoricalCrossentropy, metric_by_name,
 };
-use lockstep_tensor::Tensor;
+use lockstep_tensor::{Device, Tensor};
 
 use crate::batch::LabeledBatch;
 use crate::error::TrainError;
 use crate::history::Logs;
-use crate::replica::{Objective, Replica, StepTotals, not_compiled, on_replicas};
+use crate::replica::{Objective, Placement, Replica, StepTotals, not_compiled, on_replicas};
 use crate::state::{Position, checkpoint_of, meta_of, restore_into};
 use crate::steps_ahead::StepsAhead;
 use crate::strategy::{ReplicaLink, Strategy};
@@ -224,17 +224,35 @@ impl Model {
     /// Fails on every worker at once when some worker built another model (other variables,
     /// or other shapes with the same number of values, which the broadcast alone would not
     /// notice): the maximum and minimum of all replicas' fingerprints of their variables must
-    /// be equal.
+    /// be equal. The same all-reduce tells every replica where the group's replicas sit
+    /// ([`Placement`]), so that what some devices cannot do is decided alike by all.
     fn agree_on_architecture(&mut self) -> Result<(), TrainError> {
+        let on_gpu = self
+            .replicas
+            .iter()
+            .map(|r| r.net.device() != Device::Cpu)
+            .collect();
+        self.agree_on_architecture_and_placement(on_gpu)
+    }
+
+    /// [`Model::agree_on_architecture`] with each local replica's side, `on_gpu`, given.
+    pub(crate) fn agree_on_architecture_and_placement(
+        &mut self,
+        on_gpu: Vec<bool>,
+    ) -> Result<(), TrainError> {
         let specs = self.network().parameters().specs().to_vec();
         let mine = architecture_fingerprint(&specs);
-        let replicas = self.replicas.len();
-        let extremes = on_replicas(&mut self.replicas, vec![(); replicas], |r, ()| {
-            let mut extremes = [mine, -mine];
+        let extremes = on_replicas(&mut self.replicas, on_gpu, |r, on_gpu| {
+            let gpu = f64::from(u8::from(on_gpu));
+            let mut extremes = [mine, -mine, gpu, -gpu];
             r.link.all_reduce(&mut extremes, ReduceOp::Max)?;
             Ok(extremes)
         })?;
         let (max, min) = (extremes[0], -extremes[1]);
+        let placement = Placement::of(extremes[2] == 1.0, -extremes[3] == 1.0);
+        for replica in &mut self.replicas {
+            replica.placement = placement;
+        }
         if max == min {
             return Ok(());
         }

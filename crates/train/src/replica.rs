@@ -122,8 +122,34 @@ impl StepTotals {
     }
 }
 
+/// Where the replicas of the whole group sit, learnt by every replica when the model is built
+/// (in the all-reduce that checks the architecture), so that what only some devices can do is
+/// decided alike by all: every replica must issue the same collectives in the same order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// Every replica on a CPU.
+    AllOnCpus,
+    /// Every replica on a GPU.
+    AllOnGpus,
+    /// Some on GPUs, the others on CPUs.
+    Mixed,
+}
+
+impl Placement {
+    /// The placement of a group in which `any` replica, or `every` one, is on a GPU.
+    pub(crate) fn of(any_on_gpu: bool, every_on_gpu: bool) -> Self {
+        match (any_on_gpu, every_on_gpu) {
+            (false, _) => Self::AllOnCpus,
+            (true, true) => Self::AllOnGpus,
+            (true, false) => Self::Mixed,
+        }
+    }
+}
+
 pub(crate) struct Replica {
     pub(crate) link: ReplicaLink,
+    /// Where the group's replicas sit (all of them, this one's among them).
+    pub(crate) placement: Placement,
     pub(crate) net: Network,
     pub(crate) optimizer: Option<Box<dyn Optimizer>>,
     /// Gradients, then the step's totals.
@@ -171,9 +197,15 @@ impl Replica {
     }
 
     pub(crate) fn new(link: ReplicaLink, net: Network) -> Self {
+        let placement = if net.device() == Device::Cpu {
+            Placement::AllOnCpus
+        } else {
+            Placement::AllOnGpus
+        };
         Self {
             across: link.sum_across(),
             link,
+            placement,
             net,
             optimizer: None,
             buffer: Vec::new(),
@@ -293,12 +325,22 @@ impl Replica {
         Ok(blocked)
     }
 
-    /// Whether this replica's steps can leave their update in flight, or why not.
+    /// Whether this replica's steps leave their update in flight (`None` before its first
+    /// step decided it).
+    #[cfg(test)]
+    pub(crate) fn overlaps(&self) -> Option<bool> {
+        self.packs.as_ref().map(|(_, _, overlap)| *overlap)
+    }
+
+    /// Whether this replica's steps can leave their update in flight, or why not: the same
+    /// answer on every replica of the group, which must issue the same collectives. Each
+    /// reason is a fact of the model, its options, or the group's [`Placement`], never of the
+    /// replica alone (a GPU replica cannot overlap, so no replica overlaps beside one).
     fn overlap_refused(&self, packs: &Packs) -> Option<&'static str> {
         if packs.len() < 2 {
             Some("its gradients make one pack (see bytes_per_pack)")
-        } else if self.net.device() != Device::Cpu {
-            Some("it runs on a GPU")
+        } else if self.placement != Placement::AllOnCpus {
+            Some("a replica of the group runs on a GPU")
         } else if self.net.synchronizes_replicas() {
             Some("its layers reduce across replicas inside the pass")
         } else if !self
