@@ -22,6 +22,25 @@ pub enum CudaError {
         /// The folders searched beside the loader's own path.
         searched: Vec<PathBuf>,
     },
+    /// A library was found in a folder `LOCKSTEP_CUDA_LIBRARY_PATH` names, but the loader finds
+    /// another file under the unversioned name that cudarc asks for first, which cudarc would
+    /// use instead.
+    #[error(
+        "{library} is taken from {named} (LOCKSTEP_CUDA_LIBRARY_PATH), but the loader finds \
+         another {unversioned} at {other}, which cudarc would load instead: take its folder \
+         out of LD_LIBRARY_PATH (or the loader's cache), or unset LOCKSTEP_CUDA_LIBRARY_PATH \
+         to use it"
+    )]
+    ShadowedLibrary {
+        /// The library's file name, as the loader looks it up.
+        library: &'static str,
+        /// The file found in a folder the variable names.
+        named: PathBuf,
+        /// The name cudarc tries first (`libnvrtc.so`).
+        unversioned: String,
+        /// The other file the loader opens under that name.
+        other: PathBuf,
+    },
     /// The driver is there but has no device of this ordinal.
     #[error("no CUDA device {ordinal}: the driver sees {count}")]
     NoDevice {

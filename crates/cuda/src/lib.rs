@@ -25,8 +25,8 @@
 //! - [`nccl`]: all-reduce and broadcast of GPU buffers among GPUs (of one process or many)
 //!   through NCCL, with a deadline on every wait and a communicator aborted when it passes.
 //! - Libraries are loaded at run time: the crate builds and its tests run on machines with no
-//!   CUDA (they skip, printing why). NVIDIA's libraries are found on the loader's path, in
-//!   `LOCKSTEP_CUDA_LIBRARY_PATH`, or where pip's `nvidia-*` wheels put them
+//!   CUDA (a skip the log shows). NVIDIA's libraries are found in `LOCKSTEP_CUDA_LIBRARY_PATH`
+//!   first, then on the loader's path, or where pip's `nvidia-*` wheels put them
 //!   ([`libraries`]).
 //!
 //! The `cuda` feature (on by default) is the backend: without it the crate keeps every type
@@ -36,7 +36,8 @@
 //!
 //! Dependencies: `cudarc` (the `cuda` feature) for the driver, NVRTC and cuBLAS APIs with dynamic loading and NCCL's types (`cust`
 //! needs a CUDA toolkit to build and is unmaintained); `libloading` to open NVIDIA's
-//! libraries by path before cudarc opens them by name; `thiserror` for the error type;
+//! libraries by path before cudarc opens them by name, and `libc` for `dlinfo`, which names
+//! the file the loader opened; `thiserror` for the error type;
 //! `tracing` for what was opened where.
 
 #[cfg_attr(not(feature = "cuda"), path = "absent/buffer.rs")]

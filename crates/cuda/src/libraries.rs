@@ -7,19 +7,30 @@
 //! found here and opened by its full path with `RTLD_GLOBAL`; the loader then answers cudarc's
 //! lookup by name with the library already loaded (the names are the libraries' sonames).
 //!
-//! Folders searched, in order, after the loader's own path: those in
-//! `LOCKSTEP_CUDA_LIBRARY_PATH` (separated by `:`), then `nvidia/*/lib` under the
-//! `site-packages` folders of the active virtual environment (`VIRTUAL_ENV`), of every
-//! `python3` on `PATH` (a virtual environment's `bin/python3` is found there even when it is
-//! not activated, as on machines whose PyTorch lives in `/opt/…/.venv`), of the user
-//! (`~/.local`) and of the system Pythons (`/usr/local/lib`, `/usr/lib`), then
-//! `/usr/local/cuda/lib64`.
+//! Where each library is taken from, in order:
+//! 1. the folders `LOCKSTEP_CUDA_LIBRARY_PATH` names (separated by `:`): what the user names
+//!    wins over a system CUDA of another version, or a stub, on the loader's path;
+//! 2. the loader's own path (`LD_LIBRARY_PATH`, the system's folders);
+//! 3. `nvidia/*/lib` under the `site-packages` folders of the active virtual environment
+//!    (`VIRTUAL_ENV`), of every `python3` on `PATH` (a virtual environment's `bin/python3` is
+//!    found there even when it is not activated, as on machines whose PyTorch lives in
+//!    `/opt/…/.venv`), of the user (`~/.local`) and of the system Pythons (`/usr/local/lib`,
+//!    `/usr/lib`), then `/usr/local/cuda/lib64`.
+//!
+//! cudarc asks the loader for the unversioned name (`libnvrtc.so`) before the versioned one: a
+//! library taken from a named folder is refused with [`CudaError::ShadowedLibrary`] when the
+//! loader finds another file under that name, rather than used beside it.
+//!
+//! [`locations`] reports, for a GPU machine's log, the file each library comes from and the
+//! version it reports of itself.
 
 #![allow(
     unsafe_code,
-    reason = "opening a shared library runs its initialisers; see the SAFETY comment"
+    reason = "opening a shared library runs its initialisers, and asking its version calls it; \
+              see the SAFETY comments"
 )]
 
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 #[cfg(feature = "cuda")]
 use std::sync::{Mutex, PoisonError};
@@ -29,8 +40,11 @@ use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
 #[cfg(feature = "cuda")]
 use crate::error::CudaError;
 
-/// The variable naming extra folders to search, separated by `:`.
+/// The variable naming the folders searched first, separated by `:`.
 pub const LIBRARY_PATH_VAR: &str = "LOCKSTEP_CUDA_LIBRARY_PATH";
+
+/// The driver's library, which the NVIDIA driver installs and the loader finds by name.
+pub(crate) const DRIVER: &str = "libcuda.so.1";
 
 /// NVRTC, the runtime compiler, and the built-in headers it opens itself.
 pub(crate) const NVRTC: &[&str] = &["libnvrtc.so.13", "libnvrtc-builtins.so.13"];
@@ -42,15 +56,36 @@ pub(crate) const CUBLAS: &[&str] = &["libcublasLt.so.13", "libcublas.so.13"];
 /// name only).
 pub(crate) const NCCL: &[&str] = &["libnccl.so.2"];
 
+/// The libraries cudarc opens itself, trying the unversioned name first: a file the loader
+/// finds under that name would be used instead of the one taken here.
+#[cfg(feature = "cuda")]
+const OPENED_BY_CUDARC: &[&str] = &["libnvrtc.so.13", "libcublas.so.13"];
+
 /// Libraries opened here, kept open for the life of the process.
 #[cfg(feature = "cuda")]
 static OPENED: Mutex<Vec<(String, Library)>> = Mutex::new(Vec::new());
 
-/// The folders searched beside the loader's path, in order; only those that exist.
+/// The folders `LOCKSTEP_CUDA_LIBRARY_PATH` names, in order; only those that exist.
+fn named_folders() -> Vec<PathBuf> {
+    std::env::var_os(LIBRARY_PATH_VAR)
+        .map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|folder| folder.is_dir())
+        .collect()
+}
+
+/// Every folder searched beside the loader's path, in order (the named folders first); only
+/// those that exist.
 pub fn search_folders() -> Vec<PathBuf> {
-    let mut folders: Vec<PathBuf> = std::env::var_os(LIBRARY_PATH_VAR)
-        .map(|paths| std::env::split_paths(&paths).collect())
-        .unwrap_or_default();
+    let mut folders = named_folders();
+    folders.extend(installed_folders());
+    folders
+}
+
+/// The folders where CUDA and pip's wheels install the libraries (step 3 of the module's
+/// order); only those that exist.
+fn installed_folders() -> Vec<PathBuf> {
     let mut prefixes: Vec<PathBuf> = Vec::new();
     if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
         prefixes.push(PathBuf::from(venv).join("lib"));
@@ -66,6 +101,7 @@ pub fn search_folders() -> Vec<PathBuf> {
         seen.push(prefix.clone());
         new
     });
+    let mut folders = Vec::new();
     for prefix in prefixes {
         for python in sorted_entries(&prefix, |name| name.starts_with("python3")) {
             for packages in ["site-packages", "dist-packages"] {
@@ -144,85 +180,301 @@ pub(crate) fn find(library: &str, folders: &[PathBuf]) -> Option<PathBuf> {
     })
 }
 
-/// Makes each of `libraries` loadable by name: already on the loader's path, or opened here
-/// from the first search folder holding it.
-///
-/// # Errors
-///
-/// [`CudaError::MissingLibrary`] naming the first library found nowhere.
-#[cfg(feature = "cuda")]
-pub(crate) fn ensure(libraries: &[&'static str]) -> Result<(), CudaError> {
-    let mut opened = OPENED.lock().unwrap_or_else(PoisonError::into_inner);
-    let mut folders = None;
-    for &library in libraries {
-        if opened.iter().any(|(name, _)| name == library) {
-            continue;
-        }
-        // SAFETY: the libraries named here are NVIDIA's CUDA libraries, which cudarc opens
-        // anyway; their initialisers make no assumption about this process.
-        if let Ok(handle) = unsafe { Library::open(Some(library), RTLD_NOW | RTLD_GLOBAL) } {
-            opened.push((library.to_owned(), handle));
-            continue;
-        }
-        let folders = folders.get_or_insert_with(search_folders);
-        let missing = || CudaError::MissingLibrary {
-            library,
-            searched: folders.clone(),
-        };
-        let path = find(library, folders).ok_or_else(missing)?;
-        // SAFETY: as above; the file is the same library, found outside the loader's path.
-        let handle =
-            unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) }.map_err(|_| missing())?;
-        tracing::debug!(library, path = %path.display(), "opened a CUDA library by its path");
-        opened.push((library.to_owned(), handle));
-    }
-    Ok(())
-}
-
-/// Where one library would be loaded from.
+/// Where one library is loaded from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Location {
-    /// The loader finds it by name (`LD_LIBRARY_PATH`, the system's folders).
-    LoaderPath,
-    /// Found in this folder of [`search_folders`].
-    File(PathBuf),
+    /// This file, in a folder `LOCKSTEP_CUDA_LIBRARY_PATH` names.
+    Named(PathBuf),
+    /// Found by the loader by name (`LD_LIBRARY_PATH`, the system's folders): the file it
+    /// opened, where the loader says.
+    LoaderPath(Option<PathBuf>),
+    /// This file, in one of the folders where CUDA and pip's wheels install it.
+    Installed(PathBuf),
     /// Found nowhere.
     Missing,
+}
+
+impl Location {
+    /// The file, where known.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            Self::Named(path) | Self::Installed(path) => Some(path),
+            Self::LoaderPath(path) => path.as_deref(),
+            Self::Missing => None,
+        }
+    }
 }
 
 impl std::fmt::Display for Location {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::LoaderPath => f.write_str("on the loader's path"),
-            Self::File(path) => write!(f, "{}", path.display()),
+            Self::Named(path) => write!(f, "{} (named by {LIBRARY_PATH_VAR})", path.display()),
+            Self::LoaderPath(Some(path)) => write!(f, "{} (on the loader's path)", path.display()),
+            Self::LoaderPath(None) => f.write_str("on the loader's path"),
+            Self::Installed(path) => write!(f, "{}", path.display()),
             Self::Missing => f.write_str("not found"),
         }
     }
 }
 
-/// Where each CUDA library this crate uses would be loaded from, the driver's first: what a
-/// GPU machine's log prints before its tests. Opens nothing that [`ensure`] would not.
-pub fn locations() -> Vec<(&'static str, Location)> {
-    let folders = search_folders();
-    let mut found = vec![(
-        "libcuda.so.1",
-        if driver_present() {
-            Location::LoaderPath
-        } else {
-            Location::Missing
-        },
-    )];
-    for &library in NVRTC.iter().chain(CUBLAS).chain(NCCL) {
-        // SAFETY: as in `ensure`: NVIDIA's libraries, which cudarc opens anyway.
-        let by_name = unsafe { Library::open(Some(library), RTLD_NOW | RTLD_GLOBAL) }.is_ok();
-        let location = if by_name {
-            Location::LoaderPath
-        } else {
-            find(library, &folders).map_or(Location::Missing, Location::File)
-        };
-        found.push((library, location));
+/// Opens `library` from the first place of the module's order that has it: `named` folders,
+/// the loader's path, `installed` folders; the handle and where it came from.
+fn open(
+    library: &str,
+    named: &[PathBuf],
+    installed: impl FnOnce() -> Vec<PathBuf>,
+) -> Option<(Library, Location)> {
+    if let Some(path) = find(library, named) {
+        // SAFETY: the libraries named here are NVIDIA's CUDA libraries, which cudarc opens
+        // anyway; their initialisers make no assumption about this process.
+        if let Ok(handle) = unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) } {
+            return Some((handle, Location::Named(path)));
+        }
     }
-    found
+    // SAFETY: as above; the loader finds the file by the library's name.
+    if let Ok(handle) = unsafe { Library::open(Some(library), RTLD_NOW | RTLD_GLOBAL) } {
+        let path = loaded_file(&handle);
+        return Some((handle, Location::LoaderPath(path)));
+    }
+    let path = find(library, &installed())?;
+    // SAFETY: as above; the file is the same library, found outside the loader's path.
+    let handle = unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) }.ok()?;
+    Some((handle, Location::Installed(path)))
+}
+
+/// The start of glibc's `struct link_map` (`<link.h>`), whose first two members every glibc
+/// has kept since the structure was made public.
+#[repr(C)]
+struct LinkMapHead {
+    address: usize,
+    name: *const c_char,
+}
+
+/// The file a loaded library was read from, as the loader records it.
+fn loaded_file(handle: &Library) -> Option<PathBuf> {
+    // `Library` has no accessor for its raw handle but `into_raw`, which consumes it: a bitwise
+    // copy is consumed instead, never dropped, so the handle stays open and is closed once.
+    // SAFETY: `ptr::read` of a value that `handle` keeps alive; the copy only gives its handle.
+    let copy: Library = unsafe { std::ptr::read(handle) };
+    let raw = copy.into_raw();
+    let mut map: *const LinkMapHead = std::ptr::null();
+    // SAFETY: `raw` is a live handle from `dlopen`; RTLD_DI_LINKMAP writes one pointer.
+    let found =
+        unsafe { libc::dlinfo(raw, libc::RTLD_DI_LINKMAP, (&raw mut map).cast::<c_void>()) };
+    if found != 0 || map.is_null() {
+        return None;
+    }
+    // SAFETY: the loader's link map of a loaded library, whose name is a C string it owns for
+    // as long as the library stays loaded (it does: `handle` holds it).
+    let name = unsafe { (*map).name };
+    if name.is_null() {
+        return None;
+    }
+    // SAFETY: as above.
+    let name = unsafe { CStr::from_ptr(name) }
+        .to_string_lossy()
+        .into_owned();
+    (!name.is_empty()).then(|| PathBuf::from(name))
+}
+
+/// The name cudarc asks the loader for before `library`'s versioned soname: `libnvrtc.so` for
+/// `libnvrtc.so.13`.
+#[cfg(any(feature = "cuda", test))]
+fn unversioned(library: &str) -> Option<&str> {
+    library
+        .find(".so.")
+        .map(|end| &library[..end + ".so".len()])
+}
+
+/// Refuses `path`, taken for `library` from a named folder, when the loader finds another file
+/// under the unversioned name cudarc asks for first (which it would load instead).
+#[cfg(feature = "cuda")]
+fn check_not_shadowed(library: &'static str, path: &Path) -> Result<(), CudaError> {
+    let Some(name) = unversioned(library).filter(|_| OPENED_BY_CUDARC.contains(&library)) else {
+        return Ok(());
+    };
+    // SAFETY: as in `open`: what the loader finds under this name is the library cudarc
+    // would open anyway.
+    let Ok(other) = (unsafe { Library::open(Some(name), RTLD_NOW) }) else {
+        return Ok(());
+    };
+    let Some(other) = loaded_file(&other) else {
+        return Ok(());
+    };
+    let same = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    if same(&other, path) {
+        return Ok(());
+    }
+    Err(CudaError::ShadowedLibrary {
+        library,
+        named: path.to_path_buf(),
+        unversioned: name.to_owned(),
+        other,
+    })
+}
+
+/// Makes each of `libraries` loadable by name, opened from the first place of the module's
+/// order that has it.
+///
+/// # Errors
+///
+/// [`CudaError::MissingLibrary`] naming the first library found nowhere;
+/// [`CudaError::ShadowedLibrary`] when one taken from a named folder would be passed over.
+#[cfg(feature = "cuda")]
+pub(crate) fn ensure(libraries: &[&'static str]) -> Result<(), CudaError> {
+    let mut opened = OPENED.lock().unwrap_or_else(PoisonError::into_inner);
+    let named = named_folders();
+    for &library in libraries {
+        if opened.iter().any(|(name, _)| name == library) {
+            continue;
+        }
+        let Some((handle, location)) = open(library, &named, installed_folders) else {
+            return Err(CudaError::MissingLibrary {
+                library,
+                searched: search_folders(),
+            });
+        };
+        if let Location::Named(path) = &location {
+            check_not_shadowed(library, path)?;
+        }
+        tracing::debug!(library, location = %location, "opened a CUDA library");
+        opened.push((library.to_owned(), handle));
+    }
+    Ok(())
+}
+
+/// One library: where it is loaded from, and the version it reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LibraryReport {
+    /// The library's file name, as the loader looks it up.
+    pub library: &'static str,
+    /// Where it comes from.
+    pub location: Location,
+    /// The version the library reports of itself (the driver's, NVRTC's, cuBLAS's, NCCL's
+    /// own call), or the one its file's name carries; `None` where neither says.
+    pub version: Option<String>,
+}
+
+impl std::fmt::Display for LibraryReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.library, self.location)?;
+        if let Some(version) = &self.version {
+            write!(f, ", version {version}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Each CUDA library this crate uses, the driver's first, with the file it is loaded from and
+/// its version: what a GPU machine's log prints before its tests. Opens each library as
+/// [`ensure`] would, and nothing else.
+pub fn locations() -> Vec<LibraryReport> {
+    let named = named_folders();
+    let mut reports = Vec::new();
+    let libraries = std::iter::once(DRIVER)
+        .chain(NVRTC.iter().copied())
+        .chain(CUBLAS.iter().copied())
+        .chain(NCCL.iter().copied());
+    for library in libraries {
+        // The driver comes from the loader alone, as cudarc opens it.
+        let named: &[PathBuf] = if library == DRIVER { &[] } else { &named };
+        let found = open(library, named, || {
+            if library == DRIVER {
+                Vec::new()
+            } else {
+                installed_folders()
+            }
+        });
+        let report = match found {
+            Some((handle, location)) => LibraryReport {
+                library,
+                version: reported_version(library, &handle)
+                    .or_else(|| location.path().and_then(file_version)),
+                location,
+            },
+            None => LibraryReport {
+                library,
+                location: Location::Missing,
+                version: None,
+            },
+        };
+        reports.push(report);
+    }
+    reports
+}
+
+/// The version `library` reports through its own call, where it has one.
+fn reported_version(library: &str, handle: &Library) -> Option<String> {
+    /// `int f(int*)`: the driver's and NCCL's version calls.
+    type OneInt = unsafe extern "C" fn(*mut c_int) -> c_int;
+    /// `int f(int, int*)`: cuBLAS's property call.
+    type Property = unsafe extern "C" fn(c_int, *mut c_int) -> c_int;
+    /// `int f(int*, int*)`: NVRTC's version call.
+    type TwoInts = unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int;
+    /// `size_t f(void)`: cuBLASLt's version call.
+    type Size = unsafe extern "C" fn() -> usize;
+    let code = |symbol: &[u8]| -> Option<c_int> {
+        // SAFETY: each symbol named below is the library's own version call, of this C type
+        // (cuda.h, nccl.h); it writes one int.
+        let call = unsafe { handle.get::<OneInt>(symbol) }.ok()?;
+        let mut value: c_int = 0;
+        // SAFETY: as above.
+        (unsafe { call(&raw mut value) } == 0).then_some(value)
+    };
+    match library {
+        DRIVER => {
+            code(b"cuDriverGetVersion\0").map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10))
+        }
+        "libnccl.so.2" => code(b"ncclGetVersion\0").map(|v| {
+            let (major, rest) = if v >= 10_000 {
+                (v / 10_000, v % 10_000)
+            } else {
+                (v / 1000, (v % 1000) * 10)
+            };
+            format!("{major}.{}.{}", rest / 100, rest % 100)
+        }),
+        "libnvrtc.so.13" => {
+            // SAFETY: `nvrtcVersion(int*, int*)` (nvrtc.h) writes two ints.
+            let call = unsafe { handle.get::<TwoInts>(b"nvrtcVersion\0") }.ok()?;
+            let (mut major, mut minor): (c_int, c_int) = (0, 0);
+            // SAFETY: as above.
+            (unsafe { call(&raw mut major, &raw mut minor) } == 0)
+                .then(|| format!("{major}.{minor}"))
+        }
+        "libcublas.so.13" => {
+            // SAFETY: `cublasGetProperty(libraryPropertyType, int*)` (cublas_api.h) writes one
+            // int; 0, 1, 2 ask for the major version, the minor and the patch level.
+            let call = unsafe { handle.get::<Property>(b"cublasGetProperty\0") }.ok()?;
+            let part = |kind: c_int| {
+                let mut value: c_int = 0;
+                // SAFETY: as above.
+                (unsafe { call(kind, &raw mut value) } == 0).then_some(value)
+            };
+            Some(format!("{}.{}.{}", part(0)?, part(1)?, part(2)?))
+        }
+        "libcublasLt.so.13" => {
+            // SAFETY: `cublasLtGetVersion(void)` (cublasLt.h) returns the version as
+            // major·10000 + minor·100 + patch.
+            let call = unsafe { handle.get::<Size>(b"cublasLtGetVersion\0") }.ok()?;
+            // SAFETY: as above.
+            let v = unsafe { call() };
+            Some(format!("{}.{}.{}", v / 10_000, (v % 10_000) / 100, v % 100))
+        }
+        _ => None,
+    }
+}
+
+/// The version a library's file name carries past `.so.` (`13.0.88` of
+/// `libnvrtc-builtins.so.13.0.88`), read through links to the file itself.
+fn file_version(path: &Path) -> Option<String> {
+    let file = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let name = file.file_name()?.to_str()?;
+    let (_, version) = name.split_once(".so.")?;
+    (!version.is_empty() && version.starts_with(|c: char| c.is_ascii_digit()))
+        .then(|| version.to_owned())
 }
 
 /// Whether the CUDA driver library can be loaded: cudarc panics when it is asked for the
@@ -231,15 +483,6 @@ pub fn locations() -> Vec<(&'static str, Location)> {
 pub(crate) fn driver_present() -> bool {
     // SAFETY: loads `libcuda` (the NVIDIA driver's library) when present, as cudarc would.
     unsafe { cudarc::driver::sys::is_culib_present() }
-}
-
-/// Whether the CUDA driver library can be loaded (a build without the `cuda` feature still
-/// says where the libraries are).
-#[cfg(not(feature = "cuda"))]
-pub(crate) fn driver_present() -> bool {
-    // SAFETY: loads `libcuda` (the NVIDIA driver's library) by its name on Linux, as cudarc
-    // would; its initialisers make no assumption about this process.
-    unsafe { Library::open(Some("libcuda.so.1"), RTLD_NOW) }.is_ok()
 }
 
 #[cfg(test)]
@@ -281,15 +524,77 @@ mod tests {
         assert!(python_prefixes(None).is_empty());
     }
 
+    /// A library every glibc system has on the loader's path, by its soname.
+    const ON_THE_LOADERS_PATH: &str = "libm.so.6";
+
     #[test]
-    fn every_library_has_a_location_that_says_where_or_that_it_is_missing() {
-        let locations = locations();
-        let names: Vec<&str> = locations.iter().map(|(name, _)| *name).collect();
-        assert_eq!(names[0], "libcuda.so.1");
+    fn a_named_folder_wins_over_the_loaders_path_which_wins_over_the_installed_folders() {
+        let (handle, location) = open(ON_THE_LOADERS_PATH, &[], Vec::new).unwrap();
+        let Location::LoaderPath(Some(system)) = location else {
+            panic!("{location:?}")
+        };
+        assert!(system.is_file(), "{}", system.display());
+        assert_eq!(loaded_file(&handle).as_ref(), Some(&system));
+        // A copy in a named folder is taken instead of the loader's, and one in an installed
+        // folder is not.
+        let temp = tempfile::tempdir().unwrap();
+        let copy = temp.path().join(ON_THE_LOADERS_PATH);
+        std::fs::copy(&system, &copy).unwrap();
+        let folders = vec![temp.path().to_path_buf()];
+        let (_, named) = open(ON_THE_LOADERS_PATH, &folders, Vec::new).unwrap();
+        assert_eq!(named, Location::Named(copy.clone()));
+        let (_, installed) = open(ON_THE_LOADERS_PATH, &[], || folders.clone()).unwrap();
+        assert!(
+            matches!(installed, Location::LoaderPath(_)),
+            "{installed:?}"
+        );
+        // Found only in an installed folder: taken from there.
+        let only_there = "liblockstep-found-only-here.so.1";
+        std::fs::copy(&system, temp.path().join(only_there)).unwrap();
+        let (_, installed) = open(only_there, &[], || folders.clone()).unwrap();
+        assert_eq!(installed, Location::Installed(temp.path().join(only_there)));
+        assert!(open("liblockstep-no-such-library.so.13", &folders, Vec::new).is_none());
+    }
+
+    #[test]
+    fn the_unversioned_name_cudarc_asks_for_first_is_the_soname_cut_after_so() {
+        assert_eq!(unversioned("libnvrtc.so.13"), Some("libnvrtc.so"));
+        assert_eq!(unversioned("libcublasLt.so.13"), Some("libcublasLt.so"));
+        assert_eq!(unversioned("libnvrtc.so"), None);
+    }
+
+    #[test]
+    fn a_versioned_file_name_gives_its_version_through_links() {
+        let temp = tempfile::tempdir().unwrap();
+        let file = temp.path().join("libnvrtc-builtins.so.13.0.88");
+        std::fs::write(&file, b"").unwrap();
+        let link = temp.path().join("libnvrtc-builtins.so.13");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(file_version(&link).as_deref(), Some("13.0.88"));
+        assert_eq!(
+            file_version(Path::new("/x/libnccl.so.2")).as_deref(),
+            Some("2")
+        );
+        assert_eq!(file_version(Path::new("/x/libnccl.so")), None);
+    }
+
+    #[test]
+    fn every_library_is_reported_with_where_it_is_or_that_it_is_missing() {
+        let reports = locations();
+        let names: Vec<&str> = reports.iter().map(|r| r.library).collect();
+        assert_eq!(names[0], DRIVER);
         assert!(names.contains(&"libnvrtc.so.13") && names.contains(&"libcublas.so.13"));
         assert!(names.contains(&"libnccl.so.2"));
-        for (name, location) in locations {
-            assert!(!location.to_string().is_empty(), "{name}");
+        for report in reports {
+            let line = report.to_string();
+            assert!(line.starts_with(report.library), "{line}");
+            match &report.location {
+                Location::Missing => {
+                    assert!(line.ends_with("not found"), "{line}");
+                    assert_eq!(report.version, None);
+                }
+                found => assert!(found.path().is_some(), "{line}: no file named"),
+            }
         }
     }
 

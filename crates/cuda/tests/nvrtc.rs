@@ -87,3 +87,49 @@ fn every_kernel_compiles_to_machine_code_for_hopper_and_ampere() {
         other => panic!("expected a compile error, got {other:?}"),
     }
 }
+
+/// Set in the child process of the test below.
+const SHADOWED_CHILD: &str = "LOCKSTEP_TEST_SHADOWED_CHILD";
+
+#[test]
+fn nvrtc_named_by_the_variable_is_refused_where_the_loader_finds_another_under_cudarcs_name() {
+    if std::env::var_os(SHADOWED_CHILD).is_some() {
+        match compile_kernels("compute_90") {
+            Err(e @ CudaError::ShadowedLibrary { .. }) => println!("refused: {e}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        return;
+    }
+    let nvrtc = lockstep_cuda::libraries::locations()
+        .into_iter()
+        .find(|report| report.library == "libnvrtc.so.13")
+        .and_then(|report| report.location.path().map(std::path::Path::to_path_buf));
+    let Some(nvrtc) = nvrtc else {
+        skip(Need::Nvrtc, "libnvrtc.so.13 is found nowhere");
+        return;
+    };
+    // Another file the loader finds under `libnvrtc.so`, the first name cudarc asks for.
+    let shadow = tempfile::tempdir().unwrap();
+    std::fs::copy(&nvrtc, shadow.path().join("libnvrtc.so")).unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "nvrtc_named_by_the_variable_is_refused_where_the_loader_finds_another_under_cudarcs_name",
+            "--nocapture",
+        ])
+        .env(SHADOWED_CHILD, "1")
+        .env("LD_LIBRARY_PATH", shadow.path())
+        .env(
+            lockstep_cuda::libraries::LIBRARY_PATH_VAR,
+            nvrtc.parent().unwrap(),
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let said = format!(
+        "but the loader finds another libnvrtc.so at {}",
+        shadow.path().join("libnvrtc.so").display()
+    );
+    assert!(stdout.contains(&said), "{stdout}");
+}

@@ -112,8 +112,8 @@ fn cnn_step(device: &CudaDevice, mnist: &Mnist, batch: usize) -> anyhow::Result<
 
 fn main() -> anyhow::Result<()> {
     if std::env::args().skip(1).any(|arg| arg == "--libraries") {
-        for (library, location) in lockstep_cuda::libraries::locations() {
-            println!("{library}: {location}");
+        for library in lockstep_cuda::libraries::locations() {
+            println!("{library}");
         }
         return Ok(());
     }
