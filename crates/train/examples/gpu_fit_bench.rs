@@ -11,13 +11,17 @@
 //! timed alone: the floor under a step that the host feeds.
 //!
 //! Run on a machine with a GPU:
-//! `cargo run --release -p lockstep-train --example gpu_fit_bench`.
+//! `cargo run --release -p lockstep-train --example gpu_fit_bench`. Where there is none it
+//! trains on the CPU, unless `LOCKSTEP_REQUIRE_GPU=1` (as `cargo xtask gpu-check`'s runner
+//! sets it), which makes that an error.
 
 use std::time::Instant;
 
 use lockstep_data::Dataset;
 use lockstep_data::mnist::{Mnist, scale};
 use lockstep_nn::{Adam, SparseCategoricalCrossentropy, models};
+use lockstep_tensor::Device;
+use lockstep_testenv::Need;
 use lockstep_train::{Callback, Logs, MirroredStrategy, Model, TrainError, TrainingContext};
 
 const GLOBAL_BATCH: usize = 512;
@@ -78,6 +82,14 @@ fn main() -> anyhow::Result<()> {
     };
     model.compile(Adam::default(), loss, &["accuracy"])?;
     let device = model.network().device();
+    // `all_devices` falls back to the CPU where it finds no GPU: a figure that would pass for
+    // the GPU's, so a run that requires one stops here.
+    if device == Device::Cpu && Need::Gpu.is_required() {
+        anyhow::bail!(
+            "{}=1, but MirroredStrategy::all_devices() found no GPU and placed fit on the CPU",
+            Need::Gpu.variable()
+        );
+    }
     let mnist = Mnist::embedded()?;
     let train = mnist
         .train

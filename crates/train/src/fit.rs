@@ -336,7 +336,7 @@ mod tests {
     }
 
     #[test]
-    fn replicas_on_a_gpu_and_on_the_cpu_decide_alike_to_apply_each_update_whole() {
+    fn a_group_on_both_kinds_of_device_decides_alike_to_apply_each_update_whole() {
         // Packs of 4 KiB with the update left in flight: replicas on CPUs alone overlap it.
         let options = CommunicationOptions {
             overlap_update: true,
