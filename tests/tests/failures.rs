@@ -288,7 +288,14 @@ struct Knocks {
 /// handshake as rank 0 with the public identity and a made-up proof, a hello left behind by a
 /// dialler that gave up, a hello fed a byte at a time, and a frame header announcing 4 GiB
 /// where a hello belongs.
-fn knock(address: &str, identity: u64, stop: &std::sync::atomic::AtomicBool) -> Knocks {
+///
+/// `proofs` counts the impostors that reached the proof, as they do, for the test to wait on.
+fn knock(
+    address: &str,
+    identity: u64,
+    stop: &std::sync::atomic::AtomicBool,
+    proofs: &std::sync::atomic::AtomicUsize,
+) -> Knocks {
     use std::io::{Read as _, Write as _};
     use std::net::TcpStream;
     use std::sync::atomic::Ordering;
@@ -310,6 +317,7 @@ fn knock(address: &str, identity: u64, stop: &std::sync::atomic::AtomicBool) -> 
                 .and_then(|()| impostor.write_all(&[7; 32]));
             if sent.is_ok() && impostor.read_exact(&mut reply).is_ok() {
                 knocks.reached_the_proof += 1;
+                proofs.fetch_add(1, Ordering::Relaxed);
                 let mut verdict = [0_u8; 4];
                 let confirmed = impostor
                     .write_all(b"LSHC")
@@ -345,18 +353,19 @@ fn knock(address: &str, identity: u64, stop: &std::sync::atomic::AtomicBool) -> 
 /// worker's weights checksum, and what the strangers met at worker 1.
 fn train_with_knocks(binary: &Path, secret: &str, hostile: bool) -> (Vec<String>, Knocks) {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     let ((l0, a0), (l1, a1)) = (listener(), listener());
     let workers = vec![a0, a1];
     let identity = public_identity(&workers);
     let stop = Arc::new(AtomicBool::new(false));
+    let proofs = Arc::new(AtomicUsize::new(0));
     let strangers: Vec<_> = workers
         .iter()
         .filter(|_| hostile)
         .map(|address| {
-            let (address, stop) = (address.clone(), Arc::clone(&stop));
-            std::thread::spawn(move || knock(&address, identity, &stop))
+            let (address, stop, proofs) = (address.clone(), Arc::clone(&stop), Arc::clone(&proofs));
+            std::thread::spawn(move || knock(&address, identity, &stop, &proofs))
         })
         .collect();
     let args = ["--rendezvous-timeout-secs", "60"];
@@ -366,9 +375,13 @@ fn train_with_knocks(binary: &Path, secret: &str, hostile: bool) -> (Vec<String>
             .spawn()
             .unwrap()
     };
-    // Worker 1 waits alone a moment: the strangers reach it before worker 0 does.
+    // Worker 1 waits alone until an impostor has reached its proof: the strangers reach it
+    // before worker 0 does, however slowly it starts.
     let worker1 = start(1, l1);
-    std::thread::sleep(Duration::from_millis(500));
+    let alone_until = Instant::now() + Duration::from_mins(1);
+    while hostile && proofs.load(Ordering::Relaxed) == 0 && Instant::now() < alone_until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let worker0 = start(0, l0);
     let deadline = Instant::now() + Duration::from_mins(3);
     let mut checksums = Vec::new();

@@ -8,7 +8,6 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use lockstep_e2e::{check_documented_output, example_binary, field, task_lines, xtask};
 use lockstep_testenv::{Need, skip};
@@ -198,11 +197,13 @@ fn an_evaluator_beside_keras_fit_evaluates_the_chiefs_checkpoints_up_to_the_last
 }
 
 /// Runs `mnist_keras` alone (no `TF_CONFIG`: one local worker), backing up every 10 steps to
-/// `backup`; when `kill_after_step` is given, SIGKILLs it once a backup of at least that step
-/// exists. Returns the final line, or `None` when killed.
+/// `backup`; with `kill_after_step`, the process SIGKILLs itself once that step has ended
+/// (`LOCKSTEP_KILL_AT_STEP`: the same step whatever the machine's load). Returns the final
+/// line, or `None` when killed.
 fn keras_alone(backup: &Path, kill_after_step: Option<u64>) -> Option<String> {
     let binary = example_binary("mnist_keras").unwrap();
-    let mut child = Command::new(binary)
+    let mut command = Command::new(binary);
+    command
         .args([
             "--epochs",
             "2",
@@ -214,40 +215,19 @@ fn keras_alone(backup: &Path, kill_after_step: Option<u64>) -> Option<String> {
         ])
         .arg(backup)
         .env_remove("TF_CONFIG")
+        .env_remove("LOCKSTEP_KILL_AT_STEP")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::null());
     if let Some(step) = kill_after_step {
-        let deadline = Instant::now() + Duration::from_mins(5);
-        let backed_up = |dir: &Path| {
-            std::fs::read_dir(dir).is_ok_and(|entries| {
-                entries.flatten().any(|e| {
-                    e.file_name()
-                        .to_str()
-                        .and_then(|n| n.strip_prefix("ckpt-"))
-                        .and_then(|s| s.parse::<u64>().ok())
-                        .is_some_and(|s| s >= step)
-                })
-            })
-        };
-        while !backed_up(backup) {
-            assert!(
-                Instant::now() < deadline,
-                "no backup of step {step} appeared"
-            );
-            assert!(
-                child.try_wait().unwrap().is_none(),
-                "finished before the kill"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child.kill().unwrap(); // SIGKILL: no chance to clean up
-        child.wait().unwrap();
+        command.env("LOCKSTEP_KILL_AT_STEP", step.to_string());
+    }
+    let out = command.output().unwrap();
+    if kill_after_step.is_some() {
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(out.status.signal(), Some(9), "not killed: {}", out.status);
         return None;
     }
-    let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     String::from_utf8(out.stdout)
         .unwrap()

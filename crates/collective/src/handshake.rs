@@ -195,14 +195,14 @@ mod tests {
             }
         });
         let (mut stream, _) = listener.accept().unwrap();
-        let started = Instant::now();
-        let deadline = started + Duration::from_millis(300);
+        let deadline = Instant::now() + Duration::from_millis(300);
         let e = ByDeadline::new(&mut stream, deadline)
             .fill(&mut [0; 64])
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
         assert!(e.to_string().contains("deadline"), "{e}");
-        assert!(started.elapsed() < Duration::from_secs(2));
+        // Cut off while the peer still feeds its bytes (4 s of them), not when it stopped.
+        assert!(!peer.is_finished(), "the read outlasted the peer");
         drop(stream);
         peer.join().unwrap();
     }

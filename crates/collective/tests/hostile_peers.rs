@@ -12,7 +12,7 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{fresh_cluster, listeners};
 use lockstep_collective::{
@@ -89,14 +89,13 @@ fn options(timeout: Duration) -> TcpOptions {
 }
 
 /// Starts rank 0 after `delay` and rank 1 at once on `listeners`, and returns each rank's
-/// all-reduce of `[rank + 1, 2·(rank + 1)]` (or its error) and how long the slower took.
+/// all-reduce of `[rank + 1, 2·(rank + 1)]` (or its error).
 fn reduce_pair(
     mut listeners: Vec<TcpListener>,
     addresses: &[String],
     options: &TcpOptions,
     delay: Duration,
-) -> (Vec<Result<[f32; 2], CollectiveError>>, Duration) {
-    let started = Instant::now();
+) -> Vec<Result<[f32; 2], CollectiveError>> {
     let handles: Vec<_> = [(0_usize, delay), (1, Duration::ZERO)]
         .into_iter()
         .map(|(rank, delay)| {
@@ -118,8 +117,7 @@ fn reduce_pair(
             })
         })
         .collect();
-    let results = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    (results, started.elapsed())
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
 fn assert_reduced(results: &[Result<[f32; 2], CollectiveError>]) {
@@ -138,7 +136,7 @@ fn a_dialler_that_gave_up_leaves_no_stale_connection_behind() {
         let mut stale = TcpStream::connect(&addresses[1]).unwrap();
         stale.write_all(&hello(options.cluster, 0, 2)).unwrap();
     }
-    let (results, _) = reduce_pair(listeners, &addresses, &options, Duration::ZERO);
+    let results = reduce_pair(listeners, &addresses, &options, Duration::ZERO);
     assert_reduced(&results);
 }
 
@@ -149,7 +147,7 @@ fn a_silent_impostor_with_the_public_identity_does_not_take_a_rank_place() {
     // Says rank 0's hello to rank 1 first, then stays connected and silent.
     let mut impostor = TcpStream::connect(&addresses[1]).unwrap();
     impostor.write_all(&hello(options.cluster, 0, 2)).unwrap();
-    let (results, _) = reduce_pair(listeners, &addresses, &options, Duration::from_millis(200));
+    let results = reduce_pair(listeners, &addresses, &options, Duration::from_millis(200));
     assert_reduced(&results);
     drop(impostor);
 }
@@ -170,12 +168,10 @@ fn a_hello_fed_a_byte_at_a_time_does_not_hold_up_the_rendezvous() {
             thread::sleep(Duration::from_millis(300));
         }
     });
-    let (results, took) = reduce_pair(listeners, &addresses, &options, Duration::from_millis(200));
+    let results = reduce_pair(listeners, &addresses, &options, Duration::from_millis(200));
     assert_reduced(&results);
-    assert!(
-        took < Duration::from_secs(5),
-        "the rendezvous took {took:?}"
-    );
+    // Formed while the drip was still feeding its hello: not held up by it.
+    assert!(!drip.is_finished(), "the rendezvous waited for the drip");
     drip.join().unwrap();
 }
 
@@ -188,12 +184,11 @@ fn a_refusal_is_not_taken_for_acceptance() {
     // An impostor that knows the protocol completes the handshake as rank 0 first: without a
     // shared secret nothing tells it apart, but the real rank 0, refused, must say so.
     let impostor = handshake_as_rank0_without_a_secret(&addresses[1], options.cluster);
-    let started = Instant::now();
     let err = TcpTransport::connect_on(listeners.remove(0), 0, &addresses, &options)
         .err()
         .unwrap();
+    // Refused, which a timeout would not say.
     assert!(err.to_string().contains("refused"), "{err}");
-    assert!(started.elapsed() < Duration::from_secs(5));
     drop(rank1.join().unwrap());
     drop(impostor);
 }
@@ -226,7 +221,7 @@ fn a_process_without_the_secret_takes_no_place_and_the_group_forms() {
             thread::spawn(move || TcpTransport::connect_on(listener, 0, &addresses, &options))
         })
         .collect();
-    let (results, _) = reduce_pair(listeners, &addresses, &options, Duration::from_millis(300));
+    let results = reduce_pair(listeners, &addresses, &options, Duration::from_millis(300));
     assert_reduced(&results);
     for impostor in impostors {
         let err = impostor.join().unwrap().err().unwrap().to_string();
@@ -268,7 +263,7 @@ fn ranks_sharing_a_secret_over_every_same_host_path_reduce() {
             same_host,
             ..options(Duration::from_secs(10))
         };
-        let (results, _) = reduce_pair(listeners, &addresses, &options, Duration::ZERO);
+        let results = reduce_pair(listeners, &addresses, &options, Duration::ZERO);
         assert_reduced(&results);
     }
 }
@@ -304,7 +299,7 @@ fn a_replayed_handshake_takes_no_place_and_the_group_forms() {
     let mut verdict = [0_u8; 4];
     replay.read_exact(&mut verdict).unwrap();
     assert_eq!(&verdict, b"LSHR");
-    let (results, _) = started.join().unwrap();
+    let results = started.join().unwrap();
     assert_reduced(&results);
 }
 
@@ -343,10 +338,9 @@ fn a_frame_announcing_more_than_the_limit_fails_the_rank_naming_it() {
     let mut frame = bytes::BytesMut::new();
     header.encode(u32::MAX, &mut frame);
     peer.write_all(&frame).unwrap();
-    let started = Instant::now();
     let err = rank1.join().unwrap().err().unwrap().to_string();
+    // Refused on the length, which a timeout would not say.
     assert!(err.contains("limit"), "{err}");
-    assert!(started.elapsed() < Duration::from_secs(5));
     drop(peer);
 }
 
@@ -372,10 +366,8 @@ proptest::proptest! {
             stranger.write_all(&[3; 32]).unwrap();
         }
         stranger.write_all(&garbage).unwrap();
-        let (results, took) =
-            reduce_pair(listeners, &addresses, &options, Duration::from_millis(100));
+        let results = reduce_pair(listeners, &addresses, &options, Duration::from_millis(100));
         assert_reduced(&results);
-        proptest::prop_assert!(took < Duration::from_secs(10), "{took:?}");
         drop(stranger);
     }
 }

@@ -208,19 +208,18 @@ mod tests {
             Duration::from_millis(20),
         );
         let (mut stream, from) = listener.accept().unwrap();
-        let started = Instant::now();
         let proven = accept(
             &mut stream,
             &from.to_string(),
             (Some(&secret()), "test"),
             Duration::from_millis(300),
         );
-        let took = started.elapsed();
         assert!(
             matches!(&proven, Err(PsError::Connection { why, .. }) if why.contains("deadline")),
             "{proven:?}"
         );
-        assert!(took < Duration::from_secs(2), "took {took:?}");
+        // Cut off while the peer still trickles its bytes (4 s of them), not when it stopped.
+        assert!(!peer.is_finished(), "the handshake outlasted the peer");
         drop(stream);
         peer.join().unwrap();
     }

@@ -309,8 +309,9 @@ fn a_peer_that_never_finishes_its_handshake_keeps_no_coordinator_waiting() {
     assert_eq!(read(&value.fetch().unwrap()), 49);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let took = started.elapsed();
+    // Behind the silent peer it would have waited out the handshake's deadline first.
     assert!(
-        took < lockstep_ps::HANDSHAKE_TIMEOUT / 2,
+        took < lockstep_ps::HANDSHAKE_TIMEOUT,
         "the coordinator waited {took:?} behind the silent peer"
     );
     drop(silent);

@@ -192,8 +192,8 @@ mod tests {
             }
             thread::sleep(Duration::from_millis(1));
         }
-        let waited = started.elapsed();
-        assert!(waited < Duration::from_secs(2), "took {waited:?}");
+        // Seen by the closed connections; the loop above gives up after 10 s, with no tighter
+        // bound that a loaded machine would stretch.
         for seen in seen {
             let (peer, why) = seen.expect("a peer named");
             // Worker 1's first replica is rank 2 of the four.
