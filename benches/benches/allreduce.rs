@@ -4,7 +4,7 @@
 //! bandwidth is that × 2(n − 1)/n. The `rendezvous` group times forming a TCP group, with
 //! and without a secret (its handshake's proofs).
 //!
-//! `cargo bench -p lockstep-benches --bench allreduce`
+//! `cargo bench -p lockstep-benches --features bench --bench allreduce`
 //!
 //! Between processes, `cargo xtask bench allreduce` measures the same over real sockets.
 

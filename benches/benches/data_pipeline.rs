@@ -1,7 +1,7 @@
 //! The MNIST input pipeline of the tutorials — `map(scale) → cache → shuffle → batch(64) →
 //! prefetch` — in images per second, so we know training steps never wait for data.
 //!
-//! `taskset -c 0 cargo bench -p lockstep-benches --bench data_pipeline` pins it to one core.
+//! `taskset -c 0 cargo bench -p lockstep-benches --features bench --bench data_pipeline` pins it to one core.
 
 use std::hint::black_box;
 use std::time::Duration;

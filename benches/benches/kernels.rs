@@ -4,7 +4,7 @@
 //! (Winograd), its two convolutions with their max pooling (fused, and apart) and its first
 //! dense layer, forward, and forward with the gradients.
 //!
-//! `cargo bench -p lockstep-benches --bench kernels`
+//! `cargo bench -p lockstep-benches --features bench --bench kernels`
 
 use std::hint::black_box;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! push of 110 rows of an embedding table's shard (2^19 rows of 16), the rows a batch of the
 //! `recommender` example names, with Adam. Criterion's throughput is the gradient's bytes.
 //!
-//! `cargo bench -p lockstep-benches --bench parameter_server`
+//! `cargo bench -p lockstep-benches --features bench --bench parameter_server`
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use lockstep_nn::{Adam, Optimizer, OptimizerConfig, Sgd};

@@ -3,7 +3,7 @@
 //! batch normalization after each convolution (batch 64) and the Keras
 //! guide's MLP (batch 32), in examples per second, on 1 and 2 threads.
 //!
-//! `cargo bench -p lockstep-benches --bench training_step`
+//! `cargo bench -p lockstep-benches --features bench --bench training_step`
 
 use std::time::Duration;
 

@@ -48,20 +48,39 @@ pub fn spawn_xtask(args: &[&str]) -> std::io::Result<Child> {
 ///
 /// When cargo cannot run or the build fails.
 pub fn example_binary(name: &str) -> std::io::Result<PathBuf> {
+    build_with_launcher(name).map(|(example, _)| example)
+}
+
+/// Builds the `lockstep` launcher (dev profile) and returns its binary.
+///
+/// # Errors
+///
+/// When cargo cannot run or the build fails.
+pub fn launcher_binary() -> std::io::Result<PathBuf> {
+    build_with_launcher("cluster_info").map(|(_, launcher)| launcher)
+}
+
+/// Builds example `name` and the launcher (dev profile) in one cargo run, as
+/// `cargo xtask run-cluster --profile dev` does: the same packages selected, so the same
+/// features, and none of the artifacts it built is built again.
+fn build_with_launcher(name: &str) -> std::io::Result<(PathBuf, PathBuf)> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(workspace_root())
-        .args(["build", "--quiet", "-p", "lockstep-examples", "--bin", name])
+        .args(["build", "--quiet", "--profile", "dev"])
+        .args(["--package", "lockstep-examples", "--bin", name])
+        .args(["--package", "lockstep-launcher", "--bin", "lockstep"])
         .stdin(Stdio::null())
         .status()?;
     if !status.success() {
         return Err(std::io::Error::other(format!(
-            "building {name} failed: {status}"
+            "building {name} and the launcher failed: {status}"
         )));
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| workspace_root().join("target"), PathBuf::from);
-    Ok(target.join("debug").join(name))
+    let debug = target.join("debug");
+    Ok((debug.join(name), debug.join("lockstep")))
 }
 
 fn xtask_command(args: &[&str]) -> Command {

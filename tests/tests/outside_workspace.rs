@@ -9,10 +9,10 @@
     reason = "a test that meets an error must fail loudly"
 )]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
-use lockstep_e2e::{field, task_lines, workspace_root};
+use lockstep_e2e::{field, launcher_binary, task_lines, workspace_root};
 
 /// Copies `tests/outside` into `dir` as a crate whose dependencies point at this workspace.
 fn write_project(dir: &Path) {
@@ -36,27 +36,6 @@ fn write_project(dir: &Path) {
 
 fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-}
-
-/// The launcher, built from this workspace.
-fn launcher() -> PathBuf {
-    let status = cargo()
-        .current_dir(workspace_root())
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "lockstep-launcher",
-            "--bin",
-            "lockstep",
-        ])
-        .stdin(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "building the launcher failed");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace_root().join("target"), PathBuf::from);
-    target.join("debug/lockstep")
 }
 
 /// Each worker's (test accuracy, weights checksum) after `program` ran on 2 workers.
@@ -111,7 +90,7 @@ fn a_project_outside_the_workspace_trains_with_fit_and_with_a_custom_loop() {
         "cargo build of the outside project failed"
     );
 
-    let launcher = launcher();
+    let launcher = launcher_binary().unwrap();
     let fit = run_on_two_workers(&launcher, &target.join("release/with_fit"));
     let custom = run_on_two_workers(&launcher, &target.join("release/with_custom_loop"));
     assert_eq!(fit[0], fit[1], "the fit program's workers disagree");

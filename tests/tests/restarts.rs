@@ -57,7 +57,7 @@ fn without_restarts_a_killed_worker_fails_the_job_naming_it() {
         stderr.contains("task worker:1 failed (signal: 9 (SIGKILL))"),
         "{stderr}"
     );
-    let out = xtask(&["run-cluster", "--kill", "worker:7@5"]).unwrap();
+    let out = xtask(&["run-cluster", "--profile", "dev", "--kill", "worker:7@5"]).unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
