@@ -30,6 +30,8 @@ mod terminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// Starts a program as a local Lockstep cluster.
 #[derive(Debug, Parser)]
@@ -49,14 +51,27 @@ enum Command {
     Deploy(deploy::DeployArgs),
 }
 
+/// What `RUST_LOG` asks to be logged: `target=level` directives and a default level, comma
+/// separated (`info,lockstep=debug`), INFO where it is unset or cannot be read (which is said).
+fn log_filter() -> tracing_subscriber::filter::Targets {
+    let info = || tracing_subscriber::filter::Targets::new().with_default(tracing::Level::INFO);
+    match std::env::var("RUST_LOG") {
+        Err(_) => info(),
+        Ok(directives) => directives.parse().unwrap_or_else(|e| {
+            eprintln!("RUST_LOG={directives:?} is not a list of target=level directives ({e}): logging at INFO");
+            info()
+        }),
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(terminal::LogEvent::default)
         .with_target(false)
         .with_ansi(terminal::colour_logs())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_max_level(tracing::Level::TRACE)
+        .finish()
+        .with(log_filter())
         .init();
     let result = match Cli::parse().command {
         Command::Run(args) => run::run(&args),
