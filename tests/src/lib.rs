@@ -60,6 +60,21 @@ pub fn launcher_binary() -> std::io::Result<PathBuf> {
     build_with_launcher("cluster_info").map(|(_, launcher)| launcher)
 }
 
+/// Runs the `lockstep` launcher (dev profile, see [`launcher_binary`]) with `args` in the
+/// workspace root, as `cargo xtask deploy` runs it, and collects its output.
+///
+/// # Errors
+///
+/// When the launcher cannot be built or started.
+pub fn lockstep(args: &[&str]) -> std::io::Result<Output> {
+    Command::new(launcher_binary()?)
+        .args(args)
+        .current_dir(workspace_root())
+        .stdin(Stdio::null())
+        .env_remove("CLICOLOR_FORCE")
+        .output()
+}
+
 /// Builds example `name` and the launcher (dev profile) in one cargo run, as
 /// `cargo xtask run-cluster --profile dev` does: the same packages selected, so the same
 /// features, and none of the artifacts it built is built again.
@@ -135,12 +150,12 @@ pub fn keras_epoch(backup: &Path, extra: &[&str]) -> Result<(String, Vec<String>
     Ok((stderr, checksums))
 }
 
-/// Writes the sbatch script of `cargo xtask deploy slurm` for one node of 2 tasks, one core
-/// each, into `dir`.
+/// Writes the sbatch script of `lockstep deploy slurm` (what `cargo xtask deploy slurm` runs)
+/// for one node of 2 tasks, one core each, into `dir`.
 ///
 /// # Errors
 ///
-/// When `cargo xtask` cannot run or fails (its stderr is the error).
+/// When the launcher cannot run or fails (its stderr is the error).
 pub fn write_slurm_script(dir: &Path) -> Result<(), String> {
     let out = dir.to_str().ok_or("the folder's path is not UTF-8")?;
     let args = [
@@ -155,7 +170,7 @@ pub fn write_slurm_script(dir: &Path) -> Result<(), String> {
         "--out",
         out,
     ];
-    let written = xtask(&args).map_err(|e| format!("cargo xtask: {e}"))?;
+    let written = lockstep(&args).map_err(|e| format!("lockstep: {e}"))?;
     if !written.status.success() {
         return Err(String::from_utf8_lossy(&written.stderr).into_owned());
     }

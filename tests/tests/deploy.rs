@@ -1,4 +1,5 @@
-//! `cargo xtask deploy`: the files it writes run a job the way the engines run it.
+//! `lockstep deploy` (what `cargo xtask deploy` becomes): the files it writes run a job the way
+//! the engines run it.
 //!
 //! The sbatch script runs under a stand-in `srun` that does what SLURM's does on one node:
 //! it starts `SLURM_NTASKS` copies of the command with SLURM's variables, and with
@@ -22,7 +23,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use lockstep_e2e::{
-    example_binary, field, keras_epoch, unused_ports, weights_checksums, write_slurm_script, xtask,
+    example_binary, field, keras_epoch, lockstep, unused_ports, weights_checksums,
+    write_slurm_script,
 };
 
 /// SLURM's `srun` on one node, as far as the script uses it. `FAKE_SRUN_KILL=TASK@STEP` makes
@@ -112,7 +114,7 @@ fn the_sbatch_script_restarts_every_task_and_ends_with_the_uninterrupted_weights
 fn deploy_refuses_a_bad_name_with_the_rule_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("k8s");
-    let run = xtask(&[
+    let run = lockstep(&[
         "deploy",
         "k8s",
         "--name",
@@ -147,7 +149,7 @@ fn finish(mut child: Child, deadline: Instant) -> (bool, String) {
 fn the_tfjobs_tasks_train_and_evaluate_with_tf_config_as_the_operator_writes_it() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("k8s");
-    let written = xtask(&[
+    let written = lockstep(&[
         "deploy",
         "k8s",
         "--workers",

@@ -36,8 +36,18 @@ enum Misbehaviour {
     WrongSize,
     /// The chosen rank joins late.
     Late,
-    /// The chosen rank stops calling collectives (but stays alive).
+    /// The chosen rank stops calling collectives (but stays alive) until the others have
+    /// given up on it and gone (their connections close), at most four timeouts.
     Stall,
+}
+
+/// Calls no collective until a peer is seen gone (the others timed out waiting and ended), or
+/// `at_most` has passed.
+fn stall_until_the_others_go(comm: &mut Communicator<TcpTransport>, at_most: Duration) {
+    let started = std::time::Instant::now();
+    while comm.check_peers().is_ok() && started.elapsed() < at_most {
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// All-reduce in a loop and report `result=ok` or `result=error kind=… detail=…`.
@@ -125,7 +135,10 @@ fn main() -> anyhow::Result<ExitCode> {
             match args.misbehave {
                 Misbehaviour::Crash => std::process::exit(101),
                 Misbehaviour::Stall => {
-                    std::thread::sleep(Duration::from_secs(args.timeout_secs * 3));
+                    stall_until_the_others_go(
+                        &mut comm,
+                        Duration::from_secs(args.timeout_secs * 4),
+                    );
                     println!("result=stalled");
                     return Ok(ExitCode::SUCCESS);
                 }
