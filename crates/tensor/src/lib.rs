@@ -20,14 +20,15 @@
 //!   CUDA GPU) is part of the value, and operations run where their operands are.
 //! - [`ops`]: differentiable operations that check shapes and record backward rules only when
 //!   gradients are wanted.
-//! - [`kernels`]: the CPU kernels behind them (GEMM through the `gemm` crate; Winograd
+//! - [`kernels`]: the CPU kernels behind them (GEMM through gemm's `f32` kernels; Winograd
 //!   F(2×2, 3×3) and F(4×4, 3×3) for 3×3 stride-1 convolutions with 8 or more channels, im2col
 //!   for the rest; a convolution fused with the max pooling after it, computed directly for a
 //!   first layer or pooled tile by tile out of Winograd's transform; pooling; stable softmax),
 //!   parallel on rayon with a fixed partition of work.
 //!
-//! Dependencies: `gemm` for matrix products near the machine's peak (`ndarray`'s own product
-//! reaches about half); `ndarray` for conversions; `rayon` for parallel kernels;
+//! Dependencies: `gemm-f32` (with `gemm-common` for its `Parallelism`) for matrix products
+//! near the machine's peak (`ndarray`'s own product reaches about half; the `gemm` crate would
+//! also compile its `f64` and complex kernels, which nothing here multiplies); `ndarray` for conversions; `rayon` for parallel kernels;
 //! `multiversion` to compile the SIMD kernels for AVX2 + FMA beside the baseline and pick one
 //! at run time (a dependent crate's build gets no `target-cpu` flag from this workspace);
 //! `bytemuck` to move eight lanes between `[f32; 8]` and the 256-bit vector type without

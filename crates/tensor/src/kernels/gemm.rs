@@ -1,9 +1,9 @@
-//! Single-precision matrix products on row-major slices, through the `gemm` crate (runtime
-//! AVX2/AVX-512 dispatch, rayon parallelism).
+//! Single-precision matrix products on row-major slices, through gemm's single-precision
+//! kernels (`gemm-f32`: runtime AVX2/AVX-512 dispatch, rayon parallelism).
 
 use std::ops::Range;
 
-use gemm::Parallelism;
+use gemm_common::Parallelism;
 
 use crate::error::TensorError;
 
@@ -304,6 +304,16 @@ unsafe fn product_into(
     let Sizes { m, n, k, .. } = sizes;
     let (a_rs, a_cs) = a.strides();
     let (b_rs, b_cs) = b.strides();
+    // gemm's microkernels prefer a column-major destination, so a row-major one with more
+    // than one column is computed as its transpose, `dstᵀ = bᵀ · aᵀ`: the operands swap and
+    // every pair of strides turns round (what the `gemm` crate's front end does before
+    // calling these same kernels). All strides here are positive.
+    let (rows, cols, (dst_cs, dst_rs), lhs, (lhs_cs, lhs_rs), rhs, (rhs_cs, rhs_rs)) = if n > 1 {
+        (n, m, (n.cast_signed(), 1), b, (b_rs, b_cs), a, (a_rs, a_cs))
+    } else {
+        (m, n, (1, n.cast_signed()), a, (a_cs, a_rs), b, (b_cs, b_rs))
+    };
+    let product = gemm_f32::gemm::f32::get_gemm_fn();
     // SAFETY: m, n and k are non-zero, so each operand's rows and cols are too, and their
     // checked product is at most the slice's length: every dimension, and so every stride,
     // is below `isize::MAX` and the `cast_signed`s in `strides` keep their values. gemm reads
@@ -315,20 +325,20 @@ unsafe fn product_into(
     // writes (and, accumulating, reads) dst[i·n + j] < m·n = `sizes.dst`, in bounds by the
     // caller.
     unsafe {
-        gemm::gemm(
-            m,
-            n,
+        product(
+            rows,
+            cols,
             k,
             dst,
-            1,
-            n.cast_signed(),
+            dst_cs,
+            dst_rs,
             accumulate,
-            a.data.as_ptr(),
-            a_cs,
-            a_rs,
-            b.data.as_ptr(),
-            b_cs,
-            b_rs,
+            lhs.data.as_ptr(),
+            lhs_cs,
+            lhs_rs,
+            rhs.data.as_ptr(),
+            rhs_cs,
+            rhs_rs,
             1.0,
             1.0,
             false,
