@@ -6,13 +6,11 @@
     reason = "a test helper that meets an error must fail the test loudly"
 )]
 
-mod common;
-
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::thread;
 use std::time::Duration;
 
-use common::{free_addresses, fresh_cluster, listeners};
+use crate::common::{free_addresses, fresh_cluster, listeners};
 use lockstep_collective::{
     CommunicationOptions, Communicator, ReduceOp, TcpOptions, TcpTransport, Transport as _,
 };

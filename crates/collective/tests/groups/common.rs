@@ -1,6 +1,9 @@
 //! Running a group of ranks on threads, over any transport.
 
-#![allow(dead_code, reason = "each test file uses part of the helpers")]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test helper that meets an error must fail the test loudly"
+)]
 
 use std::net::{Ipv4Addr, TcpListener};
 use std::sync::atomic::{AtomicU64, Ordering};

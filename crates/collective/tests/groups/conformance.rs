@@ -7,9 +7,7 @@
     reason = "a test helper that meets an error must fail the test loudly"
 )]
 
-mod common;
-
-use common::{Wire, run};
+use crate::common::{Wire, run};
 use lockstep_collective::{CommunicationOptions, Implementation, ReduceOp, bf16, f16};
 use proptest::prelude::*;
 
@@ -99,7 +97,7 @@ macro_rules! conformance {
                         let mut rounds = Vec::new();
                         for _ in 0..2 {
                             if comm.rank() == late {
-                                std::thread::sleep(std::time::Duration::from_millis(30));
+                                std::thread::sleep(std::time::Duration::from_millis(10));
                             }
                             let mut data = input(comm.rank(), len, seed);
                             comm.all_reduce(&mut data, ReduceOp::Sum).unwrap();

@@ -5,15 +5,13 @@
     reason = "a test helper that meets an error must fail the test loudly"
 )]
 
-mod common;
-
 use std::io::Write;
 use std::net::TcpStream;
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Wire, free_addresses, fresh_cluster, listeners, run, tcp_group, transports};
+use crate::common::{Wire, free_addresses, fresh_cluster, listeners, run, tcp_group, transports};
 use lockstep_collective::{
     CollectiveError, CommunicationOptions, Communicator, GrpcTransport, Implementation, Op,
     ReduceOp, TcpOptions, TcpTransport,

@@ -5,12 +5,10 @@
     reason = "a test helper that meets an error must fail the test loudly"
 )]
 
-mod common;
-
 use std::thread;
 use std::time::Duration;
 
-use common::{Wire, transports};
+use crate::common::{Wire, transports};
 use lockstep_collective::{
     CollectiveError, CommunicationOptions, HierarchicalCommunicator, ReduceOp,
 };

@@ -7,14 +7,12 @@
     reason = "a test helper that meets an error must fail the test loudly"
 )]
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::Duration;
 
-use common::{fresh_cluster, listeners};
+use crate::common::{fresh_cluster, listeners};
 use lockstep_collective::{
     ClusterSecret, CollectiveError, CommunicationOptions, Communicator, ReduceOp, SameHost,
     TcpOptions, TcpTransport,
@@ -159,19 +157,26 @@ fn a_hello_fed_a_byte_at_a_time_does_not_hold_up_the_rendezvous() {
     let hello = hello(options.cluster, 0, 2);
     let target = addresses[1].clone();
     // One byte every 300 ms: the whole hello would take 7 s, past the rendezvous deadline.
-    let drip = thread::spawn(move || {
-        let mut stream = TcpStream::connect(&target).unwrap();
-        for byte in hello {
-            if stream.write_all(&[byte]).is_err() {
-                return;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let drip = thread::spawn({
+        let stop = std::sync::Arc::clone(&stop);
+        move || {
+            let mut stream = TcpStream::connect(&target).unwrap();
+            for byte in hello {
+                if stop.load(std::sync::atomic::Ordering::Relaxed)
+                    || stream.write_all(&[byte]).is_err()
+                {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(300));
             }
-            thread::sleep(Duration::from_millis(300));
         }
     });
     let results = reduce_pair(listeners, &addresses, &options, Duration::from_millis(200));
     assert_reduced(&results);
     // Formed while the drip was still feeding its hello: not held up by it.
     assert!(!drip.is_finished(), "the rendezvous waited for the drip");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     drip.join().unwrap();
 }
 

@@ -6,11 +6,9 @@
     reason = "a test helper that meets an error must fail the test loudly"
 )]
 
-mod common;
-
 use std::time::Duration;
 
-use common::{fresh_cluster, tcp_group};
+use crate::common::{fresh_cluster, tcp_group};
 use lockstep_collective::{CommunicationOptions, Communicator, ReduceOp, SameHost, TcpOptions};
 use lockstep_testenv::{Need, available, skip};
 
@@ -75,7 +73,7 @@ fn ranks_on_one_host_talk_over_unix_sockets_even_when_a_tcp_port_answers_first()
 #[test]
 fn a_ring_and_a_plain_socket_meet_as_a_plain_socket() {
     // Rank 0 asks for rings, the others do not: the pairs with rank 0 agree on no ring.
-    let (listeners, addresses) = common::listeners(3);
+    let (listeners, addresses) = crate::common::listeners(3);
     let cluster = fresh_cluster();
     let handles: Vec<_> = listeners
         .into_iter()
@@ -152,7 +150,7 @@ fn a_unix_socket_name_taken_by_another_user_is_refused_and_the_pair_uses_tcp() {
         skip(Need::Root, "running a squatter as another user needs root");
         return;
     }
-    let (listeners, addresses) = common::listeners(2);
+    let (listeners, addresses) = crate::common::listeners(2);
     let squatter = Command::new("python3")
         .args(["-c", SQUATTER, &addresses[1]])
         .uid(65534)
