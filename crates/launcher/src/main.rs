@@ -52,16 +52,31 @@ enum Command {
 }
 
 /// What `RUST_LOG` asks to be logged: `target=level` directives and a default level, comma
-/// separated (`info,lockstep=debug`), INFO where it is unset or cannot be read (which is said).
+/// separated (`info,lockstep=debug`); INFO where it is unset or empty, or cannot be read
+/// (which is said). Span and field filters (`target[span]=level`) are not read.
 fn log_filter() -> tracing_subscriber::filter::Targets {
     let info = || tracing_subscriber::filter::Targets::new().with_default(tracing::Level::INFO);
-    match std::env::var("RUST_LOG") {
-        Err(_) => info(),
-        Ok(directives) => directives.parse().unwrap_or_else(|e| {
-            eprintln!("RUST_LOG={directives:?} is not a list of target=level directives ({e}): logging at INFO");
+    let raw = std::env::var("RUST_LOG").unwrap_or_default();
+    match log_directives(&raw) {
+        None => info(),
+        Some(directives) => directives.parse().unwrap_or_else(|e| {
+            eprintln!(
+                "RUST_LOG={raw:?} is not a list of target=level directives ({e}): logging at INFO"
+            );
             info()
         }),
     }
+}
+
+/// `RUST_LOG`'s directives without empty ones (`info,` is `info`: an empty directive would
+/// read as every target at TRACE), or `None` when none is left.
+fn log_directives(raw: &str) -> Option<String> {
+    let directives: Vec<&str> = raw
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .collect();
+    (!directives.is_empty()).then(|| directives.join(","))
 }
 
 fn main() -> ExitCode {
@@ -83,5 +98,32 @@ fn main() -> ExitCode {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_log_directives_are_dropped_and_none_left_means_the_default() {
+        assert_eq!(log_directives("info,").as_deref(), Some("info"));
+        assert_eq!(
+            log_directives(" info , lockstep=debug ,,").as_deref(),
+            Some("info,lockstep=debug")
+        );
+        assert_eq!(log_directives(""), None);
+        assert_eq!(log_directives(" , "), None);
+    }
+
+    #[test]
+    fn a_trailing_comma_leaves_the_default_level_and_no_catch_all_target() {
+        let directives = log_directives("info,").unwrap();
+        let filter: tracing_subscriber::filter::Targets = directives.parse().unwrap();
+        assert_eq!(
+            filter.default_level(),
+            Some(tracing::level_filters::LevelFilter::INFO)
+        );
+        assert_eq!(filter.iter().count(), 0);
     }
 }
