@@ -41,6 +41,21 @@ pub enum CudaError {
         /// The other file the loader opens under that name.
         other: PathBuf,
     },
+    /// A library found in a folder `LOCKSTEP_CUDA_LIBRARY_PATH` names that the loader cannot
+    /// open (another architecture, a damaged file): the folder named is not passed over for
+    /// another copy.
+    #[error(
+        "{library} found at {} (LOCKSTEP_CUDA_LIBRARY_PATH) cannot be opened: {reason}",
+        path.display()
+    )]
+    UnopenableLibrary {
+        /// The library's file name, as the loader looks it up.
+        library: &'static str,
+        /// The file found.
+        path: PathBuf,
+        /// The loader's reason.
+        reason: String,
+    },
     /// The driver is there but has no device of this ordinal.
     #[error("no CUDA device {ordinal}: the driver sees {count}")]
     NoDevice {

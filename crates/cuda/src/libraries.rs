@@ -190,6 +190,9 @@ pub enum Location {
     LoaderPath(Option<PathBuf>),
     /// This file, in one of the folders where CUDA and pip's wheels install it.
     Installed(PathBuf),
+    /// This file, in a folder `LOCKSTEP_CUDA_LIBRARY_PATH` names, which the loader refused
+    /// for the reason given.
+    Refused(PathBuf, String),
     /// Found nowhere.
     Missing,
 }
@@ -198,7 +201,7 @@ impl Location {
     /// The file, where known.
     pub fn path(&self) -> Option<&Path> {
         match self {
-            Self::Named(path) | Self::Installed(path) => Some(path),
+            Self::Named(path) | Self::Installed(path) | Self::Refused(path, _) => Some(path),
             Self::LoaderPath(path) => path.as_deref(),
             Self::Missing => None,
         }
@@ -212,34 +215,51 @@ impl std::fmt::Display for Location {
             Self::LoaderPath(Some(path)) => write!(f, "{} (on the loader's path)", path.display()),
             Self::LoaderPath(None) => f.write_str("on the loader's path"),
             Self::Installed(path) => write!(f, "{}", path.display()),
+            Self::Refused(path, reason) => write!(
+                f,
+                "{} (named by {LIBRARY_PATH_VAR}) cannot be opened: {reason}",
+                path.display()
+            ),
             Self::Missing => f.write_str("not found"),
         }
     }
 }
 
+/// Where [`open`] found a library, and whether it could open it.
+enum Opened {
+    /// Opened: the handle, and where it came from.
+    Loaded(Library, Location),
+    /// Found in a folder `LOCKSTEP_CUDA_LIBRARY_PATH` names, but the loader refused the file
+    /// (its reason): the user's choice is not passed over for another file.
+    Refused(PathBuf, String),
+    /// Found nowhere.
+    Missing,
+}
+
 /// Opens `library` from the first place of the module's order that has it: `named` folders,
-/// the loader's path, `installed` folders; the handle and where it came from.
-fn open(
-    library: &str,
-    named: &[PathBuf],
-    installed: impl FnOnce() -> Vec<PathBuf>,
-) -> Option<(Library, Location)> {
+/// the loader's path, `installed` folders.
+fn open(library: &str, named: &[PathBuf], installed: impl FnOnce() -> Vec<PathBuf>) -> Opened {
     if let Some(path) = find(library, named) {
         // SAFETY: the libraries named here are NVIDIA's CUDA libraries, which cudarc opens
         // anyway; their initialisers make no assumption about this process.
-        if let Ok(handle) = unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) } {
-            return Some((handle, Location::Named(path)));
-        }
+        return match unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) } {
+            Ok(handle) => Opened::Loaded(handle, Location::Named(path)),
+            Err(e) => Opened::Refused(path, e.to_string()),
+        };
     }
     // SAFETY: as above; the loader finds the file by the library's name.
     if let Ok(handle) = unsafe { Library::open(Some(library), RTLD_NOW | RTLD_GLOBAL) } {
         let path = loaded_file(&handle);
-        return Some((handle, Location::LoaderPath(path)));
+        return Opened::Loaded(handle, Location::LoaderPath(path));
     }
-    let path = find(library, &installed())?;
+    let Some(path) = find(library, &installed()) else {
+        return Opened::Missing;
+    };
     // SAFETY: as above; the file is the same library, found outside the loader's path.
-    let handle = unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) }.ok()?;
-    Some((handle, Location::Installed(path)))
+    match unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) } {
+        Ok(handle) => Opened::Loaded(handle, Location::Installed(path)),
+        Err(_) => Opened::Missing,
+    }
 }
 
 /// The start of glibc's `struct link_map` (`<link.h>`), whose first two members every glibc
@@ -294,7 +314,8 @@ fn check_not_shadowed(library: &'static str, path: &Path) -> Result<(), CudaErro
         return Ok(());
     };
     // SAFETY: as in `open`: what the loader finds under this name is the library cudarc
-    // would open anyway.
+    // would open anyway (a second copy of it, of another version, whose initialisers run
+    // beside the first's as they would when cudarc opened it; it is refused, not used).
     let Ok(other) = (unsafe { Library::open(Some(name), RTLD_NOW) }) else {
         return Ok(());
     };
@@ -331,11 +352,21 @@ pub(crate) fn ensure(libraries: &[&'static str]) -> Result<(), CudaError> {
         if opened.iter().any(|(name, _)| name == library) {
             continue;
         }
-        let Some((handle, location)) = open(library, &named, installed_folders) else {
-            return Err(CudaError::MissingLibrary {
-                library,
-                searched: search_folders(),
-            });
+        let (handle, location) = match open(library, &named, installed_folders) {
+            Opened::Loaded(handle, location) => (handle, location),
+            Opened::Refused(path, reason) => {
+                return Err(CudaError::UnopenableLibrary {
+                    library,
+                    path,
+                    reason,
+                });
+            }
+            Opened::Missing => {
+                return Err(CudaError::MissingLibrary {
+                    library,
+                    searched: search_folders(),
+                });
+            }
         };
         if let Location::Named(path) = &location {
             check_not_shadowed(library, path)?;
@@ -379,23 +410,24 @@ pub fn locations() -> Vec<LibraryReport> {
         .chain(CUBLAS.iter().copied())
         .chain(NCCL.iter().copied());
     for library in libraries {
-        // The driver comes from the loader alone, as cudarc opens it.
-        let named: &[PathBuf] = if library == DRIVER { &[] } else { &named };
-        let found = open(library, named, || {
-            if library == DRIVER {
-                Vec::new()
-            } else {
-                installed_folders()
-            }
-        });
+        let found = if library == DRIVER {
+            open_driver()
+        } else {
+            open(library, &named, installed_folders)
+        };
         let report = match found {
-            Some((handle, location)) => LibraryReport {
+            Opened::Loaded(handle, location) => LibraryReport {
                 library,
                 version: reported_version(library, &handle)
                     .or_else(|| location.path().and_then(file_version)),
                 location,
             },
-            None => LibraryReport {
+            Opened::Refused(path, reason) => LibraryReport {
+                library,
+                location: Location::Refused(path, reason),
+                version: None,
+            },
+            Opened::Missing => LibraryReport {
                 library,
                 location: Location::Missing,
                 version: None,
@@ -404,6 +436,19 @@ pub fn locations() -> Vec<LibraryReport> {
         reports.push(report);
     }
     reports
+}
+
+/// The driver's library as cudarc opens it: by name from the loader alone, `libcuda.so`
+/// (a toolkit's stub, where one is on the loader's path) before `libcuda.so.1`.
+fn open_driver() -> Opened {
+    for name in ["libcuda.so", DRIVER] {
+        // SAFETY: the NVIDIA driver's library, which cudarc opens by these names anyway.
+        if let Ok(handle) = unsafe { Library::open(Some(name), RTLD_NOW | RTLD_GLOBAL) } {
+            let path = loaded_file(&handle);
+            return Opened::Loaded(handle, Location::LoaderPath(path));
+        }
+    }
+    Opened::Missing
 }
 
 /// The version `library` reports through its own call, where it has one.
@@ -428,11 +473,13 @@ fn reported_version(library: &str, handle: &Library) -> Option<String> {
         DRIVER => {
             code(b"cuDriverGetVersion\0").map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10))
         }
+        // NCCL 2.9 and later: major·10000 + minor·100 + patch; before: major·1000 + minor·100
+        // + patch.
         "libnccl.so.2" => code(b"ncclGetVersion\0").map(|v| {
             let (major, rest) = if v >= 10_000 {
                 (v / 10_000, v % 10_000)
             } else {
-                (v / 1000, (v % 1000) * 10)
+                (v / 1000, v % 1000)
             };
             format!("{major}.{}.{}", rest / 100, rest % 100)
         }),
@@ -524,12 +571,26 @@ mod tests {
         assert!(python_prefixes(None).is_empty());
     }
 
-    /// A library every glibc system has on the loader's path, by its soname.
-    const ON_THE_LOADERS_PATH: &str = "libm.so.6";
+    /// A library every glibc system has on the loader's path, by its soname: an empty stub
+    /// since glibc 2.34, so that loading a second copy of it changes nothing.
+    const ON_THE_LOADERS_PATH: &str = "libdl.so.2";
+
+    /// Where `open` took `library` from (a test's library is always opened).
+    fn opened_from(
+        library: &str,
+        named: &[PathBuf],
+        installed: impl FnOnce() -> Vec<PathBuf>,
+    ) -> (Library, Location) {
+        match open(library, named, installed) {
+            Opened::Loaded(handle, location) => (handle, location),
+            Opened::Refused(path, reason) => panic!("{} refused: {reason}", path.display()),
+            Opened::Missing => panic!("{library} found nowhere"),
+        }
+    }
 
     #[test]
     fn a_named_folder_wins_over_the_loaders_path_which_wins_over_the_installed_folders() {
-        let (handle, location) = open(ON_THE_LOADERS_PATH, &[], Vec::new).unwrap();
+        let (handle, location) = opened_from(ON_THE_LOADERS_PATH, &[], Vec::new);
         let Location::LoaderPath(Some(system)) = location else {
             panic!("{location:?}")
         };
@@ -541,9 +602,9 @@ mod tests {
         let copy = temp.path().join(ON_THE_LOADERS_PATH);
         std::fs::copy(&system, &copy).unwrap();
         let folders = vec![temp.path().to_path_buf()];
-        let (_, named) = open(ON_THE_LOADERS_PATH, &folders, Vec::new).unwrap();
+        let (_, named) = opened_from(ON_THE_LOADERS_PATH, &folders, Vec::new);
         assert_eq!(named, Location::Named(copy.clone()));
-        let (_, installed) = open(ON_THE_LOADERS_PATH, &[], || folders.clone()).unwrap();
+        let (_, installed) = opened_from(ON_THE_LOADERS_PATH, &[], || folders.clone());
         assert!(
             matches!(installed, Location::LoaderPath(_)),
             "{installed:?}"
@@ -551,9 +612,26 @@ mod tests {
         // Found only in an installed folder: taken from there.
         let only_there = "liblockstep-found-only-here.so.1";
         std::fs::copy(&system, temp.path().join(only_there)).unwrap();
-        let (_, installed) = open(only_there, &[], || folders.clone()).unwrap();
+        let (_, installed) = opened_from(only_there, &[], || folders.clone());
         assert_eq!(installed, Location::Installed(temp.path().join(only_there)));
-        assert!(open("liblockstep-no-such-library.so.13", &folders, Vec::new).is_none());
+        assert!(matches!(
+            open("liblockstep-no-such-library.so.13", &folders, Vec::new),
+            Opened::Missing
+        ));
+    }
+
+    #[test]
+    fn a_named_file_the_loader_refuses_is_reported_not_passed_over() {
+        let temp = tempfile::tempdir().unwrap();
+        std::fs::write(temp.path().join(ON_THE_LOADERS_PATH), b"not a library").unwrap();
+        let folders = vec![temp.path().to_path_buf()];
+        let Opened::Refused(path, reason) = open(ON_THE_LOADERS_PATH, &folders, Vec::new) else {
+            panic!("a file that is no library was taken, or another file instead")
+        };
+        assert_eq!(path, temp.path().join(ON_THE_LOADERS_PATH));
+        let shown = Location::Refused(path, reason).to_string();
+        assert!(shown.contains("cannot be opened"), "{shown}");
+        assert!(shown.contains(LIBRARY_PATH_VAR), "{shown}");
     }
 
     #[test]

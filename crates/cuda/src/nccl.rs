@@ -1,8 +1,8 @@
 //! NCCL: all-reduce and broadcast of GPU buffers among the GPUs of one process or of many, on
 //! each device's one stream, with a deadline on every wait.
 //!
-//! The library is opened at run time, as the others: `libnccl.so.2` on the loader's path, in
-//! `LOCKSTEP_CUDA_LIBRARY_PATH` or in pip's `site-packages/nvidia/nccl/lib` (the
+//! The library is opened at run time, as the others: `libnccl.so.2` in
+//! `LOCKSTEP_CUDA_LIBRARY_PATH`, on the loader's path or in pip's `site-packages/nvidia/nccl/lib` (the
 //! `nvidia-nccl-cu13` wheel that PyTorch installs). Its types are cudarc's (`cudarc::nccl::sys`,
 //! the layout of NCCL 2.28); its functions are looked up here, in the library found, because
 //! cudarc's loader asks for `libnccl.so` or `libnccl.so.13` by name (the wheel has neither)
