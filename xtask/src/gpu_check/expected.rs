@@ -1,7 +1,10 @@
 //! The GPU machine's tests, by name: each executable and the tests it must run there. The
-//! runner fails an executable that passed fewer; the build fails when a name is missing from
-//! its executable, or when the executable has a GPU test this list does not name, so that a
-//! renamed or new GPU test cannot drop out unnoticed.
+//! runner fails an executable that passed fewer. Checked against the code three ways, so that
+//! a renamed or new GPU test cannot drop out unnoticed: the build fails when a name is missing
+//! from its executable, or when a listed executable has a test in scope this list does not
+//! name (`--check-names`, which the README's test command runs, does the same on a debug
+//! build); and CI fails when a test anywhere skipped for want of a GPU that this list does not
+//! name (`--check-skips`, over the test run's skip log).
 
 /// A test executable that runs GPU paths, and the tests the GPU machine runs from it.
 pub(crate) struct GpuTests {
@@ -156,6 +159,25 @@ impl GpuTests {
     }
 }
 
+/// The tests in `skip_log` (lockstep-testenv's `LOCKSTEP_SKIP_LOG`: file, test, resource, why,
+/// tab separated) that skipped for want of a GPU, or of two, and that no entry of
+/// [`GPU_TESTS`] names, each as `file test`, once.
+pub(crate) fn unnamed_gpu_skips(skip_log: &str) -> Vec<String> {
+    let mut unnamed: Vec<String> = skip_log
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split('\t');
+            Some((fields.next()?, fields.next()?, fields.next()?))
+        })
+        .filter(|(_, _, need)| matches!(*need, "a GPU" | "two GPUs"))
+        .filter(|(_, test, _)| !GPU_TESTS.iter().any(|t| t.tests.contains(test)))
+        .map(|(file, test, _)| format!("{file} {test}"))
+        .collect();
+    unnamed.sort();
+    unnamed.dedup();
+    unnamed
+}
+
 /// The names in a test executable's `--list --format terse` output.
 pub(crate) fn listed_tests(terse: &str) -> Vec<String> {
     terse
@@ -194,6 +216,21 @@ mod tests {
             ..tests
         };
         assert!(whole.mismatches(&listed).is_empty());
+    }
+
+    #[test]
+    fn a_gpu_skip_of_a_test_no_entry_names_is_reported_once_and_other_skips_are_not() {
+        let log = "\
+crates/cuda/tests/ops.rs\tmatmul_equals_the_cpus\ta GPU\tno CUDA driver
+crates/nn/tests/new.rs\ta_new_gpu_test\ta GPU\tno CUDA driver
+crates/nn/tests/new.rs\ta_new_gpu_test\ta GPU\tno CUDA driver
+tests/tests/multi_host.rs\ttwo_hosts\tnetwork namespaces\tnot root
+garbage
+";
+        assert_eq!(
+            unnamed_gpu_skips(log),
+            ["crates/nn/tests/new.rs a_new_gpu_test"]
+        );
     }
 
     #[test]

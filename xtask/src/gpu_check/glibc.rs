@@ -2,78 +2,109 @@
 //! older glibc cannot run them, and the runner says so before it starts.
 
 use std::path::Path;
+use std::process::{Command, Stdio};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 
-/// The greatest `GLIBC_x.y[.z]` version any of `binaries` names (their symbol versions,
-/// which the dynamic loader checks), as `x.y[.z]`; `2.2.5` (x86-64's first) when none names
-/// one.
+/// The greatest `GLIBC_x.y[.z]` version any of `binaries` needs (its ELF version needs,
+/// `.gnu.version_r`, which the dynamic loader checks), as `x.y[.z]`; `2.2.5` (x86-64's first)
+/// when none needs one. Read with binutils' `readelf`, which the build's `strip` comes with.
 pub(crate) fn needed(binaries: &[impl AsRef<Path>]) -> anyhow::Result<String> {
     let mut newest = vec![2, 2, 5];
     for binary in binaries {
         let binary = binary.as_ref();
-        let bytes =
-            std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
-        for version in versions(&bytes) {
+        let output = Command::new("readelf")
+            .args(["--version-info", "--wide"])
+            .arg(binary)
+            .stdin(Stdio::null())
+            .output()
+            .context("running readelf (binutils), which reads the glibc versions a binary needs")?;
+        if !output.status.success() {
+            bail!(
+                "readelf could not read {}: {}",
+                binary.display(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        for version in version_needs(&String::from_utf8_lossy(&output.stdout)) {
             if version > newest {
                 newest = version;
             }
         }
     }
-    Ok(newest
+    Ok(dotted(&newest))
+}
+
+/// The glibc versions a `readelf --version-info` listing says the file needs: the `GLIBC_…`
+/// names of its version needs section, as their numbers.
+fn version_needs(listing: &str) -> Vec<Vec<u32>> {
+    listing
+        .lines()
+        .skip_while(|line| !line.starts_with("Version needs section"))
+        .take_while(|line| line.starts_with(' ') || line.starts_with("Version needs section"))
+        .filter_map(|line| line.split("Name: GLIBC_").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter_map(|version| version.split('.').map(|n| n.parse().ok()).collect())
+        .collect()
+}
+
+/// `[2, 34]` as `2.34`.
+fn dotted(version: &[u32]) -> String {
+    version
         .iter()
         .map(u32::to_string)
         .collect::<Vec<_>>()
-        .join("."))
-}
-
-/// Every `GLIBC_` version string in `bytes`, as its numbers.
-fn versions(bytes: &[u8]) -> Vec<Vec<u32>> {
-    const PREFIX: &[u8] = b"GLIBC_";
-    let mut found = Vec::new();
-    let mut rest = bytes;
-    while let Some(at) = rest.windows(PREFIX.len()).position(|w| w == PREFIX) {
-        rest = &rest[at + PREFIX.len()..];
-        let end = rest
-            .iter()
-            .position(|&b| !(b.is_ascii_digit() || b == b'.'))
-            .unwrap_or(rest.len());
-        let numbers: Option<Vec<u32>> = std::str::from_utf8(&rest[..end])
-            .ok()
-            .filter(|text| !text.is_empty() && !text.ends_with('.'))
-            .and_then(|text| text.split('.').map(|n| n.parse().ok()).collect());
-        if let Some(numbers) = numbers.filter(|n| n.len() >= 2) {
-            found.push(numbers);
-        }
-        rest = &rest[end..];
-    }
-    found
+        .join(".")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const LISTING: &str = "\
+Version symbols section '.gnu.version' contains 3 entries:
+  000:   0 (*local*)       2 (GLIBC_2.99)
+Version needs section '.gnu.version_r' contains 2 entries:
+ Addr: 0x00000000000010f8  Offset: 0x000010f8  Link: 8 (.dynstr)
+  000000: Version: 1  File: libgcc_s.so.1  Cnt: 1
+  0x0030:   Name: GCC_3.0  Flags: none  Version: 4
+  0x0010: Version: 1  File: libc.so.6  Cnt: 3
+  0x0060:   Name: GLIBC_2.2.5  Flags: none  Version: 3
+  0x0070:   Name: GLIBC_2.34  Flags: none  Version: 15
+  0x0080:   Name: GLIBC_PRIVATE  Flags: none  Version: 20
+
+Version definition section '.gnu.version_d' contains 1 entry:
+  000000: Rev: 1  Flags: BASE  Index: 1  Cnt: 1  Name: GLIBC_2.40
+";
+
     #[test]
-    fn the_newest_version_named_wins_and_other_strings_are_ignored() {
-        let bytes = b"\0GLIBC_2.2.5\0GLIBC_2.34\0GLIBC_PRIVATE\0GLIBC_2.17\0GLIBC_2.\0xGLIBC_2.9";
-        assert_eq!(
-            versions(bytes),
-            [vec![2, 2, 5], vec![2, 34], vec![2, 17], vec![2, 9]]
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-        std::fs::write(&a, bytes).unwrap();
-        std::fs::write(&b, b"GLIBC_2.28").unwrap();
-        assert_eq!(needed(&[&a, &b]).unwrap(), "2.34");
-        let none: [&Path; 0] = [];
-        assert_eq!(needed(&none).unwrap(), "2.2.5");
+    fn only_the_version_needs_section_counts_and_private_names_are_no_versions() {
+        assert_eq!(version_needs(LISTING), [vec![2, 2, 5], vec![2, 34]]);
+        assert_eq!(dotted(&[2, 34]), "2.34");
     }
 
     #[test]
-    fn this_test_binary_names_the_glibc_it_was_linked_against() {
+    fn this_test_binary_needs_a_glibc_no_newer_than_the_one_it_runs_on() {
         let me = std::env::current_exe().unwrap();
-        let version = needed(&[me]).unwrap();
-        assert!(version.starts_with("2."), "{version}");
+        let needed: Vec<u32> = needed(&[me])
+            .unwrap()
+            .split('.')
+            .map(|n| n.parse().unwrap())
+            .collect();
+        let here = Command::new("getconf")
+            .arg("GNU_LIBC_VERSION")
+            .output()
+            .unwrap();
+        let here: Vec<u32> = String::from_utf8_lossy(&here.stdout)
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .split('.')
+            .map(|n| n.parse().unwrap())
+            .collect();
+        // It runs here, so the loader found every version it needs; a Rust binary needs more
+        // than x86-64's first.
+        assert!(needed <= here, "{needed:?} > {here:?}");
+        assert!(needed > vec![2, 2, 5], "{needed:?}");
     }
 }

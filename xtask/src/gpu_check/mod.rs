@@ -35,9 +35,9 @@ const TORCH_NCCL_REFERENCE: &str = "benches/torch_nccl_reference.py";
 /// The runner written beside the executables (`run.sh [LOG_DIR]`):
 /// 1. stops, saying so, when the machine's glibc is older than the one the binaries need
 ///    (`glibc-needed`, written here);
-/// 2. finds NVIDIA's libraries (asking `python3` where pip's `nvidia` package is, when
-///    `LOCKSTEP_CUDA_LIBRARY_PATH` is unset) and prints the environment: `nvidia-smi`, the
-///    driver, the file and version of each library;
+/// 2. prints the environment: `nvidia-smi`, the driver, the file and version of each of
+///    NVIDIA's libraries (`gpu_bench --libraries`: where `LOCKSTEP_CUDA_LIBRARY_PATH` names
+///    them, on the loader's path, or where pip's wheels put them beside a `python3` on `PATH`);
 /// 3. runs each test executable on the tests [`GPU_TESTS`] names, under its own `timeout`, its
 ///    log in `LOG_DIR` (default `logs` beside the script) as it goes, so a hang or a crash
 ///    costs one executable and loses nothing; `LOCKSTEP_REQUIRE_GPU=1` (the default here)
@@ -64,11 +64,28 @@ pub(crate) struct GpuCheckArgs {
     /// runs exists by name and that no GPU test is left unnamed; write nothing.
     #[arg(long)]
     check_names: bool,
+    /// Only check that every test that skipped for want of a GPU in a run whose skips this
+    /// file logged (`LOCKSTEP_SKIP_LOG`) is one the GPU machine runs; write nothing.
+    #[arg(long, value_name = "SKIP_LOG")]
+    check_skips: Option<PathBuf>,
 }
 
 pub(crate) fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
     if args.check_names {
         return check_names();
+    }
+    if let Some(log) = &args.check_skips {
+        let text = std::fs::read_to_string(log)
+            .with_context(|| format!("reading the skip log {}", log.display()))?;
+        let unnamed = expected::unnamed_gpu_skips(&text);
+        if !unnamed.is_empty() {
+            bail!(
+                "these tests skipped for want of a GPU, but the GPU machine does not run them (name them in xtask/src/gpu_check/expected.rs):\n{}",
+                unnamed.join("\n")
+            );
+        }
+        println!("every test that skipped for want of a GPU is one the GPU machine runs");
+        return Ok(());
     }
     let root = workspace_root();
     let out = root.join(&args.out);
@@ -341,9 +358,15 @@ mod tests {
 
     /// Runs the artefact's runner with `env`: (whether it passed, its stdout).
     fn run_runner(dir: &Path, env: &[(&str, &str)]) -> (bool, String) {
+        run_runner_in(dir, dir.join("logs").to_str().unwrap(), dir, env)
+    }
+
+    /// [`run_runner`] with the log folder `logs` given from the folder `cwd`.
+    fn run_runner_in(dir: &Path, logs: &str, cwd: &Path, env: &[(&str, &str)]) -> (bool, String) {
         let output = Command::new("bash")
             .arg(dir.join("run.sh"))
-            .arg(dir.join("logs"))
+            .arg(logs)
+            .current_dir(cwd)
             .envs(env.iter().copied())
             .env("LOCKSTEP_CUDA_LIBRARY_PATH", "/nowhere")
             .env("PATH", "/usr/bin:/bin")
@@ -434,6 +457,17 @@ mod tests {
         ] {
             assert!(stdout.contains(want), "{want:?} missing from:\n{stdout}");
         }
+    }
+
+    #[test]
+    fn the_runner_keeps_its_logs_in_a_folder_named_relative_to_where_it_was_started() {
+        let dir = artefact("good|t\n", &[("good", "echo 'test t ... ok'")], "2.17");
+        let caller = tempfile::tempdir().unwrap();
+        let env = [("LOCKSTEP_BENCH_REPEATS", "0")];
+        let (passed, stdout) = run_runner_in(dir.path(), "some/logs", caller.path(), &env);
+        assert!(passed, "{stdout}");
+        assert!(stdout.contains("good: 1 of 1 passed"), "{stdout}");
+        assert!(caller.path().join("some/logs/good.log").is_file());
     }
 
     #[test]

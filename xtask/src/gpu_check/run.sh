@@ -12,8 +12,10 @@ set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 logs="${1:-$here/logs}"
 mkdir -p "$logs" || exit 2
+# Absolute, before leaving the caller's folder for the artefact's.
+logs="$(cd "$logs" && pwd)" || exit 2
 cd "$here"
-export LOCKSTEP_REQUIRE_GPU="${LOCKSTEP_REQUIRE_GPU:-1}" LOCKSTEP_REQUIRE_NVRTC=1
+export LOCKSTEP_REQUIRE_GPU="${LOCKSTEP_REQUIRE_GPU:-1}"
 export LOCKSTEP_SKIP_LOG="$logs/skipped.tsv"
 : >"$LOCKSTEP_SKIP_LOG"
 budget="${LOCKSTEP_CALL_BUDGET:-540}"
@@ -21,11 +23,14 @@ deadline=$((SECONDS + budget))
 timeout_s="${LOCKSTEP_TEST_TIMEOUT:-150}"
 repeats="${LOCKSTEP_BENCH_REPEATS:-3}"
 
-# The seconds the next step may run: its own limit, or what is left of the call's budget.
+# The seconds the next step may run: its own limit, or what is left of the call's budget (at
+# least 1: `timeout 0` would mean no limit). A step is started only with `enough` seconds left.
 allowance() {
     local left=$((deadline - SECONDS))
+    if [ "$left" -lt 1 ]; then left=1; fi
     if [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
 }
+enough() { [ $((deadline - SECONDS)) -ge "$1" ]; }
 
 # The artefact's binaries were linked against the glibc of the machine that built them.
 glibc_needed="$(cat glibc-needed 2>/dev/null || echo unknown)"
@@ -38,31 +43,22 @@ if [ -n "$glibc_here" ] && [ "$glibc_needed" != unknown ] \
     exit 2
 fi
 
-if [ -z "${LOCKSTEP_CUDA_LIBRARY_PATH:-}" ] && command -v python3 >/dev/null; then
-    found="$(python3 -c '
-import os
-try:
-    import nvidia
-except ImportError:
-    raise SystemExit(0)
-folders = sorted({os.path.join(p, d, "lib") for p in nvidia.__path__ for d in os.listdir(p)})
-print(os.pathsep.join(f for f in folders if os.path.isdir(f)))
-' 2>/dev/null)"
-    if [ -n "$found" ]; then export LOCKSTEP_CUDA_LIBRARY_PATH="$found"; fi
-fi
+# NVIDIA's libraries: where LOCKSTEP_CUDA_LIBRARY_PATH names them, else on the loader's path,
+# else where pip's wheels put them beside each python3 on PATH (`gpu_bench --libraries`
+# prints which file each comes from).
 {
     echo "== environment"
     date -u
     uname -srm
     if command -v nvidia-smi >/dev/null; then
-        nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
-        nvidia-smi
+        timeout --kill-after=5 30 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
+        timeout --kill-after=5 30 nvidia-smi
     else
         echo "nvidia-smi: not on PATH"
     fi
     echo "python3: $(command -v python3 || echo none)"
     echo "LOCKSTEP_CUDA_LIBRARY_PATH=${LOCKSTEP_CUDA_LIBRARY_PATH:-}"
-    ./gpu_bench --libraries
+    timeout --kill-after=5 30 ./gpu_bench --libraries
 } 2>&1 | tee "$logs/environment.log"
 
 status=0
@@ -78,7 +74,7 @@ while IFS='|' read -r name tests; do
     expected_all=$((expected_all + ${#expected[@]}))
     allowed="$(allowance "$timeout_s")"
     echo "== $name: ${#expected[@]} tests, at most ${allowed}s"
-    if [ $((deadline - SECONDS)) -lt 5 ]; then
+    if ! enough 5; then
         summary+=("$name: NOT RUN, the call's budget of ${budget}s ran out")
         status=1
         continue
@@ -115,32 +111,38 @@ while IFS='|' read -r name tests; do
     summary+=("$line")
 done <tests/list
 
+# Runs one benchmark step, its output in LOG (shown after it), while 10 s of the budget are
+# left; a step that fails, or is cut off, fails the run.
+bench_step() { # LOG COMMAND...
+    local log="$1"
+    shift
+    if ! enough 10; then
+        echo "$* not run: the call's budget of ${budget}s ran out"
+        return
+    fi
+    timeout --kill-after=10 "$(allowance "$timeout_s")" "$@" >"$log" 2>&1 || status=1
+    cat "$log"
+}
+
 bench_done=0
 for ((r = 1; r <= repeats; r++)); do
-    if [ $((deadline - SECONDS)) -lt 120 ]; then
+    if ! enough 120; then
         echo "== benchmark repetitions $r to $repeats not run: $((deadline - SECONDS))s left of ${budget}s"
         break
     fi
     echo "== benchmark, repetition $r of $repeats"
-    timeout --kill-after=10 "$(allowance "$timeout_s")" ./gpu_bench >"$logs/gpu_bench.$r.log" 2>&1 || status=1
-    cat "$logs/gpu_bench.$r.log"
-    timeout --kill-after=10 "$(allowance "$timeout_s")" ./gpu_fit_bench >"$logs/gpu_fit_bench.$r.log" 2>&1 || status=1
-    cat "$logs/gpu_fit_bench.$r.log"
+    bench_step "$logs/gpu_bench.$r.log" ./gpu_bench
+    bench_step "$logs/gpu_fit_bench.$r.log" ./gpu_fit_bench
     torch=0
     if command -v python3 >/dev/null && python3 -c 'import torch' 2>/dev/null; then torch=1; fi
     if [ "$torch" = 1 ]; then
-        timeout --kill-after=10 "$(allowance "$timeout_s")" python3 torch_gpu_reference.py \
-            >"$logs/torch.$r.log" 2>&1 || status=1
-        cat "$logs/torch.$r.log"
+        bench_step "$logs/torch.$r.log" python3 torch_gpu_reference.py
     else
         echo "PyTorch reference not run: no python3 with torch"
     fi
-    timeout --kill-after=10 "$(allowance "$timeout_s")" ./nccl_bench >"$logs/nccl_bench.$r.log" 2>&1 || status=1
-    cat "$logs/nccl_bench.$r.log"
+    bench_step "$logs/nccl_bench.$r.log" ./nccl_bench
     if [ "$torch" = 1 ]; then
-        PYTHONUNBUFFERED=1 timeout --kill-after=10 "$(allowance "$timeout_s")" python3 torch_nccl_reference.py \
-            >"$logs/torch_nccl.$r.log" 2>&1 || status=1
-        cat "$logs/torch_nccl.$r.log"
+        PYTHONUNBUFFERED=1 bench_step "$logs/torch_nccl.$r.log" python3 torch_nccl_reference.py
     fi
     bench_done=$r
 done
