@@ -40,8 +40,10 @@ fn the_chief_names_the_worker_the_launcher_slowed_and_how_long_it_was_waited_for
     // moves the wait either way by some of that.
     let wait: f64 = field(report, "wait_ms_per_step").unwrap().parse().unwrap();
     assert!(wait >= 20.0, "{report}");
+    // The share of a step spent waiting for it: 0.58-0.73 measured, loaded or not; a floor
+    // well under that.
     let share: f64 = field(report, "share_of_step").unwrap().parse().unwrap();
-    assert!(share > 0.0 && share <= 1.0, "{report}");
+    assert!((0.2..=1.0).contains(&share), "{report}");
     let out = xtask(&["run-cluster", "--profile", "dev", "--slow", "worker:7@5"]).unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());

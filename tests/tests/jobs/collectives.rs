@@ -79,10 +79,12 @@ fn a_rank_that_crashes_while_the_others_wait_outside_the_collectives_is_seen_wit
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(line.contains("rank 1"), "worker:{rank}: {line}");
-        // Seen by the closed connections, before the watch would give up (after 12 s): no
-        // tighter bound, which a loaded machine would stretch.
-        let seen: u64 = field(line, "seen_ms").unwrap().parse().unwrap();
-        assert!(seen < 12_000, "worker:{rank} saw it after {seen} ms");
+        // Seen by the closed connections (PeerLost, which the watch giving up would not
+        // say), after a time it reports: no bound on it, which a loaded machine would stretch.
+        assert!(
+            field(line, "seen_ms").is_some_and(|ms| ms.parse::<u64>().is_ok()),
+            "worker:{rank}: {line}"
+        );
     }
 }
 

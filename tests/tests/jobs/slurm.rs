@@ -13,8 +13,10 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use lockstep_e2e::{example_binary, keras_epoch, weights_checksums, write_slurm_script};
-use lockstep_testenv::{Need, skip, unused_ports};
+use lockstep_e2e::{
+    example_binary, keras_epoch, unused_ports, weights_checksums, write_slurm_script,
+};
+use lockstep_testenv::{Need, skip};
 
 /// What each task runs: the example, with task 1 told to SIGKILL itself after step 25 on its
 /// first start only (`mkdir` is atomic: one start of one task makes the marker).

@@ -150,19 +150,23 @@ fn a_unix_socket_name_taken_by_another_user_is_refused_and_the_pair_uses_tcp() {
         skip(Need::Root, "running a squatter as another user needs root");
         return;
     }
+    let python = Command::new("python3").arg("--version").output();
+    if available(
+        Need::Python,
+        python.map_err(|e| format!("no python3 to play the squatter: {e}")),
+    )
+    .is_none()
+    {
+        return;
+    }
     let (listeners, addresses) = crate::common::listeners(2);
-    let squatter = Command::new("python3")
+    let mut squatter = Command::new("python3")
         .args(["-c", SQUATTER, &addresses[1]])
         .uid(65534)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .spawn();
-    let Some(mut squatter) = available(
-        Need::Python,
-        squatter.map_err(|e| format!("no python3 to play the squatter: {e}")),
-    ) else {
-        return;
-    };
+        .spawn()
+        .expect("python3 runs as user 65534");
     let mut out = BufReader::new(squatter.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
