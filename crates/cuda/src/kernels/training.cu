@@ -200,6 +200,118 @@ extern "C" __global__ void exp_f32(const float* x, float* out, u64 n) {
     FOR_EACH(i, n) { out[i] = expf(x[i]); }
 }
 
+// The smooth functions of `Pointwise`, as lockstep-tensor's CPU kernels compute them, and their
+// derivatives times `g`: from the input `x` (gelu, silu) or from the output `y` (tanh, sqrt,
+// rsqrt).
+#define SQRT_HALF 0.70710678118654752f
+#define INV_SQRT_2PI 0.39894228040143268f
+#define SQRT_2_OVER_PI 0.79788456080286536f
+#define GELU_CUBIC 0.044715f
+
+extern "C" __global__ void tanh_f32(const float* x, float* out, u64 n) {
+    FOR_EACH(i, n) { out[i] = tanhf(x[i]); }
+}
+
+extern "C" __global__ void tanh_grad_f32(const float* g, const float* y, float* out, u64 n) {
+    FOR_EACH(i, n) { out[i] = g[i] * (1.0f - y[i] * y[i]); }
+}
+
+extern "C" __global__ void gelu_f32(const float* x, float* out, u64 n) {
+    FOR_EACH(i, n) {
+        float v = x[i];
+        out[i] = 0.5f * v * (1.0f + erff(v * SQRT_HALF));
+    }
+}
+
+extern "C" __global__ void gelu_grad_f32(const float* g, const float* x, float* out, u64 n) {
+    FOR_EACH(i, n) {
+        float v = x[i];
+        float cdf = 0.5f * (1.0f + erff(v * SQRT_HALF));
+        float pdf = INV_SQRT_2PI * expf(-0.5f * v * v);
+        out[i] = g[i] * (cdf + v * pdf);
+    }
+}
+
+extern "C" __global__ void gelu_tanh_f32(const float* x, float* out, u64 n) {
+    FOR_EACH(i, n) {
+        float v = x[i];
+        float t = tanhf(SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v));
+        out[i] = 0.5f * v * (1.0f + t);
+    }
+}
+
+extern "C" __global__ void gelu_tanh_grad_f32(const float* g, const float* x, float* out, u64 n) {
+    FOR_EACH(i, n) {
+        float v = x[i];
+        float t = tanhf(SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v));
+        float slope = SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_CUBIC * v * v);
+        out[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * slope);
+    }
+}
+
+// The logistic function without overflow: each branch takes e^-|v| only.
+__device__ float logistic(float v) {
+    if (v >= 0.0f) return 1.0f / (1.0f + expf(-v));
+    float e = expf(v);
+    return e / (1.0f + e);
+}
+
+extern "C" __global__ void silu_f32(const float* x, float* out, u64 n) {
+    FOR_EACH(i, n) { out[i] = x[i] * logistic(x[i]); }
+}
+
+extern "C" __global__ void silu_grad_f32(const float* g, const float* x, float* out, u64 n) {
+    FOR_EACH(i, n) {
+        float s = logistic(x[i]);
+        out[i] = g[i] * (s * (1.0f + x[i] * (1.0f - s)));
+    }
+}
+
+extern "C" __global__ void sqrt_f32(const float* x, float* out, u64 n) {
+    FOR_EACH(i, n) { out[i] = sqrtf(x[i]); }
+}
+
+extern "C" __global__ void sqrt_grad_f32(const float* g, const float* y, float* out, u64 n) {
+    FOR_EACH(i, n) { out[i] = g[i] * 0.5f / y[i]; }
+}
+
+extern "C" __global__ void rsqrt_f32(const float* x, float* out, u64 n) {
+    FOR_EACH(i, n) { out[i] = 1.0f / sqrtf(x[i]); }
+}
+
+extern "C" __global__ void rsqrt_grad_f32(const float* g, const float* y, float* out, u64 n) {
+    FOR_EACH(i, n) {
+        float v = y[i];
+        out[i] = g[i] * (-0.5f * v * v * v);
+    }
+}
+
+// `a` where `condition` is non-zero, else `b`; all three of one length.
+extern "C" __global__ void select_f32(const float* condition, const float* a, const float* b,
+                                      float* out, u64 n) {
+    FOR_EACH(i, n) { out[i] = condition[i] != 0.0f ? a[i] : b[i]; }
+}
+
+// An array with its axes reordered: output value `i`, taken apart by the output's dimensions,
+// reads the input at the sum of its indices times the input's stride of each axis.
+#define PERMUTE_MAX_RANK 8
+struct Permutation {
+    u64 rank;
+    u64 dims[PERMUTE_MAX_RANK];
+    u64 strides[PERMUTE_MAX_RANK];
+};
+
+extern "C" __global__ void permute_f32(const float* x, float* out, Permutation p, u64 n) {
+    FOR_EACH(i, n) {
+        u64 rest = i, offset = 0;
+        for (u64 d = p.rank; d-- > 0;) {
+            offset += (rest % p.dims[d]) * p.strides[d];
+            rest /= p.dims[d];
+        }
+        out[i] = x[offset];
+    }
+}
+
 // Values limited to `[lo, hi]`, NaN kept, as `f32::clamp` does.
 extern "C" __global__ void clip_f32(const float* x, float* out, float lo, float hi, u64 n) {
     FOR_EACH(i, n) {

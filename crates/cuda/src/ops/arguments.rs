@@ -16,6 +16,34 @@ pub enum Binary {
     Div,
 }
 
+/// A smooth function applied value by value ([`pointwise`](super::pointwise)), with its
+/// derivative ([`pointwise_grad`](super::pointwise_grad)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pointwise {
+    /// `tanh(x)`; its derivative from the output, `1 − y²`.
+    Tanh,
+    /// The exact GELU, `x·Φ(x)` (`Φ` the standard normal's CDF, through `erf`); its
+    /// derivative from the input.
+    Gelu,
+    /// GELU's tanh approximation, `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`; its derivative
+    /// from the input.
+    GeluTanh,
+    /// `x·σ(x)` (swish); its derivative from the input.
+    Silu,
+    /// `√x`; its derivative from the output, `1 / 2y`.
+    Sqrt,
+    /// `1 / √x`; its derivative from the output, `−y³ / 2`.
+    Rsqrt,
+}
+
+impl Pointwise {
+    /// Whether [`pointwise_grad`](super::pointwise_grad) takes the function's output (`true`)
+    /// or its input.
+    pub fn grad_from_output(self) -> bool {
+        matches!(self, Self::Tanh | Self::Sqrt | Self::Rsqrt)
+    }
+}
+
 /// One operand of [`matmul`](super::matmul): a row-major `rows × cols` matrix, read transposed when
 /// `transposed`.
 #[derive(Debug, Clone, Copy)]

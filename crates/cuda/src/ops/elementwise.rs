@@ -8,7 +8,7 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::Binary;
+use super::{Binary, Pointwise};
 use super::{count, grid, launched, same_device, same_len};
 use crate::buffer::CudaBuffer;
 use crate::device::CudaDevice;
@@ -185,6 +185,82 @@ pub fn log(x: &CudaBuffer) -> Result<CudaBuffer, CudaError> {
 /// The driver's error.
 pub fn exp(x: &CudaBuffer) -> Result<CudaBuffer, CudaError> {
     unary("exp_f32", x)
+}
+
+impl Pointwise {
+    fn kernels(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Tanh => ("tanh_f32", "tanh_grad_f32"),
+            Self::Gelu => ("gelu_f32", "gelu_grad_f32"),
+            Self::GeluTanh => ("gelu_tanh_f32", "gelu_tanh_grad_f32"),
+            Self::Silu => ("silu_f32", "silu_grad_f32"),
+            Self::Sqrt => ("sqrt_f32", "sqrt_grad_f32"),
+            Self::Rsqrt => ("rsqrt_f32", "rsqrt_grad_f32"),
+        }
+    }
+}
+
+/// `f` of each value.
+///
+/// # Errors
+///
+/// The driver's error.
+pub fn pointwise(f: Pointwise, x: &CudaBuffer) -> Result<CudaBuffer, CudaError> {
+    unary(f.kernels().0, x)
+}
+
+/// `g` times `f`'s derivative, value by value, at `at`: `f`'s output where
+/// [`Pointwise::grad_from_output`], else its input.
+///
+/// # Errors
+///
+/// Buffers of different lengths or devices; the driver's error.
+pub fn pointwise_grad(
+    f: Pointwise,
+    g: &CudaBuffer,
+    at: &CudaBuffer,
+) -> Result<CudaBuffer, CudaError> {
+    let device = same_device("pointwise_grad", &[g, at])?;
+    let n = same_len("pointwise_grad", &[g, at])?;
+    let mut out = CudaBuffer::output(device, n)?;
+    let kernel = device.kernels()?.get(f.kernels().1)?;
+    let n_arg = count(n);
+    let mut launch = device.stream().launch_builder(kernel);
+    launch
+        .arg(g.slice())
+        .arg(at.slice())
+        .arg(out.slice_mut())
+        .arg(&n_arg);
+    // SAFETY: reads and writes `n` values of buffers `n` long.
+    launched(unsafe { launch.launch(grid(n)) }.map(drop))?;
+    Ok(out)
+}
+
+/// `a` where `condition` is non-zero, else `b`, value by value.
+///
+/// # Errors
+///
+/// Buffers of different lengths or devices; the driver's error.
+pub fn select(
+    condition: &CudaBuffer,
+    a: &CudaBuffer,
+    b: &CudaBuffer,
+) -> Result<CudaBuffer, CudaError> {
+    let device = same_device("select", &[condition, a, b])?;
+    let n = same_len("select", &[condition, a, b])?;
+    let mut out = CudaBuffer::output(device, n)?;
+    let kernel = device.kernels()?.get("select_f32")?;
+    let n_arg = count(n);
+    let mut launch = device.stream().launch_builder(kernel);
+    launch
+        .arg(condition.slice())
+        .arg(a.slice())
+        .arg(b.slice())
+        .arg(out.slice_mut())
+        .arg(&n_arg);
+    // SAFETY: reads and writes `n` values of buffers `n` long.
+    launched(unsafe { launch.launch(grid(n)) }.map(drop))?;
+    Ok(out)
 }
 
 /// A kernel of one input and one output of its length, value by value.

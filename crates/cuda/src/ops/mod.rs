@@ -3,7 +3,7 @@
 //! ([`CudaBuffer::to_host`](crate::CudaBuffer::to_host)) does.
 //!
 //! One file per family of operations: element-wise arithmetic, relu, bias,
-//! log, clip and dropout; sums; softmax and cross-entropy; convolution and pooling windows; the
+//! log, clip, the smooth activations, selection and dropout; reordering axes; sums; softmax and cross-entropy; convolution and pooling windows; the
 //! optimizers' updates; GEMM. Their plain-value arguments are in `arguments.rs`, what every
 //! launch uses (grid sizes, argument checks) in `launch.rs`. Without the `cuda` feature,
 //! `absent.rs` has the same functions, which no buffer can reach.
@@ -18,6 +18,8 @@ mod gemm;
 #[cfg(feature = "cuda")]
 mod launch;
 #[cfg(feature = "cuda")]
+mod layout;
+#[cfg(feature = "cuda")]
 mod optimizers;
 #[cfg(feature = "cuda")]
 mod reduce;
@@ -29,19 +31,22 @@ mod window;
 #[cfg(not(feature = "cuda"))]
 pub use absent::{
     Argmax, adam, bias_add, binary, clip, clip_grad, col2im, column_sums, dropout, exp, fill,
-    im2col, log, matmul, max_pool, max_pool_grad, relu, relu_grad, scale, scale_in_place,
-    scale_rows, sgd, sgd_momentum, softmax, softmax_grad, sparse_softmax_cross_entropy, sum,
+    im2col, log, matmul, max_pool, max_pool_grad, permute, pointwise, pointwise_grad, relu,
+    relu_grad, scale, scale_in_place, scale_rows, select, sgd, sgd_momentum, softmax, softmax_grad,
+    sparse_softmax_cross_entropy, sum,
 };
-pub use arguments::{AdamStep, Binary, COLUMN_SUM_BLOCK_ROWS, Geometry, MatRef};
+pub use arguments::{AdamStep, Binary, COLUMN_SUM_BLOCK_ROWS, Geometry, MatRef, Pointwise};
 #[cfg(feature = "cuda")]
 pub use elementwise::{
-    bias_add, binary, clip, clip_grad, dropout, exp, fill, log, relu, relu_grad, scale,
-    scale_in_place,
+    bias_add, binary, clip, clip_grad, dropout, exp, fill, log, pointwise, pointwise_grad, relu,
+    relu_grad, scale, scale_in_place, select,
 };
 #[cfg(feature = "cuda")]
 pub use gemm::matmul;
 #[cfg(feature = "cuda")]
 use launch::{THREADS, count, grid, launched, same_device, same_len};
+#[cfg(feature = "cuda")]
+pub use layout::permute;
 #[cfg(feature = "cuda")]
 pub use optimizers::{adam, sgd, sgd_momentum};
 #[cfg(feature = "cuda")]
