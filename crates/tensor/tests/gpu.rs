@@ -146,7 +146,7 @@ proptest! {
         same_on_both(&one, &|t| ops::scale(&t[0], -1.5))?;
         same_on_both(&one, &|t| ops::relu(&t[0]))?;
         same_on_both(&one, &|t| ops::clip(&t[0], -0.5, 0.7))?;
-        same_on_both(&one, &|t| ops::softmax(&t[0]))?;
+        same_on_both(&one, &|t| ops::softmax(&t[0], -1))?;
         same_on_both(&[(positive, vec![6, 10])], &|t| ops::log(&t[0]))?;
         same_on_both(&one, &|t| ops::exp(&t[0]))?;
         same_on_both(&one, &|t| ops::abs(&t[0]))?;
@@ -169,6 +169,28 @@ proptest! {
             let logits = ops::dense(&t[0], &t[1], Some(&t[2]), false)?;
             let per_example = ops::sparse_softmax_cross_entropy_with_logits(&logits, &labels)?;
             ops::mean(&per_example, &[0], false)
+        })?;
+    }
+
+    #[test]
+    fn sequence_model_operations_equal_the_cpus(a in values(60), b in values(60), mask in prop::collection::vec(any::<bool>(), 60)) {
+        if !gpu_present() {
+            return Ok(());
+        }
+        let one = [(a.clone(), vec![3, 4, 5])];
+        same_on_both(&one, &|t| ops::tanh(&t[0]))?;
+        same_on_both(&one, &|t| ops::gelu(&t[0], ops::Gelu::Exact))?;
+        same_on_both(&one, &|t| ops::gelu(&t[0], ops::Gelu::Tanh))?;
+        same_on_both(&one, &|t| ops::silu(&t[0]))?;
+        let positive: Vec<f32> = b.iter().map(|v| v.abs() + 0.5).collect();
+        same_on_both(&[(positive.clone(), vec![3, 4, 5])], &|t| ops::sqrt(&t[0]))?;
+        same_on_both(&[(positive, vec![3, 4, 5])], &|t| ops::rsqrt(&t[0]))?;
+        same_on_both(&one, &|t| ops::permute(&t[0], &[2, 0, 1]))?;
+        same_on_both(&one, &|t| ops::transpose(&t[0], 0, 1))?;
+        same_on_both(&one, &|t| ops::softmax(&t[0], 1))?;
+        let condition: Vec<f32> = mask.iter().map(|&m| f32::from(u8::from(m))).collect();
+        same_on_both(&[(a, vec![3, 4, 5]), (b, vec![3, 4, 5]), (condition, vec![3, 4, 5])], &|t| {
+            ops::select(&t[2].detach(), &t[0], &t[1])
         })?;
     }
 

@@ -455,9 +455,63 @@ proptest! {
     ) {
         let inputs = [(x[..rows * classes].to_vec(), vec![rows, classes])];
         let labels: Vec<usize> = labels[..rows].iter().map(|l| l % classes).collect();
-        check(&inputs, &|t| ops::log_softmax(&t[0]))?;
-        check(&inputs, &|t| ops::softmax(&t[0]))?;
+        check(&inputs, &|t| ops::log_softmax(&t[0], -1))?;
+        check(&inputs, &|t| ops::softmax(&t[0], -1))?;
         check(&inputs, &|t| ops::sparse_softmax_cross_entropy_with_logits(&t[0], &labels))?;
+    }
+
+    #[test]
+    fn softmax_family_gradients_along_every_axis(
+        shape in prop::collection::vec(2..4_usize, 3), x in prop::collection::vec(grid(-3.0, 3.0, 1 << 20), 27), axis in -3..3_isize,
+    ) {
+        let len = shape.iter().product::<usize>();
+        let inputs = [(x[..len].to_vec(), shape)];
+        check(&inputs, &|t| ops::log_softmax(&t[0], axis))?;
+        check(&inputs, &|t| ops::softmax(&t[0], axis))?;
+    }
+
+    #[test]
+    fn batched_matmul_gradients_with_broadcast_leading_axes(
+        (m, k, n) in (dims(3), dims(3), dims(3)), lead_a in prop::collection::vec(1..3_usize, 0..3), lead_b in prop::collection::vec(1..3_usize, 0..3), ones in 0..16_u8, x in values(256), y in values(256),
+    ) {
+        // Leading axes that broadcast: the shorter list aligned right, some of them 1.
+        let rank = lead_a.len().max(lead_b.len());
+        let mut a_shape: Vec<usize> = lead_a.clone();
+        let mut b_shape: Vec<usize> = lead_b.clone();
+        for d in 0..rank.min(a_shape.len()).min(b_shape.len()) {
+            let (ia, ib) = (a_shape.len() - 1 - d, b_shape.len() - 1 - d);
+            if ones & (1 << d) != 0 { a_shape[ia] = 1 } else { a_shape[ia] = b_shape[ib] }
+        }
+        a_shape.extend([m, k]);
+        b_shape.extend([k, n]);
+        let (la, lb) = (a_shape.iter().product::<usize>(), b_shape.iter().product::<usize>());
+        let inputs = [(x[..la].to_vec(), a_shape), (y[..lb].to_vec(), b_shape)];
+        check(&inputs, &|t| ops::matmul(&t[0], &t[1]))?;
+    }
+
+    #[test]
+    fn permute_and_transpose_gradients(x in values(24), order in Just(vec![0_usize, 1, 2]).prop_shuffle()) {
+        let inputs = [(x, vec![2, 3, 4])];
+        check(&inputs, &|t| ops::permute(&t[0], &order))?;
+        check(&inputs, &|t| ops::transpose(&t[0], -1, 0))?;
+    }
+
+    #[test]
+    fn smooth_function_gradients(x in values(12), positive in prop::collection::vec(grid(0.2, 3.0, 1 << 20), 12)) {
+        let inputs = [(x, vec![3, 4])];
+        check(&inputs, &|t| ops::tanh(&t[0]))?;
+        check(&inputs, &|t| ops::gelu(&t[0], ops::Gelu::Exact))?;
+        check(&inputs, &|t| ops::gelu(&t[0], ops::Gelu::Tanh))?;
+        check(&inputs, &|t| ops::silu(&t[0]))?;
+        let positive = [(positive, vec![3, 4])];
+        check(&positive, &|t| ops::sqrt(&t[0]))?;
+        check(&positive, &|t| ops::rsqrt(&t[0]))?;
+    }
+
+    #[test]
+    fn select_gradients_with_a_broadcast_mask(x in values(12), y in values(4), mask in prop::collection::vec(any::<bool>(), 4)) {
+        let mask = Tensor::from_vec(mask.iter().map(|&m| f32::from(u8::from(m))).collect(), &[4]).unwrap();
+        check(&[(x, vec![3, 4]), (y, vec![4])], &|t| ops::select(&mask, &t[0], &t[1]))?;
     }
 
     #[test]
@@ -500,7 +554,17 @@ fn bad_shapes_and_arguments_are_errors_not_panics() {
     assert!(ops::sparse_softmax_cross_entropy_with_logits(&a, &[0, 3]).is_err());
     assert!(ops::dropout(&a, 1.0, 0).is_err());
     assert!(ops::clip(&a, 1.0, 0.0).is_err());
-    assert!(ops::softmax(&Tensor::scalar(1.0)).is_err());
+    assert!(ops::softmax(&Tensor::scalar(1.0), -1).is_err());
+    assert!(ops::softmax(&a, 2).is_err());
+    assert!(ops::log_softmax(&a, -3).is_err());
+    assert!(ops::permute(&a, &[0, 0]).is_err());
+    assert!(ops::permute(&a, &[1]).is_err());
+    assert!(ops::transpose(&a, 0, 2).is_err());
+    let batch = Tensor::zeros(&[2, 2, 3]).unwrap();
+    assert!(ops::matmul(&batch, &batch).is_err());
+    assert!(ops::matmul(&batch, &Tensor::zeros(&[3, 3, 1]).unwrap()).is_err());
+    assert!(ops::matmul(&batch, &Tensor::zeros(&[3]).unwrap()).is_err());
+    assert!(ops::select(&Tensor::zeros(&[2]).unwrap(), &a, &a).is_err());
     assert!(ops::flatten(&Tensor::scalar(1.0)).is_err());
     assert!(
         ops::conv2d(

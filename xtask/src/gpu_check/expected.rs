@@ -72,6 +72,7 @@ pub(crate) const GPU_TESTS: &[GpuTests] = &[
             "convolution_pooling_and_dropout_equal_the_cpus",
             "element_wise_operations_equal_the_cpus",
             "products_and_the_loss_equal_the_cpus",
+            "sequence_model_operations_equal_the_cpus",
         ],
     },
     GpuTests {

@@ -25,7 +25,7 @@ impl Activation {
         match self {
             Self::Linear => Ok(x),
             Self::Relu => ops::relu(&x).in_layer(layer),
-            Self::Softmax => ops::softmax(&x).in_layer(layer),
+            Self::Softmax => ops::softmax(&x, -1).in_layer(layer),
             Self::Sigmoid => ops::sigmoid(&x).in_layer(layer),
         }
     }

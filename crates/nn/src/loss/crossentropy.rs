@@ -70,9 +70,9 @@ impl Loss for CategoricalCrossentropy {
         )?;
         let log_p = if self.from_logits {
             if predictions.device() == Device::Cpu {
-                ops::log_softmax(predictions).in_layer(name)?
+                ops::log_softmax(predictions, -1).in_layer(name)?
             } else {
-                let p = ops::softmax(predictions).in_layer(name)?;
+                let p = ops::softmax(predictions, -1).in_layer(name)?;
                 ops::log(&ops::clip(&p, f32::MIN_POSITIVE, 1.0).in_layer(name)?).in_layer(name)?
             }
         } else {

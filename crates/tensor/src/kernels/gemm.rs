@@ -230,6 +230,87 @@ pub fn matmul_new(a: MatRef<'_>, b: MatRef<'_>) -> Result<Vec<f32>, TensorError>
     Ok(out)
 }
 
+/// A batch of matrices, one after another in `data` (row-major, each `rows × cols` as stored),
+/// read through `starts`: the offset of the matrix each product of the batch takes (a matrix
+/// may serve several products, as broadcasting repeats it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Batch<'a> {
+    pub(crate) data: &'a [f32],
+    pub(crate) starts: &'a [usize],
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) transposed: bool,
+}
+
+impl<'a> Batch<'a> {
+    fn at(&self, start: usize) -> Result<MatRef<'a>, TensorError> {
+        let len = self.rows * self.cols;
+        let data = self.data.get(start..start + len).ok_or_else(|| {
+            TensorError::invalid(
+                "matmul",
+                format!(
+                    "a batch's matrix at {start} ends past its {} values",
+                    self.data.len()
+                ),
+            )
+        })?;
+        Ok(MatRef {
+            data,
+            rows: self.rows,
+            cols: self.cols,
+            transposed: self.transposed,
+        })
+    }
+}
+
+/// `dst[i] = a[i] · b[i]` for every product `i` of a batch (`a.starts.len()` of them, as many
+/// as `b.starts`), `dst` holding them one after another. The products run in parallel, each on
+/// one thread: a product's bits do not depend on the batch it came in or on the thread count.
+///
+/// # Errors
+///
+/// When the batches' lengths differ, a matrix lies outside its data, the inner dimensions
+/// differ, or `dst` is too short.
+pub(crate) fn batched_matmul(
+    dst: &mut [f32],
+    a: Batch<'_>,
+    b: Batch<'_>,
+) -> Result<(), TensorError> {
+    use rayon::prelude::*;
+    if a.starts.len() != b.starts.len() {
+        return Err(TensorError::invalid(
+            "matmul",
+            format!(
+                "{} left and {} right matrices",
+                a.starts.len(),
+                b.starts.len()
+            ),
+        ));
+    }
+    let m = if a.transposed { a.cols } else { a.rows };
+    let n = if b.transposed { b.rows } else { b.cols };
+    let each = m.checked_mul(n).ok_or_else(|| {
+        TensorError::invalid("matmul", format!("the {m}×{n} product's size overflows"))
+    })?;
+    let needed = each.checked_mul(a.starts.len());
+    if needed.is_none_or(|needed| dst.len() < needed) {
+        return Err(TensorError::invalid(
+            "matmul",
+            format!(
+                "the destination holds {} values, {} products of {m}×{n} need more",
+                dst.len(),
+                a.starts.len()
+            ),
+        ));
+    }
+    if each == 0 {
+        return Ok(());
+    }
+    dst.par_chunks_mut(each)
+        .zip(a.starts.par_iter().zip(b.starts))
+        .try_for_each(|(dst, (&sa, &sb))| matmul_on_this_thread(dst, a.at(sa)?, b.at(sb)?, false))
+}
+
 /// A product's dimensions, once the operands are known to cover them.
 #[derive(Debug, Clone, Copy)]
 struct Sizes {

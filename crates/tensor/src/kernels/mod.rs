@@ -17,6 +17,7 @@
     reason = "helpers must be inlined into the AVX2 clones of the functions that call them"
 )]
 
+pub(crate) mod attention;
 pub(crate) mod batch_norm;
 pub(crate) mod batch_norm_pool;
 pub(crate) mod conv;
@@ -26,6 +27,7 @@ pub mod gemm;
 pub(crate) mod geometry;
 pub(crate) mod lanes;
 pub(crate) mod patch_gram;
+pub(crate) mod permute;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod softmax;

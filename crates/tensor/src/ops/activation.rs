@@ -1,8 +1,8 @@
-//! Elementwise nonlinearities and the softmax activation.
+//! Elementwise nonlinearities.
 
 use super::gpu::{self, On, on};
 use crate::error::TensorError;
-use crate::kernels::{elementwise, softmax as kernel};
+use crate::kernels::elementwise;
 use crate::tensor::Tensor;
 
 /// `max(x, 0)`.
@@ -142,38 +142,4 @@ pub fn clip(x: &Tensor, min: f32, max: f32) -> Result<Tensor, TensorError> {
             Ok(vec![Some(Tensor::raw(d, input.shape().to_vec()))])
         },
     ))
-}
-
-/// Softmax over the last axis.
-///
-/// # Errors
-///
-/// When `x` has rank 0.
-pub fn softmax(x: &Tensor) -> Result<Tensor, TensorError> {
-    let cols = *x
-        .shape()
-        .last()
-        .ok_or_else(|| TensorError::invalid("softmax", "needs at least one axis"))?;
-    if let On::Cuda(buffers) = on("softmax", &[x])? {
-        return gpu::softmax(x, &buffers, cols);
-    }
-    let probs: Vec<f32> = kernel::log_softmax(x.host(), cols)
-        .into_iter()
-        .map(f32::exp)
-        .collect();
-    let (shape, y) = (x.shape().to_vec(), probs.clone());
-    Ok(Tensor::from_op(probs, shape.clone(), &[x], move |g, _| {
-        let mut d = vec![0.0_f32; y.len()];
-        for ((d, y), g) in d
-            .chunks_exact_mut(cols)
-            .zip(y.chunks_exact(cols))
-            .zip(g.host().chunks_exact(cols))
-        {
-            let dot: f32 = y.iter().zip(g).map(|(y, g)| y * g).sum();
-            for ((d, &y), &g) in d.iter_mut().zip(y).zip(g) {
-                *d = y * (g - dot);
-            }
-        }
-        Ok(vec![Some(Tensor::raw(d, shape.clone()))])
-    }))
 }

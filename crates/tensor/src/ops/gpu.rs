@@ -8,7 +8,7 @@
 //! `lockstep-cuda`'s tests state. Dropout's mask is a hash of the seed and the position on the
 //! GPU, a PCG stream on the CPU: the same seed gives the same mask on one device, not across.
 
-use lockstep_cuda::ops::{self as cuda, Binary, MatRef};
+use lockstep_cuda::ops::{self as cuda, Binary, MatRef, Pointwise};
 use lockstep_cuda::{CudaBuffer, CudaError};
 
 use crate::device::Device;
@@ -188,6 +188,87 @@ pub(crate) fn relu_grad(g: &Tensor, y: &Tensor) -> Result<Tensor, TensorError> {
     let (d, out) = (buffer(OP, g)?, buffer(OP, y)?);
     let dx = cuda::relu_grad(d, out).map_err(failed(OP, d))?;
     Ok(Tensor::raw(dx, y.shape().to_vec()))
+}
+
+/// A smooth function of each value, its gradient from the input or the output as `f` says.
+pub(crate) fn pointwise(
+    op: &'static str,
+    f: Pointwise,
+    x: &Tensor,
+    buffers: &[&CudaBuffer],
+) -> Result<Tensor, TensorError> {
+    let input = first(op, buffers)?;
+    let out = cuda::pointwise(f, input).map_err(failed(op, input))?;
+    let kept = x.clone();
+    Ok(Tensor::from_op(
+        out,
+        x.shape().to_vec(),
+        &[x],
+        move |g, y| {
+            let at = if f.grad_from_output() { y } else { &kept };
+            let (d, at) = (buffer(op, g)?, buffer(op, at)?);
+            let dx = cuda::pointwise_grad(f, d, at).map_err(failed(op, d))?;
+            Ok(vec![Some(Tensor::raw(dx, kept.shape().to_vec()))])
+        },
+    ))
+}
+
+/// `a` where `condition` is non-zero, else `b`, all of one shape; the gradient goes to the
+/// operand chosen.
+pub(crate) fn select(
+    condition: &Tensor,
+    (a, b): (&Tensor, &Tensor),
+    buffers: &[&CudaBuffer],
+) -> Result<Tensor, TensorError> {
+    const OP: &str = "select";
+    let &[c, x, y] = buffers else {
+        return Err(TensorError::invalid(OP, "three operands"));
+    };
+    if a.shape() != b.shape() || condition.shape() != a.shape() {
+        return Err(TensorError::device(
+            OP,
+            a.device(),
+            format!(
+                "broadcasting {:?}, {:?} and {:?} runs on the CPU only; operands of one shape \
+                 run here",
+                condition.shape(),
+                a.shape(),
+                b.shape()
+            ),
+        ));
+    }
+    let out = cuda::select(c, x, y).map_err(failed(OP, x))?;
+    let kept = condition.detach();
+    let shape = a.shape().to_vec();
+    Ok(Tensor::from_op(out, shape.clone(), &[a, b], move |g, _| {
+        let (d, c) = (buffer(OP, g)?, buffer(OP, &kept)?);
+        let zero = cuda::fill(d.device(), d.len(), 0.0).map_err(failed(OP, d))?;
+        let da = cuda::select(c, d, &zero).map_err(failed(OP, d))?;
+        let db = cuda::select(c, &zero, d).map_err(failed(OP, d))?;
+        Ok(vec![
+            Some(Tensor::raw(da, shape.clone())),
+            Some(Tensor::raw(db, shape.clone())),
+        ])
+    }))
+}
+
+/// `x` with its axes reordered (`axes` checked by the operation); the gradient reorders back.
+pub(crate) fn permute(
+    x: &Tensor,
+    buffers: &[&CudaBuffer],
+    axes: &[usize],
+    shape: Vec<usize>,
+    inverse: Vec<usize>,
+) -> Result<Tensor, TensorError> {
+    const OP: &str = "permute";
+    let input = first(OP, buffers)?;
+    let out = cuda::permute(input, x.shape(), axes).map_err(failed(OP, input))?;
+    Ok(Tensor::from_op(out, shape, &[x], move |g, _| {
+        let d = buffer(OP, g)?;
+        let dx = cuda::permute(d, g.shape(), &inverse).map_err(failed(OP, d))?;
+        let back: Vec<usize> = inverse.iter().map(|&a| g.shape()[a]).collect();
+        Ok(vec![Some(Tensor::raw(dx, back))])
+    }))
 }
 
 /// The natural logarithm.

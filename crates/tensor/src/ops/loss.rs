@@ -1,4 +1,4 @@
-//! Log-softmax, the fused softmax cross-entropy, and argmax.
+//! The fused softmax cross-entropy, and argmax.
 
 use super::gpu::{self, On, on};
 use crate::error::TensorError;
@@ -13,39 +13,6 @@ fn rows_and_classes(op: &'static str, x: &Tensor) -> Result<(usize, usize), Tens
             format!("expects [batch, classes], not shape {other:?}"),
         )),
     }
-}
-
-/// Log-softmax over the last axis of `[batch, classes]`.
-///
-/// # Errors
-///
-/// When `x` is not 2-D, or is on a GPU (the losses there use the fused
-/// [`sparse_softmax_cross_entropy_with_logits`]).
-pub fn log_softmax(x: &Tensor) -> Result<Tensor, TensorError> {
-    let (_, classes) = rows_and_classes("log_softmax", x)?;
-    if let On::Cuda(_) = on("log_softmax", &[x])? {
-        return Err(TensorError::device(
-            "log_softmax",
-            x.device(),
-            "runs on the CPU only",
-        ));
-    }
-    let out = kernel::log_softmax(x.host(), classes);
-    let (shape, y) = (x.shape().to_vec(), out.clone());
-    Ok(Tensor::from_op(out, shape.clone(), &[x], move |g, _| {
-        let mut d = vec![0.0_f32; y.len()];
-        for ((d, y), g) in d
-            .chunks_exact_mut(classes)
-            .zip(y.chunks_exact(classes))
-            .zip(g.host().chunks_exact(classes))
-        {
-            let total: f32 = g.iter().sum();
-            for ((d, &y), &g) in d.iter_mut().zip(y).zip(g) {
-                *d = g - y.exp() * total;
-            }
-        }
-        Ok(vec![Some(Tensor::raw(d, shape.clone()))])
-    }))
 }
 
 /// Per-example cross-entropy between softmax(`logits [batch, classes]`) and integer `labels`,

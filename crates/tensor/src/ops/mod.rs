@@ -5,6 +5,7 @@
 mod activation;
 mod all_reduce;
 mod arith;
+mod attention;
 mod batch_norm;
 mod broadcast;
 mod concat;
@@ -17,12 +18,17 @@ pub(crate) mod gpu;
 mod loss;
 mod matmul;
 mod narrow;
+mod permute;
+mod pointwise;
 mod reduce;
 mod reshape;
+mod select;
+mod softmax;
 
-pub use activation::{abs, clip, exp, log, relu, sigmoid, softmax};
+pub use activation::{abs, clip, exp, log, relu, sigmoid};
 pub use all_reduce::{AllReduceSum, all_reduce_sum};
 pub use arith::{add, bias_add, div, mul, scale, sub};
+pub use attention::{Attention, AttentionDropout, scaled_dot_product_attention};
 pub use batch_norm::{Affine, Moments, batch_norm, batch_norm_inference, batch_norm_max_pool};
 pub use concat::concat;
 pub use conv::{Padding, avg_pool2d, conv2d, max_pool2d};
@@ -33,8 +39,12 @@ pub use fused::{
     dense_blocks,
 };
 pub use gather::gather_rows;
-pub use loss::{argmax, log_softmax, sparse_softmax_cross_entropy_with_logits};
+pub use loss::{argmax, sparse_softmax_cross_entropy_with_logits};
 pub use matmul::matmul;
 pub use narrow::narrow;
+pub use permute::{permute, transpose};
+pub use pointwise::{Gelu, Pointwise, gelu, rsqrt, silu, sqrt, tanh};
 pub use reduce::{mean, sum};
 pub use reshape::{flatten, reshape};
+pub use select::select;
+pub use softmax::{log_softmax, softmax};
