@@ -21,3 +21,4 @@ mod restarts;
 mod run_cluster;
 mod slurm;
 mod training;
+mod uninterrupted;
