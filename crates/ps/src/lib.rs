@@ -61,7 +61,9 @@
 //! service of a cluster); `lockstep-nn` for the optimizers a server applies (the update rules
 //! of synchronous training, unchanged); `prost` for the messages (Protocol Buffers, as the
 //! rest of Lockstep's wire formats); `bytes` for the messages' `f32`s, which share the buffer
-//! a frame was read into rather than being copied out of it; `serde_json` for an optimizer's
+//! a frame was read into rather than being copied out of it; `bytemuck` to copy those `f32`s
+//! to and from their little-endian bytes as one block (one element at a time, an unoptimised
+//! build of a dependent crate spends a third of a parameter-server step there); `serde_json` for an optimizer's
 //! settings in Keras' form; `nix` for TCP keepalive (std has no setter); `thiserror` for the
 //! errors; `tracing` for the connections a server refuses or closes and the workers a
 //! coordinator loses.

@@ -306,6 +306,10 @@ pub struct Values {
 /// than encoded and decoded one by one (a quarter of a parameter-server step's time was
 /// spent so).
 pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    if cfg!(target_endian = "little") {
+        // The wire's order is the machine's: one copy of the block.
+        return bytemuck::cast_slice(values).to_vec();
+    }
     let mut bytes = Vec::with_capacity(size_of_val(values));
     for v in values {
         bytes.extend_from_slice(&v.to_le_bytes());
@@ -327,6 +331,10 @@ pub fn f32s(bytes: &[u8]) -> Option<Vec<f32>> {
 pub fn f32s_into(bytes: &[u8], out: &mut [f32]) -> bool {
     if bytes.len() != size_of_val(out) {
         return false;
+    }
+    if cfg!(target_endian = "little") {
+        bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(bytes);
+        return true;
     }
     for (v, b) in out.iter_mut().zip(bytes.chunks_exact(size_of::<f32>())) {
         *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
