@@ -17,6 +17,10 @@ pub struct Args {
     pub training: ClusterTrainingArgs,
     #[command(flatten)]
     pub cluster: ClusterArgs,
+    /// Train on the first N digits of each epoch's order only (every training digit by
+    /// default): a short run.
+    #[arg(long, value_name = "N")]
+    pub train_examples: Option<u64>,
 }
 
 /// The command line, the kernel threads, and the guide's MLP under
@@ -38,12 +42,18 @@ pub fn start() -> Result<(Args, Model), Error> {
     Ok((args, model))
 }
 
-/// The embedded MNIST digits, scaled and flattened; the training split shuffled each epoch.
-pub fn digits(train: bool, seed: u64) -> Result<impl Dataset<Item = (Array1<f32>, u8)>, Error> {
+/// The embedded MNIST digits, scaled and flattened, at most `limit` of them; the training
+/// split shuffled each epoch.
+pub fn digits(
+    train: bool,
+    seed: u64,
+    limit: Option<u64>,
+) -> Result<impl Dataset<Item = (Array1<f32>, u8)>, Error> {
     let mnist = Mnist::embedded()?;
     let flat = |(x, y): (Array3<u8>, u8)| (scale(&x).into_iter().collect::<Array1<f32>>(), y);
     let split = if train { mnist.train } else { mnist.test };
-    Ok(split.dataset()?.shuffle(10_000, seed, train).map(flat))
+    let digits = split.dataset()?.shuffle(10_000, seed, train);
+    Ok(digits.take(limit.unwrap_or(u64::MAX)).map(flat))
 }
 
 /// The line every worker prints: its test accuracy and a checksum of its weights.

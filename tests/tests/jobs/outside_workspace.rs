@@ -3,7 +3,7 @@
 //! this workspace's `.cargo/config.toml` or profiles), with a `fit` program and a custom-loop
 //! program (`tests/outside/`), built with `cargo build` as a new project first is (its dev
 //! profile: nothing optimised, overflow checks on) and started with `lockstep run --workers 2`
-//! for an epoch.
+//! for an epoch cut short.
 
 #![allow(
     clippy::unwrap_used,
@@ -39,12 +39,13 @@ fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
-/// Each worker's (test accuracy, weights checksum) after `program` ran on 2 workers.
+/// Each worker's (test accuracy, weights checksum) after `program` ran on 2 workers for an
+/// epoch cut to its first 2,000 digits.
 fn run_on_two_workers(launcher: &Path, program: &Path) -> Vec<(f64, String)> {
     let out = Command::new(launcher)
         .args(["run", "--workers", "2", "--timeout-secs", "600", "--"])
         .arg(program)
-        .args(["--epochs", "1"])
+        .args(["--epochs", "1", "--train-examples", "2000"])
         .stdin(Stdio::null())
         .env_remove("CLICOLOR_FORCE")
         .output()
@@ -96,8 +97,9 @@ fn a_project_outside_the_workspace_trains_with_fit_and_with_a_custom_loop() {
     let custom = run_on_two_workers(&launcher, &target.join("debug/with_custom_loop"));
     assert_eq!(fit[0], fit[1], "the fit program's workers disagree");
     assert_eq!(custom[0], custom[1], "the custom loop's workers disagree");
-    // One epoch of the guide's MLP: 0.897 with these seeds (the same bits on every run).
-    assert!(fit[0].0 >= 0.88, "fit reached only {fit:?}");
+    // The guide's MLP after 2,000 digits: 0.816 with these seeds (the same bits on every run;
+    // 0.897 after the whole epoch).
+    assert!(fit[0].0 >= 0.80, "fit reached only {fit:?}");
     // The custom loop is fit's step written out: the same weights, bit for bit.
     assert_eq!(fit[0], custom[0]);
 }

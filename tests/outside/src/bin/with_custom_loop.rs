@@ -13,7 +13,7 @@ fn main() -> Result<(), my_trainer::Error> {
     let summed = SparseCategoricalCrossentropy { from_logits: true, reduction: Reduction::Sum };
     let global_batch = args.training.global_batch(model.num_replicas_in_sync());
     let seed = args.training.seed;
-    let train = model.distribute_dataset(my_trainer::digits(true, seed)?, global_batch)?;
+    let train = model.distribute_dataset(my_trainer::digits(true, seed, args.train_examples)?, global_batch)?;
     for epoch in 0..args.training.epochs {
         let mut batches = train.iter_epoch(epoch)?;
         loop {
@@ -37,7 +37,7 @@ fn main() -> Result<(), my_trainer::Error> {
         }
     }
     // Accuracy on the test split: each replica counts its part, `reduce` sums the counts.
-    let test = model.distribute_dataset(my_trainer::digits(false, seed)?, global_batch)?;
+    let test = model.distribute_dataset(my_trainer::digits(false, seed, None)?, global_batch)?;
     let (mut correct, mut seen) = (0.0, 0.0);
     let mut batches = test.iter_epoch(0)?;
     loop {
