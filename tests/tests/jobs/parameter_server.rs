@@ -299,7 +299,7 @@ fn a_table_of_a_million_rows_sharded_over_two_ps_tasks_learns_the_generated_clic
 }
 
 /// Starts `mnist_parameter_server` by hand as task `job:index` of `cluster` (`TF_CONFIG`'s
-/// cluster object), for 3 epochs of 200 steps; its stderr (and, but for the chief's, its
+/// cluster object), for 3 epochs of 100 steps; its stderr (and, but for the chief's, its
 /// stdout) goes to `logs/JOB-INDEX.err` (`.out`).
 fn start_task(binary: &Path, cluster: &str, (job, index): (&str, usize), logs: &Path) -> Child {
     let file = |extension: &str| File::create(logs.join(format!("{job}-{index}.{extension}")));
@@ -315,7 +315,7 @@ fn start_task(binary: &Path, cluster: &str, (job, index): (&str, usize), logs: &
             "--epochs",
             "3",
             "--steps-per-epoch",
-            "200",
+            "100",
         ])
         .args(["--no-backup", "--rendezvous-timeout-secs", "60"])
         .env(
@@ -377,7 +377,7 @@ fn a_worker_killed_and_started_again_alone_rejoins_and_runs_steps() {
         .iter()
         .find(|l| l.starts_with("test_accuracy="))
         .expect("the chief prints its result");
-    assert_eq!(field(result, "steps"), Some("600"), "{result}");
+    assert_eq!(field(result, "steps"), Some("300"), "{result}");
     // The coordinator lost worker 1, connected to it again, and the restarted process ran
     // steps until the chief ended training.
     let worker1_connected = format!("connected to a worker worker={}", at(2));
