@@ -2,7 +2,7 @@
 
 use lockstep_cuda::ops::Binary;
 
-use super::broadcast::{broadcast_shape, source_offsets, sum_to};
+use super::broadcast::{broadcast_shape, source_offsets, stretched, sum_to};
 use super::gpu::{self, On, on};
 use crate::error::TensorError;
 use crate::kernels::{elementwise, reduce};
@@ -28,17 +28,6 @@ fn binary(
         .map(|(&i, &j)| f(a.host()[i], b.host()[j]))
         .collect();
     Ok((data, shape))
-}
-
-/// Reads `t` at every position of `shape` it broadcasts to.
-fn stretched(t: &Tensor, shape: &[usize]) -> Vec<f32> {
-    if t.shape() == shape {
-        return t.host().to_vec();
-    }
-    source_offsets(t.shape(), shape)
-        .into_iter()
-        .map(|i| t.host()[i])
-        .collect()
 }
 
 /// `a + b`, broadcasting.

@@ -1,7 +1,7 @@
 //! `NumPy` broadcasting: shapes aligned on the right, size-1 dimensions stretched.
 
 use crate::error::TensorError;
-use crate::tensor::count_values;
+use crate::tensor::{Tensor, count_values};
 
 /// The shape two operands broadcast to.
 pub(crate) fn broadcast_shape(
@@ -78,6 +78,17 @@ pub(crate) fn sum_to(grad: &[f32], out: &[usize], shape: &[usize]) -> Vec<f32> {
         reduced[offset] += g;
     }
     reduced
+}
+
+/// `t`'s values (on the host) at every position of `shape` it broadcasts to.
+pub(crate) fn stretched(t: &Tensor, shape: &[usize]) -> Vec<f32> {
+    if t.shape() == shape {
+        return t.host().to_vec();
+    }
+    source_offsets(t.shape(), shape)
+        .into_iter()
+        .map(|i| t.host()[i])
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Choosing between two tensors by a mask: Keras' `ops.where`, TensorFlow's `tf.where` of three
 //! arguments.
 
-use super::broadcast::{broadcast_shape, source_offsets, sum_to};
+use super::broadcast::{broadcast_shape, stretched, sum_to};
 use super::gpu::{self, On, on};
 use crate::error::TensorError;
 use crate::tensor::Tensor;
@@ -38,11 +38,11 @@ pub fn select(
     if let On::Cuda(buffers) = on(OP, &[condition, if_true, if_false])? {
         return gpu::select(condition, (if_true, if_false), &buffers);
     }
-    let chosen: Vec<bool> = read(condition, &shape)
+    let chosen: Vec<bool> = stretched(condition, &shape)
         .into_iter()
         .map(|c| c != 0.0)
         .collect();
-    let (a, b) = (read(if_true, &shape), read(if_false, &shape));
+    let (a, b) = (stretched(if_true, &shape), stretched(if_false, &shape));
     let out: Vec<f32> = chosen
         .iter()
         .zip(a.iter().zip(&b))
@@ -72,15 +72,4 @@ pub fn select(
             ])
         },
     ))
-}
-
-/// `t`'s values at every position of `shape` it broadcasts to.
-fn read(t: &Tensor, shape: &[usize]) -> Vec<f32> {
-    if t.shape() == shape {
-        return t.host().to_vec();
-    }
-    source_offsets(t.shape(), shape)
-        .into_iter()
-        .map(|i| t.host()[i])
-        .collect()
 }
