@@ -33,7 +33,8 @@
 //! users read); `serde`/`serde_json` for the manifest; `crc32c` for checksums (hardware-accelerated);
 //! `nix` for `renameat2(RENAME_EXCHANGE)` (a step saved again swaps in with no instant
 //! without it) and `O_NOFOLLOW` (a checkpoint file that is a link is refused unread);
-//! `thiserror` for errors; `tracing` to warn about damaged checkpoints.
+//! `bytemuck` to copy a tensor's `f32`s to and from the file's little-endian bytes as one
+//! block; `thiserror` for errors; `tracing` to warn about damaged checkpoints.
 //!
 //! [safetensors]: https://huggingface.co/docs/safetensors
 

@@ -89,13 +89,7 @@ pub(crate) fn encode(
     let mut bytes = Vec::with_capacity(tensors.len());
     for tensor in tensors {
         tensor.check()?;
-        bytes.push(
-            tensor
-                .values
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<u8>>(),
-        );
+        bytes.push(le_bytes(&tensor.values));
     }
     let mut views = Vec::with_capacity(tensors.len());
     for (tensor, data) in tensors.iter().zip(&bytes) {
@@ -111,6 +105,30 @@ pub(crate) fn encode(
     });
     safetensors::tensor::serialize(views, metadata)
         .map_err(|e| CheckpointError::Invalid(format!("encoding safetensors: {e}")))
+}
+
+/// `values` as safetensors stores `F32`: little-endian, one after another. On a little-endian
+/// machine that is their memory, copied as one block: a model's backup every few steps costs a
+/// copy, not a conversion per value (which, unoptimised, was a good part of a debug build's
+/// step).
+fn le_bytes(values: &[f32]) -> Vec<u8> {
+    if cfg!(target_endian = "little") {
+        return bytemuck::cast_slice(values).to_vec();
+    }
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// The `f32`s [`le_bytes`] wrote (a trailing partial value is left out; the caller has checked
+/// the length against the shape). The bytes need not be aligned.
+fn from_le_bytes(bytes: &[u8]) -> Vec<f32> {
+    let whole = &bytes[..bytes.len() - bytes.len() % size_of::<f32>()];
+    if cfg!(target_endian = "little") {
+        return bytemuck::pod_collect_to_vec(whole);
+    }
+    whole
+        .chunks_exact(size_of::<f32>())
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
 }
 
 /// Decodes a safetensors file of `F32` tensors.
@@ -142,11 +160,7 @@ pub(crate) fn decode_with_metadata(
                 format!("tensor {name} is {:?}, not F32", view.dtype()),
             ));
         }
-        let values = view
-            .data()
-            .chunks_exact(size_of::<f32>())
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let values = from_le_bytes(view.data());
         let tensor = NamedTensor {
             name: name.to_owned(),
             shape: view.shape().to_vec(),
@@ -190,6 +204,19 @@ mod tests {
         let mut want = tensors;
         want.sort_by(|a, b| a.name.cmp(&b.name));
         assert_eq!(back, want);
+    }
+
+    #[test]
+    fn values_read_back_from_bytes_at_any_alignment() {
+        let values = [1.5_f32, -0.0, f32::MAX, f32::MIN_POSITIVE];
+        let mut shifted = vec![0xAB];
+        shifted.extend(le_bytes(&values));
+        let back = from_le_bytes(&shifted[1..]);
+        assert_eq!(
+            back.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            values.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(le_bytes(&values)[..4], 1.5_f32.to_le_bytes());
     }
 
     #[test]
