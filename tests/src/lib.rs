@@ -13,6 +13,8 @@ use std::process::{Child, Command, Output, Stdio};
 
 pub use lockstep_testenv::unused_ports;
 
+pub mod hosts;
+
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
