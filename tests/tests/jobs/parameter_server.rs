@@ -24,7 +24,12 @@ fn cluster_args<'a>(launcher: &[&'a str]) -> Vec<&'a str> {
     cluster_args_with(launcher, "2", &["--epochs", "2", "--no-backup"])
 }
 
-/// `run-cluster` of the example with `ps` tasks, the launcher's options and the example's.
+/// Steps an epoch of the CNN runs: half of the 124 that take in every training digit once, so
+/// that two epochs train on as many examples as one synchronous epoch of `mnist_keras`.
+const STEPS_PER_EPOCH: &str = "62";
+
+/// `run-cluster` of the example with `ps` tasks, the launcher's options and the example's
+/// (after `--threads 1 --steps-per-epoch` [`STEPS_PER_EPOCH`]).
 fn cluster_args_with<'a>(launcher: &[&'a str], ps: &'a str, example: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "run-cluster",
@@ -44,6 +49,8 @@ fn cluster_args_with<'a>(launcher: &[&'a str], ps: &'a str, example: &[&'a str])
         "--",
         "--threads",
         "1",
+        "--steps-per-epoch",
+        STEPS_PER_EPOCH,
     ]);
     args.extend_from_slice(example);
     args
@@ -59,10 +66,10 @@ fn result(stdout: &[u8]) -> String {
 
 /// Checks that the run whose output is `stdout` trained two epochs' worth, from its second
 /// epoch's line and its result. The second epoch's training accuracy (the mean over its
-/// batches) is the steady measure: 0.951–0.958 in 12 runs on two loaded cores, where a first
-/// epoch's is 0.78–0.81, so it also tells a resumed epoch from one trained afresh. The test
-/// accuracy of the final weights swings with the last asynchronous steps (0.936–0.956 in 18
-/// runs after two epochs, and 0.912 once in CI; 0.878–0.933 after one), so its bar only
+/// batches) is the steady measure: 0.907–0.924 in 5 runs of two epochs of 62 steps, where a
+/// first epoch's is 0.643–0.661, so it also tells a resumed epoch from one trained afresh.
+/// The test accuracy of the final weights swings with the last asynchronous steps
+/// (0.920–0.933 in those runs; 0.878–0.933 after 124 steps in earlier ones), so its bar only
 /// tells trained weights from broken ones.
 fn assert_trained_two_epochs(stdout: &[u8]) {
     let chief = task_lines(stdout, "chief:0");
@@ -80,10 +87,10 @@ fn assert_trained_two_epochs(stdout: &[u8]) {
         training.is_some(),
         "an epoch's line gives its accuracy: {epoch}"
     );
-    assert!(training.unwrap() > 0.93, "{epoch}");
+    assert!(training.unwrap() > 0.85, "{epoch}");
     let line = result(stdout);
     let accuracy: f64 = field(&line, "test_accuracy").unwrap().parse().unwrap();
-    assert!(accuracy > 0.85, "{line}");
+    assert!(accuracy > 0.8, "{line}");
 }
 
 #[test]
@@ -92,11 +99,11 @@ fn a_chief_two_workers_and_two_ps_tasks_train_to_the_synchronous_accuracy_and_al
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     check_documented_output(&out.stdout, "mnist_parameter_server").unwrap();
-    // Two epochs of mnist_keras (synchronous: the same CNN, Adam and examples) reach 0.946 on
-    // the test digits; asynchronous steps train as far, judged as the helper says.
+    // One epoch of mnist_keras (synchronous: the same CNN, Adam and as many examples) reaches
+    // 0.914 on the test digits; asynchronous steps train as far, judged as the helper says.
     assert_trained_two_epochs(&out.stdout);
     let line = result(&out.stdout);
-    assert_eq!(field(&line, "steps"), Some("248"), "{line}");
+    assert_eq!(field(&line, "steps"), Some("124"), "{line}");
     // The evaluator task evaluated the epochs' weights, the last the chief's final ones.
     let evaluator = task_lines(&out.stdout, "evaluator:0");
     let evaluated = evaluator
@@ -126,7 +133,7 @@ fn a_worker_killed_mid_run_has_its_step_run_on_the_other_and_training_finishes()
     assert!(!out.status.success(), "{logs}");
     assert!(logs.contains("worker:1 failed"), "{logs}");
     let line = result(&out.stdout);
-    assert_eq!(field(&line, "steps"), Some("248"), "{line}");
+    assert_eq!(field(&line, "steps"), Some("124"), "{line}");
     assert_trained_two_epochs(&out.stdout);
     assert!(
         logs.contains("steps ran again after their worker was lost retried=1"),
@@ -134,12 +141,12 @@ fn a_worker_killed_mid_run_has_its_step_run_on_the_other_and_training_finishes()
     );
     // Worker 1 was killed after its step's push reached both ps tasks, and the step ran again
     // on worker 0: each ps task applied that step's push once. The CNN's 8 variables are 4
-    // shards on each, so 4 updates a step: 248 steps, 992 updates each.
+    // shards on each, so 4 updates a step: 124 steps, 496 updates each.
     for ps in ["ps:0", "ps:1"] {
         let applied = task_lines(&out.stdout, ps)
             .into_iter()
             .find_map(|l| l.strip_prefix("updates_applied=").map(str::to_owned));
-        assert_eq!(applied.as_deref(), Some("992"), "{ps}: {logs}");
+        assert_eq!(applied.as_deref(), Some("496"), "{ps}: {logs}");
     }
 }
 
@@ -194,7 +201,7 @@ fn restarted_after(kill: &str, task: &str) {
     let line = result(&out.stdout);
     assert_eq!(
         field(&line, "steps"),
-        Some("124"),
+        Some(STEPS_PER_EPOCH),
         "the second start trains epoch 2: {line}"
     );
     assert_trained_two_epochs(&out.stdout);
@@ -206,14 +213,14 @@ fn restarted_after(kill: &str, task: &str) {
 
 #[test]
 fn a_cluster_restarted_after_a_ps_task_died_resumes_from_the_chiefs_checkpoint() {
-    // ps:0 applies 4 shards' gradients a step: 600 falls in the second epoch of 124 steps.
-    restarted_after("ps:0@600", "ps:0");
+    // ps:0 applies 4 shards' gradients a step: 400 falls in the second epoch of 62 steps.
+    restarted_after("ps:0@400", "ps:0");
 }
 
 #[test]
 fn a_cluster_restarted_after_the_chief_died_mid_epoch_resumes_from_its_checkpoint() {
-    // Step 150 falls in the second epoch (124 steps each).
-    restarted_after("chief:0@150", "chief:0");
+    // Step 100 falls in the second epoch (62 steps each).
+    restarted_after("chief:0@100", "chief:0");
 }
 
 #[test]
