@@ -5,19 +5,26 @@ use half::{bf16, f16};
 use crate::header::DType;
 
 /// A value that collectives can send as raw bytes and combine with a [`ReduceOp`].
+///
+/// The sum is a method over whole slices, implemented for each type here: the collectives'
+/// algorithms are generic and so compiled in the crate that calls them, perhaps unoptimised (a
+/// debug build's training step), while these loops, which touch every value, are compiled
+/// here, optimised and vectorised.
 pub trait Element: bytemuck::Pod + PartialOrd + Send + Sync + 'static {
     /// Its tag in message headers.
     const DTYPE: DType;
-    /// `a + b`.
-    fn add(a: Self, b: Self) -> Self;
+    /// `acc[i] += incoming[i]` for each `i` of the shorter of the two.
+    fn add_into(acc: &mut [Self], incoming: &[Self]);
     /// `a / n`, for `Mean`.
     fn div_count(a: Self, n: usize) -> Self;
 }
 
 impl Element for f32 {
     const DTYPE: DType = DType::F32;
-    fn add(a: Self, b: Self) -> Self {
-        a + b
+    fn add_into(acc: &mut [Self], incoming: &[Self]) {
+        for (a, &b) in acc.iter_mut().zip(incoming) {
+            *a += b;
+        }
     }
     fn div_count(a: Self, n: usize) -> Self {
         a / n as f32
@@ -26,8 +33,10 @@ impl Element for f32 {
 
 impl Element for f64 {
     const DTYPE: DType = DType::F64;
-    fn add(a: Self, b: Self) -> Self {
-        a + b
+    fn add_into(acc: &mut [Self], incoming: &[Self]) {
+        for (a, &b) in acc.iter_mut().zip(incoming) {
+            *a += b;
+        }
     }
     fn div_count(a: Self, n: usize) -> Self {
         a / n as f64
@@ -37,8 +46,10 @@ impl Element for f64 {
 /// bfloat16, for compressed gradients: each sum is taken in `f32` and rounded once to bf16.
 impl Element for bf16 {
     const DTYPE: DType = DType::Bf16;
-    fn add(a: Self, b: Self) -> Self {
-        bf16::from_f32(a.to_f32() + b.to_f32())
+    fn add_into(acc: &mut [Self], incoming: &[Self]) {
+        for (a, &b) in acc.iter_mut().zip(incoming) {
+            *a = bf16::from_f32(a.to_f32() + b.to_f32());
+        }
     }
     fn div_count(a: Self, n: usize) -> Self {
         bf16::from_f32(a.to_f32() / n as f32)
@@ -49,8 +60,10 @@ impl Element for bf16 {
 /// range up to 65,504.
 impl Element for f16 {
     const DTYPE: DType = DType::F16;
-    fn add(a: Self, b: Self) -> Self {
-        f16::from_f32(a.to_f32() + b.to_f32())
+    fn add_into(acc: &mut [Self], incoming: &[Self]) {
+        for (a, &b) in acc.iter_mut().zip(incoming) {
+            *a = f16::from_f32(a.to_f32() + b.to_f32());
+        }
     }
     fn div_count(a: Self, n: usize) -> Self {
         f16::from_f32(a.to_f32() / n as f32)
@@ -75,10 +88,7 @@ impl ReduceOp {
     /// division comes once at the end). NaN wins `Max` and `Min`, as in `NumPy`.
     pub fn combine<T: Element>(self, acc: &mut [T], incoming: &[T]) {
         match self {
-            Self::Sum | Self::Mean => acc
-                .iter_mut()
-                .zip(incoming)
-                .for_each(|(a, &b)| *a = T::add(*a, b)),
+            Self::Sum | Self::Mean => T::add_into(acc, incoming),
             Self::Max => acc.iter_mut().zip(incoming).for_each(|(a, &b)| {
                 if b > *a || b.partial_cmp(&b).is_none() {
                     *a = b;

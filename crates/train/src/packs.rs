@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use lockstep_collective::{CollectiveError, Compression, Element, ReduceOp, bf16, f16};
+use lockstep_collective::{CollectiveError, Compression, Element, HalfFloat, ReduceOp, bf16, f16};
 use lockstep_nn::ParamSpec;
 
 use crate::strategy::{PackLink, ReplicaLink};
@@ -422,104 +422,29 @@ pub(crate) fn reduce_pack(
 ) -> Result<(), CollectiveError> {
     match wire.compression {
         Compression::None => link.all_reduce(values, ReduceOp::Sum),
-        Compression::Bf16 => reduce_as(link, values, 1.0, residual, bf16::from_f32, bf16::to_f32),
-        Compression::Fp16 => {
-            let replicas = wire.replicas as f32;
-            reduce_as(link, values, replicas, residual, f16::from_f32, f16::to_f32)
-        }
+        Compression::Bf16 => reduce_as::<bf16>(link, values, 1.0, residual),
+        Compression::Fp16 => reduce_as::<f16>(link, values, wire.replicas as f32, residual),
     }
 }
 
 /// Sums `values` over every replica as `E`: each replica's values divided by `divisor` and
-/// rounded to `E` ([`round`]), the sum multiplied back.
-fn reduce_as<E: Element>(
+/// rounded to `E` ([`HalfFloat::round_from`], with `residual`), the sum multiplied back.
+fn reduce_as<E: HalfFloat>(
     link: &mut impl SumsPacks,
     values: &mut [f32],
     divisor: f32,
     residual: &mut [f32],
-    to_wire: fn(f32) -> E,
-    from_wire: fn(E) -> f32,
 ) -> Result<(), CollectiveError> {
-    let mut wire = round(values, divisor, residual, to_wire, from_wire);
+    let mut wire = E::round_from(values, divisor, residual);
     link.all_reduce(&mut wire, ReduceOp::Sum)?;
-    for (v, w) in values.iter_mut().zip(wire) {
-        *v = from_wire(w) * divisor;
-    }
+    E::widen_into(&wire, divisor, values);
     Ok(())
-}
-
-/// `values` divided by `divisor` and rounded to `E`; with residuals (`residual` as long as
-/// `values`), each value's residual is added first and what the rounding dropped, in the
-/// gradient's units, becomes its new residual.
-fn round<E: Element>(
-    values: &[f32],
-    divisor: f32,
-    residual: &mut [f32],
-    to_wire: fn(f32) -> E,
-    from_wire: fn(E) -> f32,
-) -> Vec<E> {
-    if residual.len() != values.len() {
-        return values.iter().map(|&v| to_wire(v / divisor)).collect();
-    }
-    values
-        .iter()
-        .zip(residual)
-        .map(|(&v, r)| {
-            let carried = v + *r;
-            let sent = to_wire(carried / divisor);
-            let back = from_wire(sent) * divisor;
-            // A value past the wire type's range goes as infinity, as without residuals; its
-            // residual starts again at zero rather than stay infinite or NaN.
-            *r = if back.is_finite() {
-                carried - back
-            } else {
-                0.0
-            };
-            sent
-        })
-        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use lockstep_nn::{Dense, Sequential};
-
-    #[test]
-    fn with_residuals_what_is_sent_over_many_steps_sums_to_what_was_computed() {
-        // A gradient bf16 cannot hold (its values near 1 are 2^-7 apart: it rounds to 1),
-        // sent 1000 times.
-        let gradient = 1.001_f32;
-        let (mut sent_plain, mut sent_carried) = (0.0_f64, 0.0_f64);
-        let mut residual = [0.0_f32];
-        for _ in 0..1000 {
-            let plain = round(&[gradient], 1.0, &mut [], bf16::from_f32, bf16::to_f32);
-            sent_plain += f64::from(bf16::to_f32(plain[0]));
-            let carried = round(
-                &[gradient],
-                1.0,
-                &mut residual,
-                bf16::from_f32,
-                bf16::to_f32,
-            );
-            sent_carried += f64::from(bf16::to_f32(carried[0]));
-        }
-        let computed = 1000.0 * f64::from(gradient);
-        // Without residuals every step drops the same 0.001: a whole unit over 1000 steps.
-        assert!((sent_plain - computed).abs() > 0.9, "{sent_plain}");
-        // With them, what is still owed is one step's rounding at most.
-        assert!((sent_carried - computed).abs() < 0.01, "{sent_carried}");
-        assert!((sent_carried + f64::from(residual[0]) - computed).abs() < 1e-3);
-    }
-
-    #[test]
-    fn a_value_past_fp16_s_range_goes_as_infinity_and_its_residual_starts_again_at_zero() {
-        let mut residual = [0.0_f32, 0.25];
-        let sent = round(&[1e6, 1.0], 1.0, &mut residual, f16::from_f32, f16::to_f32);
-        assert!(f16::to_f32(sent[0]).is_infinite());
-        assert_eq!(residual[0], 0.0);
-        assert_eq!(f16::to_f32(sent[1]), 1.25);
-    }
 
     /// 4 → 8 → 2: kernel 32, bias 8, kernel 16, bias 2 values.
     fn four_eight_two() -> Sequential {
