@@ -127,6 +127,7 @@ impl PsServer {
                     return;
                 }
             };
+            let asks_shutdown = matches!(request.kind, Some(RequestKind::Shutdown(_)));
             let mut response = self.answer(request);
             if response.encoded_len() > protocol::MAX_FRAME {
                 response = Response {
@@ -140,11 +141,25 @@ impl PsServer {
                     })),
                 };
             }
-            if let Err(e) = protocol::write_frame(&mut stream, &response, &peer) {
+            let written = protocol::write_frame(&mut stream, &response, &peer);
+            if asks_shutdown {
+                // Only once its answer is on the wire: the task's process ends as soon as
+                // `wait_for_shutdown` returns, and the chief must not see the connection
+                // close before the answer.
+                self.signal_shutdown();
+            }
+            if let Err(e) = written {
                 tracing::warn!(%from, error = %e, "a parameter-server answer was not delivered");
                 return;
             }
         }
+    }
+
+    /// Wakes [`RunningServer::wait_for_shutdown`].
+    fn signal_shutdown(&self) {
+        let (flag, changed) = &*self.shut_down;
+        *flag.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        changed.notify_all();
     }
 
     /// The store's answer to `request`.
@@ -192,12 +207,8 @@ impl PsServer {
                     store.push_shard_rows(&push.keys, &push.rows, &gradient, push.step)
                 })
                 .map(done),
-            Some(RequestKind::Shutdown(_)) => {
-                let (flag, changed) = &*self.shut_down;
-                *flag.lock().unwrap_or_else(PoisonError::into_inner) = true;
-                changed.notify_all();
-                Ok(done(0))
-            }
+            // Signalled by `serve_connection` once this answer is sent.
+            Some(RequestKind::Shutdown(_)) => Ok(done(0)),
         };
         Response {
             kind: Some(
@@ -231,7 +242,8 @@ impl RunningServer {
         &self.store
     }
 
-    /// Waits until a client asks the server to shut down (the chief, when training is over).
+    /// Waits until a client has asked the server to shut down (the chief, when training is
+    /// over) and been answered.
     pub fn wait_for_shutdown(&self) {
         let (flag, changed) = &*self.shut_down;
         let mut asked = flag.lock().unwrap_or_else(PoisonError::into_inner);

@@ -190,7 +190,8 @@ fn a_shutdown_request_is_answered_and_ends_the_service() {
     let server = serve(None);
     let mut ps = PsClient::connect(server.address(), None, TIMEOUT).unwrap();
     ps.shutdown().unwrap();
-    // Returns at once: the request was recorded before it was answered.
+    // Returns at once: the request is recorded once its answer is sent (a ps task's process
+    // ends when this returns, so the answer must be on its way by then).
     server.wait_for_shutdown();
 }
 
