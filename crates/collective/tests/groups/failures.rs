@@ -7,6 +7,7 @@
 
 use std::io::Write;
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -68,13 +69,20 @@ fn a_rank_that_never_joins_makes_the_others_fail_within_the_timeout() {
             .into_iter()
             .map(|wire| {
                 scope.spawn(move || {
-                    let results = run(wire, 3, quick(Implementation::Ring), |comm| {
+                    // How many of the others have their answer: the silent rank leaves once
+                    // both have (or after a minute, when one hangs and the test fails).
+                    let answered = Arc::new(AtomicUsize::new(0));
+                    let results = run(wire, 3, quick(Implementation::Ring), move |comm| {
                         if comm.rank() == 2 {
-                            // Stays silent past everyone's timeout, then leaves.
-                            thread::sleep(Duration::from_secs(5));
+                            let deadline = Instant::now() + Duration::from_mins(1);
+                            while answered.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+                                thread::sleep(Duration::from_millis(20));
+                            }
                             return None;
                         }
-                        Some(comm.all_reduce(&mut [1.0_f32; 64], ReduceOp::Sum))
+                        let result = comm.all_reduce(&mut [1.0_f32; 64], ReduceOp::Sum);
+                        answered.fetch_add(1, Ordering::SeqCst);
+                        Some(result)
                     });
                     (wire, results)
                 })
