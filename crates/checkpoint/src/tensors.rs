@@ -109,8 +109,8 @@ pub(crate) fn encode(
 
 /// `values` as safetensors stores `F32`: little-endian, one after another. On a little-endian
 /// machine that is their memory, copied as one block: a model's backup every few steps costs a
-/// copy, not a conversion per value (which, unoptimised, was a good part of a debug build's
-/// step).
+/// copy, not a conversion per value (unoptimised, such a conversion is a good part of a debug
+/// build's step).
 fn le_bytes(values: &[f32]) -> Vec<u8> {
     if cfg!(target_endian = "little") {
         return bytemuck::cast_slice(values).to_vec();
