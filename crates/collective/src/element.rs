@@ -6,17 +6,17 @@ use crate::header::DType;
 
 /// A value that collectives can send as raw bytes and combine with a [`ReduceOp`].
 ///
-/// The sum is a method over whole slices, implemented for each type here: the collectives'
-/// algorithms are generic and so compiled in the crate that calls them, perhaps unoptimised (a
-/// debug build's training step), while these loops, which touch every value, are compiled
-/// here, optimised and vectorised.
+/// The sum and `Mean`'s division are methods over whole slices, implemented for each type here:
+/// the collectives' algorithms are generic and so compiled in the crate that calls them,
+/// perhaps unoptimised (a debug build's training step), while these loops, which touch every
+/// value, are compiled here, optimised and vectorised.
 pub trait Element: bytemuck::Pod + PartialOrd + Send + Sync + 'static {
     /// Its tag in message headers.
     const DTYPE: DType;
     /// `acc[i] += incoming[i]` for each `i` of the shorter of the two.
     fn add_into(acc: &mut [Self], incoming: &[Self]);
-    /// `a / n`, for `Mean`.
-    fn div_count(a: Self, n: usize) -> Self;
+    /// `values[i] /= n` for each `i`, for `Mean`.
+    fn div_count_into(values: &mut [Self], n: usize);
 }
 
 impl Element for f32 {
@@ -26,8 +26,10 @@ impl Element for f32 {
             *a += b;
         }
     }
-    fn div_count(a: Self, n: usize) -> Self {
-        a / n as f32
+    fn div_count_into(values: &mut [Self], n: usize) {
+        for v in values {
+            *v /= n as f32;
+        }
     }
 }
 
@@ -38,8 +40,10 @@ impl Element for f64 {
             *a += b;
         }
     }
-    fn div_count(a: Self, n: usize) -> Self {
-        a / n as f64
+    fn div_count_into(values: &mut [Self], n: usize) {
+        for v in values {
+            *v /= n as f64;
+        }
     }
 }
 
@@ -51,8 +55,10 @@ impl Element for bf16 {
             *a = bf16::from_f32(a.to_f32() + b.to_f32());
         }
     }
-    fn div_count(a: Self, n: usize) -> Self {
-        bf16::from_f32(a.to_f32() / n as f32)
+    fn div_count_into(values: &mut [Self], n: usize) {
+        for v in values {
+            *v = bf16::from_f32(v.to_f32() / n as f32);
+        }
     }
 }
 
@@ -65,8 +71,10 @@ impl Element for f16 {
             *a = f16::from_f32(a.to_f32() + b.to_f32());
         }
     }
-    fn div_count(a: Self, n: usize) -> Self {
-        f16::from_f32(a.to_f32() / n as f32)
+    fn div_count_into(values: &mut [Self], n: usize) {
+        for v in values {
+            *v = f16::from_f32(v.to_f32() / n as f32);
+        }
     }
 }
 
@@ -105,9 +113,7 @@ impl ReduceOp {
     /// Applied once to the fully reduced values.
     pub(crate) fn finish<T: Element>(self, values: &mut [T], world_size: usize) {
         if self == Self::Mean {
-            for v in values.iter_mut() {
-                *v = T::div_count(*v, world_size);
-            }
+            T::div_count_into(values, world_size);
         }
     }
 

@@ -176,10 +176,7 @@ impl<X: Transport> HierarchicalCommunicator<X> {
         }
         self.local.broadcast(data, 0)?;
         if op == ReduceOp::Mean {
-            let n = self.world_size();
-            for value in data.iter_mut() {
-                *value = E::div_count(*value, n);
-            }
+            E::div_count_into(data, self.world_size());
         }
         Ok(())
     }
